@@ -1,0 +1,7 @@
+"""planc: a declarative load-plan compiler for model checkpoints.
+
+checkpoint manifest + placement spec -> admitted load plan -> explained -> executed (Numba CUDA).
+"""
+
+__version__ = "0.1.0"
+PLAN_FORMAT = 1

@@ -1,0 +1,82 @@
+"""Typed errors. Every stage raises a subclass of `PlancError` with a short `code`.
+
+Exit codes (kept by every command): 0 success, 2 invalid input, 3 refused by admission,
+1 anything else.
+"""
+
+from __future__ import annotations
+
+
+class PlancError(Exception):
+    """Base of every planc error. `code` is short and stable; `exit_code` maps to the CLI."""
+
+    exit_code = 1
+    default_code = "error"
+
+    def __init__(self, message: str, *, code: str | None = None):
+        super().__init__(message)
+        self.code = code or self.default_code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.message} [{self.code}]"
+
+
+class ManifestError(PlancError):
+    """A checkpoint file or index is malformed, missing or inconsistent."""
+
+    exit_code = 2
+    default_code = "manifest"
+
+
+class SpecError(PlancError):
+    """A placement spec is malformed or names something that does not exist."""
+
+    exit_code = 2
+    default_code = "spec"
+
+
+class BindError(PlancError):
+    """Rules and manifest do not fit together (unmatched tensors, bad fuse/stack groups...)."""
+
+    exit_code = 2
+    default_code = "bind"
+
+
+class PlanFormatError(PlancError):
+    """A plan file cannot be read (bad JSON, wrong version)."""
+
+    exit_code = 2
+    default_code = "plan"
+
+
+class FingerprintError(PlancError):
+    """A checkpoint file changed (size or mtime) between compile and run."""
+
+    exit_code = 2
+    default_code = "fingerprint"
+
+
+class AdmissionError(PlancError):
+    """The plan, or one of its runs, does not fit the budget or the live room."""
+
+    exit_code = 3
+    default_code = "refused"
+
+    def __init__(self, message: str, *, code: str | None = None, refusal: dict | None = None):
+        super().__init__(message, code=code)
+        self.refusal = refusal or {}
+
+
+class ExecuteError(PlancError):
+    """The load failed while running (read error, device error, interrupted)."""
+
+    exit_code = 1
+    default_code = "execute"
+
+
+class ReadError(ExecuteError):
+    """A read from a checkpoint file failed or came back short during the load."""
+
+    exit_code = 2
+    default_code = "read"

@@ -1,0 +1,63 @@
+"""The `Manifest` value: what a checkpoint holds, read from headers only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One checkpoint file. `path` is relative to the manifest root (posix separators)."""
+
+    path: str
+    size_bytes: int
+    mtime_ns: int
+    header_bytes: int  # the JSON header's length (the 8-byte prefix not included)
+    data_start: int  # absolute file offset of the data region: 8 + header_bytes
+    metadata: tuple[tuple[str, str], ...] = ()  # the header's __metadata__, sorted
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor. `start` is the absolute byte offset in `file` (data_start + data_offsets[0])."""
+
+    name: str
+    dtype: str  # safetensors spelling: "BF16", "F8_E4M3", ...
+    shape: tuple[int, ...]
+    file: str  # ShardInfo.path
+    start: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.nbytes
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """All tensors of a checkpoint, sorted by (file, start); shards sorted by path."""
+
+    root: str  # absolute folder that shard paths are relative to
+    source: str  # what the user named: a file, a folder, or an index
+    shards: tuple[ShardInfo, ...]
+    tensors: tuple[TensorEntry, ...]
+    _by_name: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        if not self._by_name:
+            self._by_name.update({t.name: t for t in self.tensors})
+
+    def tensor(self, name: str) -> TensorEntry:
+        return self._by_name[name]
+
+    def has(self, name: str) -> bool:
+        return name in self._by_name
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)

@@ -1,0 +1,49 @@
+"""Byte sizes: one parser (`64MiB`, `8GiB`, `1.5GB`, `4096`) and one formatter."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value) -> int:
+    """Parse a byte size; raises ValueError quoting the input on anything else."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a byte size like 64MiB, 8GiB, 1.5GB or an integer, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a byte size cannot be negative, got {value!r}")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        m = _RE.match(value)
+        if m and m.group(2).lower() in _UNITS:
+            n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+            if n == int(n):
+                return int(n)
+            raise ValueError(f"byte size {value!r} is not a whole number of bytes")
+    raise ValueError(f"expected a byte size like 64MiB, 8GiB, 1.5GB or an integer, got {value!r}")
+
+
+def fmt_bytes(n: int | None) -> str:
+    """Human form with binary units: 1536 -> '1.50 KiB'."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{n} B"
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
