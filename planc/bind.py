@@ -1,0 +1,228 @@
+"""bind: Spec rules x Manifest -> `Binding` (one `Placement` per loaded tensor).
+
+First match wins. A rule with `source_dtype` only matches tensors stored in one of those dtypes;
+a `fuse` rule only matches tensors whose grouped placeholder is in its `order`. Scale tensors named
+by a `dequantize` rule are consumed by their weight and need no rule of their own. A tensor that
+no rule matches is an error listing every such name, sorted.
+
+Example: `match: model.layers.{L}.mlp.experts.{E}.down_proj.weight` with
+`stack: {into: model.layers.{L}.mlp.experts.down_proj, over: E}` turns 64 tensors [H, I] of layer 3
+into one placement `model.layers.3.mlp.experts.down_proj` [64, H, I] whose part e sits at byte
+offset e * H * I * itemsize: placed by offset, no scratch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS
+from .errors import BindError
+from .manifest import Manifest, TensorEntry
+from .spec import Rule, Spec
+
+_MAX_LISTED = 20
+
+
+@dataclass(frozen=True)
+class Part:
+    """One source tensor of a placement and where its output lands inside the placed tensor."""
+
+    source: TensorEntry
+    scale: TensorEntry | None  # block scales consumed by a dequantize
+    offset_bytes: int  # byte offset of this part's output within the placed tensor
+    out_bytes: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One tensor as it will exist on the device."""
+
+    name: str
+    dtype: str  # safetensors spelling of the loaded dtype
+    shape: tuple[int, ...]
+    op: str  # per part: copy | convert | dequantize | transpose
+    on: str  # device | host
+    pack: str  # none | fuse | stack
+    rule: int
+    parts: tuple[Part, ...]
+    block: int = 0  # dequantize block edge
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.out_bytes for p in self.parts)
+
+
+@dataclass(frozen=True)
+class Binding:
+    placements: tuple[Placement, ...]  # sorted by name
+    skipped: tuple[str, ...]
+    consumed: tuple[str, ...]  # scale tensors folded into a dequantize
+
+
+def bind(spec: Spec, manifest: Manifest) -> Binding:
+    rules = list(spec.rules)
+    patterns = [r.pattern() for r in rules]
+
+    def first_rule(t: TensorEntry):
+        for i, (r, pat) in enumerate(zip(rules, patterns)):
+            if r.source_dtype is not None and t.dtype not in r.source_dtype:
+                continue
+            m = pat.match(t.name)
+            if not m:
+                continue
+            if r.fuse and m.group(r.fuse.over) not in r.fuse.order:
+                continue
+            return i, m
+        return None, None
+
+    matched = {t.name: first_rule(t) for t in manifest.tensors}
+    consumed: dict[str, str] = {}
+    for t in manifest.tensors:
+        i, _ = matched[t.name]
+        if i is not None and rules[i].dequantize and not rules[i].skip:
+            scale = _scale_for(t, rules[i], i, manifest)
+            consumed[scale.name] = t.name
+    unmatched = sorted(n for n, (i, _) in matched.items() if i is None and n not in consumed)
+    if unmatched:
+        shown = ", ".join(unmatched[:_MAX_LISTED]) + (f" ... (+{len(unmatched) - _MAX_LISTED} more)" if len(unmatched) > _MAX_LISTED else "")
+        raise BindError(f"{len(unmatched)} tensor(s) match no rule: {shown}; add a rule for them or a catch-all `match: \"*\"`",
+                        code="unmatched")
+
+    singles, groups, skipped = [], {}, []
+    for t in manifest.tensors:
+        if t.name in consumed:
+            continue
+        i, m = matched[t.name]
+        r = rules[i]
+        if r.skip:
+            skipped.append(t.name)
+        elif r.fuse or r.stack:
+            grp = r.fuse or r.stack
+            key = (i, grp.into.format(**m.groupdict()))
+            groups.setdefault(key, []).append((m.group(grp.over), t))
+        else:
+            singles.append(_single(t, r, i, manifest))
+    placements = singles + [_group(i, name, members, rules[i], manifest) for (i, name), members in groups.items()]
+    placements.sort(key=lambda p: p.name)
+    seen = set()
+    for p in placements:
+        if p.name in seen:
+            raise BindError(f"two rules produce a tensor named {p.name!r}; rename one `into`", code="name-clash")
+        seen.add(p.name)
+    return Binding(tuple(placements), tuple(sorted(skipped)), tuple(sorted(consumed)))
+
+
+def _target(t: TensorEntry, r: Rule, i: int) -> str:
+    if r.dequantize:
+        return TARGETS["bfloat16" if r.dtype == "keep" else r.dtype]
+    if r.dtype == "keep":
+        return t.dtype
+    if t.dtype not in FLOAT_CONVERTIBLE:
+        raise BindError(f"rules[{i}] converts {t.name} to {r.dtype}, but it is stored as {t.dtype}; "
+                        f"only F32, F16 and BF16 convert (narrow the rule with source_dtype)", code="bad-convert")
+    return TARGETS[r.dtype]
+
+
+def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
+    if r.dequantize:
+        return "dequantize"
+    if r.transpose:
+        if len(t.shape) != 2:
+            raise BindError(f"rules[{i}] transposes {t.name}, which has shape {list(t.shape)}; only 2-D tensors transpose",
+                            code="bad-transpose")
+        if target != t.dtype and r.on == "device":
+            raise BindError(f"rules[{i}] transposes and converts {t.name} on the device; do one or the other, "
+                            f"or add on: host", code="bad-transpose")
+        return "transpose"
+    return "copy" if target == t.dtype else "convert"
+
+
+def _out_shape(t: TensorEntry, op: str) -> tuple[int, ...]:
+    return (t.shape[1], t.shape[0]) if op == "transpose" else t.shape
+
+
+def _single(t: TensorEntry, r: Rule, i: int, manifest: Manifest) -> Placement:
+    target = _target(t, r, i)
+    op = _op(t, r, i, target)
+    shape = _out_shape(t, op)
+    out = DTYPES[target].nbytes(math.prod(shape))
+    scale = _scale_for(t, r, i, manifest) if op == "dequantize" else None
+    return Placement(t.name, target, shape, op, r.on, "none", i, (Part(t, scale, 0, out),),
+                     r.dequantize.block if r.dequantize else 0)
+
+
+def _group(i: int, name: str, members: list, r: Rule, manifest: Manifest) -> Placement:
+    grp = r.fuse or r.stack
+    by_value = {}
+    for value, t in members:
+        by_value[value] = t
+    if r.fuse:
+        missing = [v for v in grp.order if v not in by_value]
+        if missing:
+            raise BindError(f"rules[{i}] fuses {name} from {grp.order}, but parts {missing} are missing "
+                            f"(found {sorted(by_value)})", code="fuse-incomplete")
+        order = list(grp.order)
+    else:
+        order = _stack_order(list(by_value), name, i, grp.order)
+    ts = [by_value[v] for v in order]
+    first = ts[0]
+    target = _target(first, r, i)
+    op = _op(first, r, i, target)
+    for t in ts[1:]:
+        if t.dtype != first.dtype:
+            raise BindError(f"rules[{i}] groups {name}: {t.name} is {t.dtype} but {first.name} is {first.dtype}",
+                            code="group-mismatch")
+        same = t.shape == first.shape if r.stack else t.shape[1:] == first.shape[1:] and len(t.shape) == len(first.shape)
+        if not same:
+            raise BindError(f"rules[{i}] groups {name}: {t.name} has shape {list(t.shape)}, "
+                            f"incompatible with {first.name} {list(first.shape)}", code="group-mismatch")
+    if r.fuse and len(first.shape) == 0:
+        raise BindError(f"rules[{i}] fuses scalars into {name}; fuse needs tensors with a dim 0", code="group-mismatch")
+    parts, off = [], 0
+    for t in ts:
+        out = DTYPES[target].nbytes(math.prod(_out_shape(t, op)))
+        parts.append(Part(t, _scale_for(t, r, i, manifest) if op == "dequantize" else None, off, out))
+        off += out
+    inner = _out_shape(first, op)
+    shape = (len(ts), *inner) if r.stack else (sum(t.shape[0] for t in ts), *first.shape[1:])
+    return Placement(name, target, shape, op, r.on, "fuse" if r.fuse else "stack", i, tuple(parts),
+                     r.dequantize.block if r.dequantize else 0)
+
+
+def _stack_order(values: list[str], name: str, i: int, order: list[str] | None) -> list[str]:
+    if order:
+        missing = [v for v in order if v not in values]
+        extra = sorted(set(values) - set(order))
+        if missing or extra:
+            raise BindError(f"rules[{i}] stacks {name} in order {order}: missing {missing}, unexpected {extra}",
+                            code="stack-incomplete")
+        return list(order)
+    if all(v.isdigit() for v in values):
+        nums = sorted(int(v) for v in values)
+        if nums != list(range(len(nums))):
+            gaps = sorted(set(range(nums[-1] + 1)) - set(nums))[:10]
+            raise BindError(f"rules[{i}] stacks {name} over indices that are not 0..{len(nums) - 1}: missing {gaps}",
+                            code="stack-incomplete")
+        return [str(n) for n in nums] if all(str(int(v)) == v for v in values) else sorted(values, key=int)
+    return sorted(values)
+
+
+def _scale_for(t: TensorEntry, r: Rule, i: int, manifest: Manifest) -> TensorEntry:
+    if t.dtype not in FP8_DEQUANTIZABLE:
+        raise BindError(f"rules[{i}] dequantizes {t.name}, but it is stored as {t.dtype}; dequantize takes "
+                        f"F8_E4M3 or F8_E5M2 (narrow the rule with source_dtype: [F8_E4M3])", code="bad-dequantize")
+    if len(t.shape) != 2:
+        raise BindError(f"rules[{i}] dequantizes {t.name} of shape {list(t.shape)}; block scales need a 2-D weight",
+                        code="bad-dequantize")
+    name = r.dequantize.scale.format(name=t.name)
+    if not manifest.has(name):
+        raise BindError(f"rules[{i}] dequantizes {t.name} but its scale tensor {name} is not in the checkpoint",
+                        code="scale-missing")
+    s = manifest.tensor(name)
+    b = r.dequantize.block
+    want = (-(-t.shape[0] // b), -(-t.shape[1] // b))
+    if s.dtype != "F32" or tuple(s.shape) != want:
+        raise BindError(f"scale {name} of {t.name} is {s.dtype} {list(s.shape)}; expected F32 {list(want)} "
+                        f"for {b}x{b} blocks of {list(t.shape)}", code="scale-shape")
+    return s

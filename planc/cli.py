@@ -1,0 +1,258 @@
+"""The `planc` command line (typer + rich).
+
+Exit codes, kept by every command: 0 success, 2 invalid input (spec, manifest, plan, changed file),
+3 refused by admission, 1 anything else. Errors print one line to stderr, never a traceback
+(set PLANC_DEBUG=1 for one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .errors import PlancError
+from .units import fmt_bytes, parse_bytes
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="planc: compile a checkpoint + placement spec into a load plan that is proven to fit, "
+                       "explain it, and run it on the GPU.")
+out = Console()
+err = Console(stderr=True)
+
+
+def _version(value: bool):
+    if value:
+        print(f"planc {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")):
+    pass
+
+
+def _emit_json(doc) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+@app.command()
+def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a folder of shards, or an index json."),
+            as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+            top: int = typer.Option(10, help="How many of the largest tensors to list.")):
+    """Read a checkpoint's headers (never its data) and summarize it."""
+    from .manifest import read_manifest
+
+    m = read_manifest(checkpoint)
+    by_dtype: Counter = Counter()
+    count: Counter = Counter()
+    for t in m.tensors:
+        by_dtype[t.dtype] += t.nbytes
+        count[t.dtype] += 1
+    largest = sorted(m.tensors, key=lambda t: (-t.nbytes, t.name))[:top]
+    doc = {
+        "source": m.source, "root": m.root,
+        "shards": [{"path": s.path, "size_bytes": s.size_bytes, "header_bytes": s.header_bytes,
+                    "tensors": sum(1 for t in m.tensors if t.file == s.path)} for s in m.shards],
+        "tensors": len(m.tensors), "total_bytes": m.total_bytes,
+        "header_bytes": sum(s.header_bytes for s in m.shards),
+        "by_dtype": {d: {"tensors": count[d], "bytes": by_dtype[d]} for d in sorted(by_dtype)},
+        "largest": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes, "file": t.file}
+                    for t in largest],
+    }
+    if as_json:
+        _emit_json(doc)
+        return
+    out.print(f"[bold]{m.source}[/bold]: {len(m.shards)} shard(s), {len(m.tensors)} tensors, "
+              f"{fmt_bytes(m.total_bytes)} of data, {fmt_bytes(doc['header_bytes'])} of headers")
+    t = Table(show_edge=False)
+    for c in ("dtype", "tensors", "bytes"):
+        t.add_column(c, justify="left" if c == "dtype" else "right")
+    for d, v in doc["by_dtype"].items():
+        t.add_row(d, str(v["tensors"]), fmt_bytes(v["bytes"]))
+    out.print(t)
+    t = Table(title=f"largest {len(largest)}", show_edge=False)
+    for c in ("name", "dtype", "shape", "bytes"):
+        t.add_column(c, justify="right" if c == "bytes" else "left")
+    for x in doc["largest"]:
+        t.add_row(x["name"], x["dtype"], str(x["shape"]), fmt_bytes(x["bytes"]))
+    out.print(t)
+
+
+@app.command()
+def schema():
+    """Print the placement spec's JSON Schema."""
+    from .spec import json_schema
+
+    _emit_json(json_schema())
+
+
+@app.command()
+def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoint into."),
+          family: str = typer.Option("dense", help="dense | moe | fp8"),
+          size: Optional[str] = typer.Option(None, help="Approximate size, e.g. 2GiB (default: tiny)."),
+          shards: int = typer.Option(1, help="Number of shard files."),
+          sparse: bool = typer.Option(False, help="Header plus a hole: size-only work, no disk."),
+          seed: int = typer.Option(0),
+          as_json: bool = typer.Option(False, "--json")):
+    """Write a synthetic safetensors checkpoint (real files) for tests, demos and benchmarks."""
+    from .synth import write_checkpoint
+
+    try:
+        size_bytes = parse_bytes(size) if size else None
+    except ValueError as e:
+        raise _usage(f"--size: {e}")
+    if family not in ("dense", "moe", "fp8"):
+        raise _usage(f"--family must be dense, moe or fp8, got {family!r}")
+    res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed)
+    doc = {"path": str(res.path), "files": [str(f) for f in res.files], "tensors": res.tensors,
+           "total_bytes": res.total_bytes}
+    if as_json:
+        _emit_json(doc)
+    else:
+        out.print(f"wrote {res.tensors} tensors, {fmt_bytes(res.total_bytes)} in {len(res.files)} file(s): {res.path}")
+
+
+class _Usage(PlancError):
+    exit_code = 2
+    default_code = "usage"
+
+
+def _usage(msg: str) -> _Usage:
+    return _Usage(msg)
+
+
+def _load_plan_or_spec(path: Path):
+    from .compile import compile_spec
+    from .plan import load_plan
+
+    if path.suffix.lower() == ".json":
+        try:
+            head = json.loads(path.read_text())
+        except Exception:
+            head = None
+        if isinstance(head, dict) and head.get("kind") == "planc-plan":
+            return load_plan(path)
+    return compile_spec(path)
+
+
+@app.command("compile")
+def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or JSON)."),
+                output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the plan JSON here."),
+                as_json: bool = typer.Option(False, "--json", help="Print the explanation as JSON.")):
+    """Compile a spec into a plan; exit 0 when admitted, 3 when refused (with the reason)."""
+    from .compile import compile_spec
+    from .explain import explain_doc, render
+    from .plan import save_plan
+
+    plan = compile_spec(spec)
+    if output:
+        save_plan(plan, output)
+    if as_json:
+        _emit_json(explain_doc(plan))
+    elif not plan.fits:
+        render(plan, err)
+    else:
+        t = plan["totals"]
+        out.print(f"admitted: {t['tensors']} tensors, {fmt_bytes(t['read_bytes'])} in {t['runs']} runs; host peak "
+                  f"{fmt_bytes(plan['peak']['host_bytes'])} of {fmt_bytes(plan['budget']['host_bytes'])}"
+                  + (f"; plan written to {output}" if output else ""))
+    if not plan.fits:
+        err.print(f"planc: {plan.refusal['message']} [{plan.refusal['code']}]", highlight=False, soft_wrap=True)
+        raise typer.Exit(3)
+
+
+@app.command()
+def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile."),
+            as_json: bool = typer.Option(False, "--json", help="Machine-readable output (a contract for scripts).")):
+    """Explain where every byte of the budgets goes: peaks, headroom, runs, contributors, refusal."""
+    from .explain import explain_doc, render
+
+    plan = _load_plan_or_spec(target)
+    if as_json:
+        _emit_json(explain_doc(plan))
+    else:
+        render(plan, out)
+
+
+@app.command()
+def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile."),
+        as_json: bool = typer.Option(False, "--json", help="Print the measured report as JSON (no progress bar)."),
+        verify: bool = typer.Option(False, "--verify", help="Compare every loaded tensor with the checkpoint, chunk by chunk.")):
+    """Execute a plan on the GPU (or the CUDA simulator) and report measured against predicted."""
+    from .execute import execute
+    from .execute.report import render_report
+
+    plan = _load_plan_or_spec(target)
+    if not plan.fits:
+        raise _refused(plan)
+    progress = not as_json and sys.stderr.isatty()
+    model = execute(plan, progress=progress, verify=verify)
+    try:
+        if as_json:
+            _emit_json(model.report)
+        else:
+            render_report(model.report, out)
+    finally:
+        model.free()
+
+
+def _refused(plan):
+    from .errors import AdmissionError
+
+    r = plan.refusal
+    return AdmissionError(r["message"], code=r["code"], refusal=dict(r))
+
+
+@app.command()
+def demo(workdir: Path = typer.Option(Path("demo"), help="Where the demo checkpoint is written."),
+         spec: Optional[Path] = typer.Option(None, help="Spec to use (default: specs/demo.yaml)."),
+         execute_plan: bool = typer.Option(True, "--run/--no-run", help="Also execute the plan.")):
+    """The main job on an embedded default: write a small checkpoint, compile, explain and run it."""
+    from .demo import run_demo
+
+    run_demo(workdir, spec, execute_plan, out)
+
+
+def main(argv=None) -> int:
+    try:
+        app(args=argv, standalone_mode=False)
+        return 0
+    except PlancError as e:
+        err.print(f"planc: {e.message} [{e.code}]", highlight=False, soft_wrap=True)
+        if os.environ.get("PLANC_DEBUG"):
+            raise
+        return e.exit_code
+    except typer.Exit as e:
+        return e.exit_code
+    except SystemExit as e:
+        return int(e.code or 0)
+    except KeyboardInterrupt:
+        err.print("planc: interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            return 2
+        if isinstance(e, click.exceptions.Abort):
+            return 1
+        if os.environ.get("PLANC_DEBUG"):
+            raise
+        err.print(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)",
+                  highlight=False, soft_wrap=True)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())

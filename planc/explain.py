@@ -1,0 +1,138 @@
+"""explain: Plan -> the budget explained, as a JSON-ready dict (a contract for scripts) or rich text.
+
+Both forms read the plan's own timeline, the same one admission decided on.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from .plan import Plan
+from .units import fmt_bytes
+
+TOP = 10
+
+
+def explain_doc(plan: Plan) -> dict:
+    d = plan.to_dict()
+    windows = {w["run"]: w for w in d["timeline"]}
+    parts = d["parts"]
+    runs = []
+    for r in d["runs"]:
+        w = windows.get(r["index"], {})
+        runs.append({
+            "index": r["index"],
+            "tensors": r["tensors"],
+            "parts": len(r["parts"]),
+            "read_bytes": r["read_bytes"],
+            "payload_bytes": r["payload_bytes"],
+            "requests": len(r["requests"]) + sum(len(parts[h["part"]]["inputs"]) for h in r["host_parts"]),
+            "copies": sum(len(q["copies"]) for q in r["requests"]) + sum(h["copies"] for h in r["host_parts"]),
+            "kernels": len(r["kernels"]),
+            "host_peak_bytes": w.get("host_bytes", 0),
+            "device_peak_bytes": w.get("device_bytes", 0),
+            "landing_bytes": r["landing_bytes"],
+            "dominant_step": _dominant(r, parts, d["layout"]["ring_bytes"]),
+        })
+    budget, peak = d["budget"], d["peak"]
+    return {
+        "fits": d["fits"],
+        "spec": d["spec"]["path"],
+        "checkpoint": d["checkpoint"]["source"],
+        "device": d["device"],
+        "budget": budget,
+        "peak": peak,
+        "headroom": {
+            "host_bytes": budget["host_bytes"] - peak["host_bytes"],
+            "device_bytes": None if budget["device_bytes"] is None else budget["device_bytes"] - peak["device_bytes"],
+        },
+        "layout": d["layout"],
+        "io": d["io"],
+        "totals": d["totals"],
+        "paths": _paths(parts),
+        "runs": runs,
+        "top_contributors": _top(d),
+        "skipped": len(d["skipped"]),
+        "refusal": d["refusal"],
+    }
+
+
+def _dominant(r: dict, parts: list, ring: int) -> str:
+    best, size = "ring", ring
+    for pid in r["parts"]:
+        p = parts[pid]
+        if p["path"] == "host" and p["host_bytes"] > size:
+            best, size = f"host:{p['tensor']}#{p['index']}", p["host_bytes"]
+        if p["landing_bytes"] > size:
+            best, size = f"landing:{p['tensor']}#{p['index']}", p["landing_bytes"]
+    return best
+
+
+def _paths(parts: list) -> dict:
+    out: dict = {}
+    for p in parts:
+        key = f"{p['path']}: {p['reason']}"
+        e = out.setdefault(key, {"parts": 0, "bytes": 0})
+        e["parts"] += 1
+        e["bytes"] += p["out_bytes"]
+    return dict(sorted(out.items()))
+
+
+def _top(d: dict) -> list:
+    items = [{"what": "pinned ring", "memory": "host", "bytes": d["layout"]["ring_bytes"]},
+             {"what": "landing regions", "memory": "device", "bytes": sum(d["layout"]["landing_region_bytes"])}]
+    for t in d["tensors"]:
+        items.append({"what": t["name"], "memory": "device", "bytes": t["nbytes"]})
+    for p in d["parts"]:
+        if p["host_bytes"]:
+            items.append({"what": f"host scratch {p['tensor']}#{p['index']}", "memory": "host", "bytes": p["host_bytes"]})
+    items.sort(key=lambda x: (-x["bytes"], x["what"]))
+    return [i for i in items if i["bytes"]][:TOP]
+
+
+def render(plan: Plan, console: Console) -> None:
+    e = explain_doc(plan)
+    b, pk, t = e["budget"], e["peak"], e["totals"]
+    verdict = "[green]FITS[/green]" if e["fits"] else "[red]REFUSED[/red]"
+    console.print(f"[bold]planc explain[/bold]  {e['spec']}  ->  {e['checkpoint']}  on {e['device']}: {verdict}")
+    tb = Table(title="budget", show_edge=False)
+    for c in ("", "budget", "predicted peak", "headroom"):
+        tb.add_column(c, justify="right" if c else "left")
+    tb.add_row("host", fmt_bytes(b["host_bytes"]), fmt_bytes(pk["host_bytes"]), fmt_bytes(e["headroom"]["host_bytes"]))
+    tb.add_row("device", fmt_bytes(b["device_bytes"]) if b["device_bytes"] is not None else "unset",
+               fmt_bytes(pk["device_bytes"]), fmt_bytes(e["headroom"]["device_bytes"]))
+    console.print(tb)
+    lay = e["layout"]
+    console.print(f"host = pinned ring {fmt_bytes(lay['ring_bytes'])} ({e['io']['slots']} x {fmt_bytes(e['io']['slot_bytes'])})"
+                  f" + host-path buffers of the two runs in flight;  device = arena {fmt_bytes(lay['arena_bytes'])}"
+                  f" + landing {fmt_bytes(sum(lay['landing_region_bytes']))}")
+    console.print(f"{t['tensors']} tensors from {t['source_tensors']} source tensors, {fmt_bytes(t['read_bytes'])} read "
+                  f"({fmt_bytes(t['payload_bytes'])} payload) in {t['runs']} runs; requests {t['requests']} "
+                  f"(uncoalesced {t['requests_uncoalesced']}), copies {t['copies']} (uncoalesced {t['copies_uncoalesced']}), "
+                  f"kernels {t['kernels']}, skipped {e['skipped']}")
+    tp = Table(title="paths", show_edge=False)
+    for c in ("path and reason", "parts", "bytes"):
+        tp.add_column(c, justify="left" if c.startswith("path") else "right")
+    for k, v in e["paths"].items():
+        tp.add_row(k, str(v["parts"]), fmt_bytes(v["bytes"]))
+    console.print(tp)
+    tr = Table(title="runs", show_edge=False)
+    for c in ("run", "tensors", "read", "requests", "copies", "kernels", "host peak", "device peak", "dominant step"):
+        tr.add_column(c, justify="left" if c == "dominant step" else "right")
+    shown = e["runs"] if len(e["runs"]) <= 24 else e["runs"][:12] + e["runs"][-12:]
+    for r in shown:
+        tr.add_row(str(r["index"]), str(r["tensors"]), fmt_bytes(r["read_bytes"]), str(r["requests"]), str(r["copies"]),
+                   str(r["kernels"]), fmt_bytes(r["host_peak_bytes"]), fmt_bytes(r["device_peak_bytes"]), r["dominant_step"])
+    console.print(tr)
+    if len(e["runs"]) > 24:
+        console.print(f"({len(e['runs']) - 24} runs not shown; --json lists all)")
+    tt = Table(title="top contributors", show_edge=False)
+    for c in ("what", "memory", "bytes"):
+        tt.add_column(c, justify="right" if c == "bytes" else "left")
+    for i in e["top_contributors"]:
+        tt.add_row(i["what"], i["memory"], fmt_bytes(i["bytes"]))
+    console.print(tt)
+    if e["refusal"]:
+        r = e["refusal"]
+        console.print(f"[red]refusal[/red] [{r['code']}] run {r['run']}, step {r['step']}: {r['message']}")

@@ -1,0 +1,567 @@
+"""Strict safetensors manifest reader: headers only, never the data region.
+
+A checkpoint is one `.safetensors` file, a folder of shards, or a Hugging Face
+`*.safetensors.index.json`. Every file is opened, its 8-byte prefix and JSON header are read
+with positional reads, and the header is checked against the format: entry layout, dtype,
+byte size from the shape, and offsets that tile the data region exactly (no hole, no overlap,
+no trailing bytes). Data regions are never read, so sparse files of any size inspect quickly.
+
+Every failure is a `ManifestError` with a short `code`; its message names the file, the tensor
+when there is one, and the figures that disagree.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import posixpath
+import stat
+import struct
+
+from planc.dtypes import DTYPES
+from planc.errors import ManifestError
+from planc.manifest.model import Manifest, ShardInfo, TensorEntry
+
+HEADER_CAP = 100_000_000  # the format's limit on the JSON header, in bytes
+INDEX_CAP = 100_000_000  # refuse index files larger than this
+SHARD_SUFFIX = ".safetensors"
+INDEX_SUFFIX = ".safetensors.index.json"
+METADATA_KEY = "__metadata__"
+_ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+_PREFIX = struct.Struct("<Q")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest:
+    """Read the manifest of a checkpoint: a `.safetensors` file, a folder, or an index json."""
+    try:
+        source = os.path.abspath(os.fspath(path))
+    except (TypeError, ValueError) as exc:
+        raise ManifestError(f"{path!r}: not a usable path ({exc})", code="bad-path") from None
+    st = _stat(source, missing_code="missing")
+    if stat.S_ISDIR(st.st_mode):
+        return _read_folder(source)
+    if not stat.S_ISREG(st.st_mode):
+        raise ManifestError(f"{source}: not a regular file or folder", code="not-a-file")
+    if source.endswith(".json"):
+        return _read_index(source, source)
+    root, name = os.path.split(source)
+    shard, tensors = _read_shard(root, name)
+    return _manifest(root, source, [(shard, tensors)])
+
+
+# --------------------------------------------------------------------------- folder and index
+
+
+def _read_folder(folder: str) -> Manifest:
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if not e.name.startswith("."))
+    except OSError as exc:
+        raise ManifestError(f"{folder}: cannot list folder ({exc.strerror})", code="unreadable") from None
+    indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
+    if len(indexes) == 1:
+        return _read_index(os.path.join(folder, indexes[0]), folder)
+    if len(indexes) > 1:
+        raise ManifestError(
+            f"{folder}: {len(indexes)} index files ({', '.join(indexes)}); name the one to use",
+            code="index-ambiguous",
+        )
+    shard_names = [n for n in names if n.endswith(SHARD_SUFFIX)]
+    if not shard_names:
+        raise ManifestError(f"{folder}: no *{SHARD_SUFFIX} files in folder", code="no-shards")
+    read = [_read_shard(folder, n) for n in shard_names]
+    _check_unique_names(folder, read)
+    return _manifest(folder, folder, read)
+
+
+def _read_index(index_path: str, source: str) -> Manifest:
+    root = os.path.dirname(index_path)
+    weight_map = _load_index(index_path)
+    if not weight_map:
+        raise ManifestError(f"{index_path}: weight_map names no tensors", code="no-shards")
+
+    # Normalise every shard name once (few distinct names, many tensors).
+    normalised: dict[str, str] = {}
+    wanted: dict[str, str] = {}  # tensor -> normalised shard path
+    for tensor, raw in weight_map.items():
+        shard = normalised.get(raw)
+        if shard is None:
+            shard = normalised[raw] = _shard_name(index_path, root, raw, tensor)
+        wanted[tensor] = shard
+
+    read = []
+    for shard in sorted(set(normalised.values())):
+        if not _exists(os.path.join(root, shard), index_path, shard):
+            raise ManifestError(
+                f"{index_path}: shard {shard!r} named by the index does not exist in {root}",
+                code="index-missing-shard",
+            )
+        read.append(_read_shard(root, shard))
+    _check_unique_names(index_path, read)
+
+    for shard, tensors in read:
+        for t in tensors:
+            target = wanted.get(t.name)
+            if target != shard.path:
+                where = "is not in the index" if target is None else f"is indexed to {target!r}"
+                raise ManifestError(
+                    f"{index_path}: tensor {t.name!r} is in shard {shard.path!r} but {where}",
+                    code="index-mismatch",
+                )
+    found = sum(len(tensors) for _, tensors in read)
+    if found != len(wanted):
+        present = {t.name for _, tensors in read for t in tensors}
+        for tensor, shard in wanted.items():
+            if tensor not in present:
+                raise ManifestError(
+                    f"{index_path}: tensor {tensor!r} is indexed to shard {shard!r} "
+                    f"but that shard does not hold it ({len(wanted)} indexed, {found} found)",
+                    code="index-tensor-missing",
+                )
+    return _manifest(root, source, read)
+
+
+def _load_index(index_path: str) -> dict[str, str]:
+    fd = _open(index_path, missing_code="missing")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ManifestError(f"{index_path}: not a regular file", code="not-a-file")
+        if st.st_size > INDEX_CAP:
+            raise ManifestError(
+                f"{index_path}: index is {st.st_size} bytes, over the {INDEX_CAP}-byte cap",
+                code="index-bad",
+            )
+        raw = _read_exact(fd, 0, st.st_size, index_path)
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(
+            raw.decode("utf-8"),
+            object_pairs_hook=_unique_pairs,
+            parse_constant=_refuse_constant,
+        )
+    except _DuplicateKey as dup:
+        raise ManifestError(
+            f"{index_path}: key {dup.key!r} appears twice in one object", code="index-duplicate"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{index_path}: index is not UTF-8 (byte {exc.start})", code="index-bad"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise ManifestError(f"{index_path}: index is not JSON ({_short(exc)})", code="index-bad") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(
+            f"{index_path}: index is a JSON {type(doc).__name__}, not an object", code="index-bad"
+        )
+    if "metadata" in doc and not isinstance(doc["metadata"], dict):
+        raise ManifestError(f"{index_path}: 'metadata' is not an object", code="index-bad")
+    weight_map = doc.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ManifestError(f"{index_path}: 'weight_map' is missing or not an object", code="index-bad")
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise ManifestError(
+                f"{index_path}: tensor {tensor!r} maps to {shard!r}, not a file name", code="index-bad"
+            )
+    return weight_map
+
+
+def _shard_name(index_path: str, root: str, raw: str, tensor: str) -> str:
+    """Normalise one shard name of an index; refuse names that leave the index's folder."""
+    if not raw or "\x00" in raw:
+        raise ManifestError(
+            f"{index_path}: tensor {tensor!r} maps to {raw!r}, not a file name", code="index-bad"
+        )
+    if raw.startswith(("/", "\\")) or os.path.isabs(raw):
+        raise ManifestError(
+            f"{index_path}: shard {raw!r} (tensor {tensor!r}) is an absolute path", code="path-escape"
+        )
+    if ".." in raw.replace("\\", "/").split("/"):
+        raise ManifestError(
+            f"{index_path}: shard {raw!r} (tensor {tensor!r}) climbs out with '..'", code="path-escape"
+        )
+    shard = posixpath.normpath(raw)
+    if shard in (".", ""):
+        raise ManifestError(
+            f"{index_path}: tensor {tensor!r} maps to {raw!r}, not a file name", code="index-bad"
+        )
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(root, shard))
+    if os.path.commonpath([real_root, real]) != real_root or real == real_root:
+        raise ManifestError(
+            f"{index_path}: shard {raw!r} (tensor {tensor!r}) resolves to {real}, outside {real_root}",
+            code="path-escape",
+        )
+    return shard
+
+
+def _check_unique_names(where: str, read: list[tuple[ShardInfo, list[TensorEntry]]]) -> None:
+    owner: dict[str, str] = {}
+    for shard, tensors in read:
+        for t in tensors:
+            first = owner.setdefault(t.name, shard.path)
+            if first != shard.path:
+                raise ManifestError(
+                    f"{where}: tensor {t.name!r} is in two shards, {first!r} and {shard.path!r}",
+                    code="duplicate-tensor",
+                )
+
+
+def _manifest(root: str, source: str, read: list[tuple[ShardInfo, list[TensorEntry]]]) -> Manifest:
+    read = sorted(read, key=lambda r: r[0].path)
+    shards = tuple(shard for shard, _ in read)
+    tensors = tuple(t for _, ts in read for t in ts)
+    return Manifest(root=root, source=source, shards=shards, tensors=tensors)
+
+
+# --------------------------------------------------------------------------- one shard
+
+
+def _read_shard(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry]]:
+    """Read and check one file's header. `name` is relative to `root` (posix separators)."""
+    path = os.path.join(root, name)
+    fd = _open(path, missing_code="missing")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ManifestError(f"{path}: not a regular file", code="not-a-file")
+        size = st.st_size
+        if size == 0:
+            raise ManifestError(f"{path}: file is empty (0 bytes)", code="empty")
+        if size < 8:
+            raise ManifestError(
+                f"{path}: file is {size} bytes, shorter than the 8-byte header length",
+                code="short-file",
+            )
+        (header_len,) = _PREFIX.unpack(_read_exact(fd, 0, 8, path))
+        if header_len > HEADER_CAP:
+            raise ManifestError(
+                f"{path}: header length {header_len} exceeds the {HEADER_CAP}-byte cap",
+                code="header-too-large",
+            )
+        if 8 + header_len > size:
+            raise ManifestError(
+                f"{path}: header length {header_len} runs past the end of the file "
+                f"(8 + {header_len} = {8 + header_len} > {size} bytes)",
+                code="header-past-eof",
+            )
+        raw = _read_exact(fd, 8, header_len, path)
+    finally:
+        os.close(fd)
+
+    header = _parse_header(path, raw)
+    present = METADATA_KEY in header
+    metadata = _metadata(path, header.pop(METADATA_KEY, None), present)
+    data_start = 8 + header_len
+    data_len = size - data_start
+    spans = [_entry(path, tname, value) for tname, value in header.items()]
+    spans.sort(key=lambda s: (s[3], s[4], s[0]))
+
+    tensors: list[TensorEntry] = []
+    cursor = 0
+    prev = None
+    for tname, dt, shape, begin, end in spans:
+        if begin != cursor:
+            after = "the start of the data" if prev is None else f"tensor {prev!r} ends at {cursor}"
+            if begin > cursor:
+                raise ManifestError(
+                    f"{path}: tensor {tname!r} begins at data offset {begin} but {after}: "
+                    f"a hole of {begin - cursor} bytes",
+                    code="hole",
+                )
+            raise ManifestError(
+                f"{path}: tensor {tname!r} begins at data offset {begin} but {after}: "
+                f"{cursor - begin} bytes overlap",
+                code="overlap",
+            )
+        tensors.append(TensorEntry(tname, dt, shape, name, data_start + begin, end - begin))
+        cursor = end
+        prev = tname
+    if cursor > data_len:
+        raise ManifestError(
+            f"{path}: tensors end at data offset {cursor} but the data region holds {data_len} bytes "
+            f"(file {size} bytes, header {header_len}): {cursor - data_len} bytes short",
+            code="data-short",
+        )
+    if cursor < data_len:
+        raise ManifestError(
+            f"{path}: tensors end at data offset {cursor} but the data region holds {data_len} bytes "
+            f"(file {size} bytes, header {header_len}): {data_len - cursor} trailing bytes",
+            code="trailing-bytes",
+        )
+    shard = ShardInfo(
+        path=name,
+        size_bytes=size,
+        mtime_ns=st.st_mtime_ns,
+        header_bytes=header_len,
+        data_start=data_start,
+        metadata=metadata,
+    )
+    return shard, tensors
+
+
+def _parse_header(path: str, raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{path}: header is not UTF-8 (bad byte at header offset {exc.start})",
+            code="header-not-utf8",
+        ) from None
+    try:
+        header = json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)
+    except _DuplicateKey as dup:
+        raise ManifestError(
+            f"{path}: header key {dup.key!r} appears twice in one object", code="header-duplicate-key"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise ManifestError(f"{path}: header is not JSON ({_short(exc)})", code="header-not-json") from None
+    if not isinstance(header, dict):
+        raise ManifestError(
+            f"{path}: header is a JSON {_json_kind(header)}, not an object", code="header-not-object"
+        )
+    return header
+
+
+def _metadata(path: str, value, present: bool) -> tuple[tuple[str, str], ...]:
+    if not present:
+        return ()
+    if not isinstance(value, dict):
+        raise ManifestError(
+            f"{path}: {METADATA_KEY} is a JSON {_json_kind(value)}, not an object", code="bad-metadata"
+        )
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise ManifestError(
+                f"{path}: {METADATA_KEY}[{k!r}] is a JSON {_json_kind(v)}, not a string",
+                code="bad-metadata",
+            )
+    return tuple(sorted(value.items()))
+
+
+def _entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ...], int, int]:
+    """Check one header entry; return (name, dtype, shape, begin, end) with data-relative offsets."""
+    if type(value) is not dict:
+        raise ManifestError(
+            f"{path}: tensor {name!r}: entry is a JSON {_json_kind(value)}, not an object",
+            code="bad-entry",
+        )
+    if value.keys() != _ENTRY_KEYS:
+        keys = sorted(value.keys())
+        raise ManifestError(
+            f"{path}: tensor {name!r}: entry keys are {keys}, expected {sorted(_ENTRY_KEYS)}",
+            code="bad-entry",
+        )
+    dt = value["dtype"]
+    if type(dt) is not str:
+        raise ManifestError(
+            f"{path}: tensor {name!r}: dtype is a JSON {_json_kind(dt)}, not a string", code="bad-entry"
+        )
+    spec = DTYPES.get(dt)
+    if spec is None:
+        raise ManifestError(f"{path}: tensor {name!r}: unknown dtype {dt!r}", code="unknown-dtype")
+
+    shape = value["shape"]
+    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        raise ManifestError(
+            f"{path}: tensor {name!r}: shape {_clip(shape)} is not a list of non-negative integers",
+            code="bad-shape",
+        )
+    offsets = value["data_offsets"]
+    if (
+        type(offsets) is not list
+        or len(offsets) != 2
+        or type(offsets[0]) is not int
+        or type(offsets[1]) is not int
+        or offsets[0] < 0
+        or offsets[1] < 0
+    ):
+        raise ManifestError(
+            f"{path}: tensor {name!r}: data_offsets {_clip(offsets)} is not [begin, end] "
+            "with non-negative integers",
+            code="bad-offsets",
+        )
+    begin, end = offsets
+    if begin > end:
+        raise ManifestError(
+            f"{path}: tensor {name!r}: data_offsets [{begin}, {end}] end before they begin",
+            code="bad-offsets",
+        )
+
+    span = end - begin
+    if 0 in shape:
+        numel = 0
+    else:
+        # Stop multiplying once the count is far past what the span can hold: the product of a
+        # hostile shape can be astronomically large, and with no zero dim it only grows.
+        limit = (span * 8).bit_length() + 64
+        numel = 1
+        for d in shape:
+            numel *= d
+            if numel.bit_length() > limit:
+                raise ManifestError(
+                    f"{path}: tensor {name!r}: shape {_clip(shape)} of {dt} needs more than the "
+                    f"{span} bytes of data_offsets [{begin}, {end}]",
+                    code="size-mismatch",
+                )
+    nbytes = spec.nbytes(numel)
+    if nbytes is None:
+        raise ManifestError(
+            f"{path}: tensor {name!r}: {_num(numel)} elements of {dt} ({spec.bits} bits each) "
+            f"are {_num(numel * spec.bits)} bits, not a whole number of bytes",
+            code="partial-byte",
+        )
+    if nbytes != span:
+        raise ManifestError(
+            f"{path}: tensor {name!r}: shape {_clip(shape)} of {dt} is {nbytes} bytes but "
+            f"data_offsets [{begin}, {end}] span {span}",
+            code="size-mismatch",
+        )
+    return name, dt, tuple(shape), begin, end
+
+
+# --------------------------------------------------------------------------- file access
+
+
+def _stat(path: str, *, missing_code: str) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        raise _os_error(path, exc, missing_code) from None
+    except ValueError as exc:
+        raise ManifestError(f"{path!r}: not a usable path ({exc})", code="bad-path") from None
+
+
+def _open(path: str, *, missing_code: str) -> int:
+    # O_NONBLOCK: opening a FIFO must not hang; it is refused by the fstat check that follows.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags |= getattr(os, "O_BINARY", 0)
+    try:
+        return os.open(path, flags)
+    except OSError as exc:
+        raise _os_error(path, exc, missing_code) from None
+    except ValueError as exc:
+        raise ManifestError(f"{path!r}: not a usable path ({exc})", code="bad-path") from None
+
+
+def _exists(path: str, index_path: str, shard: str) -> bool:
+    """False when the file (or a symlink's target) is absent; loops and other errors raise."""
+    try:
+        os.stat(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except NotADirectoryError:
+        return False
+    except OSError as exc:
+        raise _os_error(path, exc, "index-missing-shard") from None
+
+
+def _os_error(path: str, exc: OSError, missing_code: str) -> ManifestError:
+    if exc.errno == errno.ELOOP:
+        return ManifestError(f"{path}: symlink loop ({exc.strerror})", code="symlink-loop")
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        what = "broken symlink" if os.path.islink(path) else "no such file"
+        return ManifestError(f"{path}: {what}", code=missing_code)
+    return ManifestError(f"{path}: cannot read ({exc.strerror})", code="unreadable")
+
+
+def _read_exact(fd: int, offset: int, n: int, path: str) -> bytes:
+    """Read exactly n bytes at offset; a short read (the file shrank) is an error."""
+    chunks = []
+    got = 0
+    while got < n:
+        try:
+            chunk = _pread(fd, min(n - got, 1 << 30), offset + got)
+        except OSError as exc:
+            raise ManifestError(f"{path}: read failed at offset {offset + got} ({exc.strerror})",
+                                code="unreadable") from None
+        if not chunk:
+            raise ManifestError(
+                f"{path}: read {got} of {n} bytes at offset {offset}; the file is shorter than stat said",
+                code="short-read",
+            )
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+if hasattr(os, "pread"):
+    _pread = os.pread
+else:  # pragma: no cover - platforms without pread
+
+    def _pread(fd: int, n: int, offset: int) -> bytes:
+        os.lseek(fd, offset, os.SEEK_SET)
+        return os.read(fd, n)
+
+
+# --------------------------------------------------------------------------- JSON helpers
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return d
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _json_kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _clip(value, limit: int = 80) -> str:
+    text = _safe_repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _safe_repr(value) -> str:
+    try:
+        if isinstance(value, list) and len(value) > 16:
+            return repr(value[:16])[:-1] + ", ...]"
+        return repr(value)
+    except (ValueError, RecursionError):  # ints past the str-conversion limit, deep nesting
+        return f"<{_json_kind(value)}>"
+
+
+def _num(n: int) -> str:
+    try:
+        return str(n)
+    except ValueError:  # past the interpreter's int-to-str digit limit
+        return f"<{n.bit_length()}-bit integer>"
+
+
+def _short(exc: BaseException, limit: int = 120) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+__all__ = ["HEADER_CAP", "read_manifest"]

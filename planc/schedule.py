@@ -1,0 +1,264 @@
+"""schedule: Graph + io settings -> `Schedule`: device layout, runs, read requests and copies.
+
+- Order: parts by (file, offset) of their first input.
+- Device layout: one arena; tensors laid out in read order, each aligned to its item size, so that
+  tensors adjacent in the file are adjacent on the device and their copies coalesce.
+- Runs: the order cut into runs of at most `io.run` read bytes (a part larger than that is a run
+  of its own). At most two runs are in flight.
+- Requests: within a run, direct-path inputs of one file whose gap is at most `io.merge_gap` join
+  one extent; the extent is widened to 4 KiB boundaries (O_DIRECT) and cut into slot-sized
+  requests. A request is one `preadv` into one ring slot.
+- Copies: each request's bytes go to the device as segments (slot range -> arena or landing
+  range); neighbouring segments contiguous on both sides are one copy. Host-path parts stage their
+  scratch through the ring in slot-sized copies.
+- Landing: direct-path parts that convert out of place, dequantize or transpose land in a landing
+  region; runs alternate between two regions (even runs, odd runs) so run k+1 can land while run
+  k's kernels finish; run k+2 reuses run k's region after run k is done.
+
+Worked example (slot 8 KiB, merge_gap 1 KiB): tensors a [0, 3000) and b [3500, 9000) in one file
+form one extent [0, 9000), widened to [0, 12288) -> requests [0, 8192) and [8192, 12288); if a and
+b are adjacent in the arena that is one copy per request: 2 requests and 2 copies, against 3 and 3
+had each tensor been read alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .dtypes import DTYPES
+from .graph import Graph, PartNode
+from .spec import DIRECT_ALIGN, IO
+
+LANDING_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class Copy:
+    slot_offset: int
+    space: str  # arena | landing
+    dst_offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Request:
+    file: str
+    offset: int  # 4 KiB aligned
+    length: int  # <= slot; may reach past end of file (short read there is expected)
+    copies: tuple[Copy, ...]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    part: int
+    op: str  # convert | dequantize | transpose
+    src_dtype: str
+    dst_dtype: str
+    src_space: str
+    src_offset: int
+    scale_offset: int | None  # landing offset of the scale (dequantize)
+    dst_offset: int  # arena
+    numel: int
+    rows: int
+    cols: int
+    block: int
+
+
+@dataclass(frozen=True)
+class HostPart:
+    part: int
+    dst_offset: int  # arena
+    copies: int  # staging copies through the ring
+
+
+@dataclass(frozen=True)
+class Run:
+    index: int
+    parts: tuple[int, ...]
+    requests: tuple[Request, ...]
+    kernels: tuple[Kernel, ...]
+    host_parts: tuple[HostPart, ...]
+    landing_region: int
+    landing_bytes: int
+    host_bytes: int
+    read_bytes: int  # bytes requested (requests, plus host-path inputs)
+    payload_bytes: int  # bytes of tensor data the run needs
+    requests_uncoalesced: int
+    copies_uncoalesced: int
+
+    @property
+    def copies(self) -> int:
+        return sum(len(r.copies) for r in self.requests) + sum(h.copies for h in self.host_parts)
+
+    @property
+    def request_count(self) -> int:
+        return len(self.requests) + sum(1 for h in self.host_parts for _ in [0])
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset_bytes: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    io: IO
+    tensors: tuple[TensorLayout, ...]  # sorted by name
+    arena_bytes: int
+    landing_region_bytes: tuple[int, ...]  # (even runs, odd runs)
+    ring_bytes: int
+    runs: tuple[Run, ...]
+    part_offsets: dict = field(default_factory=dict)  # part id -> arena offset
+
+    @property
+    def landing_bytes(self) -> int:
+        return sum(self.landing_region_bytes)
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def layout(graph: Graph) -> tuple[dict, int]:
+    """Arena offsets per placement, in the order their first part is read."""
+    first = {}
+    for n in graph.parts:
+        first.setdefault(n.placement, n.id)
+    by_name = {p.name: p for p in graph.placements}
+    offsets, cursor = {}, 0
+    for name in sorted(by_name, key=lambda nm: (first.get(nm, -1), nm)):
+        pl = by_name[name]
+        cursor = _align(cursor, max(1, DTYPES[pl.dtype].itemsize))
+        offsets[name] = cursor
+        cursor += pl.nbytes
+    return offsets, cursor
+
+
+def schedule(graph: Graph, io: IO) -> Schedule:
+    offsets, arena = layout(graph)
+    runs_parts = _cut_runs(graph.parts, io.run)
+    staged = any(True for _ in graph.parts)
+    runs = []
+    for k, parts in enumerate(runs_parts):
+        runs.append(_run(k, parts, offsets, io))
+    regions = (max((r.landing_bytes for r in runs if r.index % 2 == 0), default=0),
+               max((r.landing_bytes for r in runs if r.index % 2 == 1), default=0))
+    ring = io.slots * io.slot if staged and any(r.requests or r.host_parts for r in runs) else 0
+    tensors = tuple(TensorLayout(p.name, p.dtype, tuple(p.shape), offsets[p.name], p.nbytes)
+                    for p in sorted(graph.placements, key=lambda p: p.name))
+    part_offsets = {n.id: offsets[n.placement] + n.offset_bytes for n in graph.parts}
+    return Schedule(io, tensors, arena, regions, ring, tuple(runs), part_offsets)
+
+
+def _cut_runs(parts, run_bytes: int) -> list[list[PartNode]]:
+    runs, cur, cur_bytes = [], [], 0
+    for n in parts:
+        if cur and cur_bytes + n.read_bytes > run_bytes:
+            runs.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(n)
+        cur_bytes += n.read_bytes
+    if cur:
+        runs.append(cur)
+    return runs
+
+
+def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
+    segs, kernels, host_parts, landing = [], [], [], 0
+    host_bytes = host_reads = 0
+    for n in parts:
+        dst = offsets[n.placement] + n.offset_bytes
+        if n.path == "host":
+            host_parts.append(HostPart(n.id, dst, -(-n.out_bytes // io.slot) if n.out_bytes else 0))
+            host_bytes += n.host_bytes
+            host_reads += n.read_bytes
+            continue
+        if n.landing_bytes == 0:
+            w = n.inputs[0]
+            segs.append((w.file, w.start, w.nbytes, "arena", dst))
+            if n.op == "convert":
+                kernels.append(_kernel(n, "arena", dst, None, dst))
+            continue
+        offs = []
+        for inp in n.inputs:
+            landing = _align(landing, LANDING_ALIGN)
+            offs.append(landing)
+            segs.append((inp.file, inp.start, inp.nbytes, "landing", landing))
+            landing += inp.nbytes
+        kernels.append(_kernel(n, "landing", offs[0], offs[1] if len(offs) > 1 else None, dst))
+    requests = _requests(segs, io)
+    return Run(
+        index=k,
+        parts=tuple(n.id for n in parts),
+        requests=requests,
+        kernels=tuple(kernels),
+        host_parts=tuple(host_parts),
+        landing_region=k % 2,
+        landing_bytes=landing,
+        host_bytes=host_bytes,
+        read_bytes=sum(r.length for r in requests) + host_reads,
+        payload_bytes=sum(n.read_bytes for n in parts),
+        requests_uncoalesced=sum(_alone_chunks(s, io.slot) for s in segs) + sum(len(p.inputs) for p in parts if p.path == "host"),
+        copies_uncoalesced=sum(_alone_chunks(s, io.slot) for s in segs) + sum(h.copies for h in host_parts),
+    )
+
+
+def _kernel(n: PartNode, space: str, src: int, scale: int | None, dst: int) -> Kernel:
+    w = n.inputs[0]
+    rows = w.shape[0] if len(w.shape) == 2 else 0
+    cols = w.shape[1] if len(w.shape) == 2 else 0
+    numel = 1
+    for d in w.shape:
+        numel *= d
+    return Kernel(n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block)
+
+
+def _alone_chunks(seg, slot: int) -> int:
+    _, start, nbytes, _, _ = seg
+    if nbytes == 0:
+        return 0
+    a = start // DIRECT_ALIGN * DIRECT_ALIGN
+    e = _align(start + nbytes, DIRECT_ALIGN)
+    return -(-(e - a) // slot)
+
+
+def _requests(segs, io: IO) -> tuple[Request, ...]:
+    """Coalesce segments into extents, cut extents into slot-sized requests, map copies."""
+    segs = sorted((s for s in segs if s[2] > 0), key=lambda s: (s[0], s[1]))
+    extents = []  # [file, start, end, [segs]]
+    for s in segs:
+        f, start, nbytes = s[0], s[1], s[2]
+        if extents and extents[-1][0] == f and start - extents[-1][2] <= io.merge_gap:
+            extents[-1][2] = max(extents[-1][2], start + nbytes)
+            extents[-1][3].append(s)
+        else:
+            extents.append([f, start, start + nbytes, [s]])
+    out = []
+    for f, start, end, members in extents:
+        a = start // DIRECT_ALIGN * DIRECT_ALIGN
+        e = _align(end, DIRECT_ALIGN)
+        off = a
+        while off < e:
+            length = min(io.slot, e - off)
+            out.append(Request(f, off, length, _copies(off, length, members)))
+            off += length
+    return tuple(out)
+
+
+def _copies(off: int, length: int, members) -> tuple[Copy, ...]:
+    copies: list[list] = []
+    for _, start, nbytes, space, dst in members:
+        lo, hi = max(start, off), min(start + nbytes, off + length)
+        if lo >= hi:
+            continue
+        slot_off, d = lo - off, dst + (lo - start)
+        last = copies[-1] if copies else None
+        if last and last[1] == space and last[0] + last[3] == slot_off and last[2] + last[3] == d:
+            last[3] += hi - lo
+        else:
+            copies.append([slot_off, space, d, hi - lo])
+    return tuple(Copy(*c) for c in copies)

@@ -1,0 +1,262 @@
+"""Placement spec: YAML or JSON text -> validated, frozen `Spec` (pydantic v2).
+
+Errors name the spec file, the field path (`rules[2].dtype`) and, for YAML, the line.
+Relative `checkpoint` paths resolve against the spec's folder.
+
+A rule's `match` is a glob on tensor names (`*`, `?`, `[abc]`) that may also hold named
+placeholders: `{L}` matches one dotted name component (`[^.]+`) and captures it, so that
+`fuse`/`stack` can name the tensor they build (`into`) and the placeholder they group over (`over`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import SpecError
+from .units import parse_bytes
+
+ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
+Target = Literal["keep", "float16", "bfloat16", "float32"]
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+DIRECT_ALIGN = 4096
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class Budget(_Model):
+    host: ByteSize
+    """Host bytes planc may hold at once: pinned ring + read-ahead + host scratch (required)."""
+    device: ByteSize | None = None
+    """Device bytes planc may hold: resident tensors + landing buffers. Unset: not checked at compile."""
+
+
+class IO(_Model):
+    workers: int = Field(8, ge=1, le=256)
+    """Reader threads issuing reads concurrently."""
+    slot: ByteSize = 64 * 2**20
+    """Bytes of one pinned ring slot; one read request fills at most one slot. A multiple of 4 KiB."""
+    slots: int = Field(4, ge=1, le=1024)
+    """Slots in the pinned staging ring (ring bytes = slots x slot)."""
+    run: ByteSize = 1024 * 2**20
+    """Largest bytes read by one run; at most two runs are in flight."""
+    direct: Literal["auto", "on", "off"] = "auto"
+    """O_DIRECT reads: `auto` uses them where the file system accepts them, `on` requires them, `off` never."""
+    merge_gap: ByteSize = 2**20
+    """Neighbouring reads in one file whose gap is at most this many bytes become one request."""
+
+    @model_validator(mode="after")
+    def _slot_aligned(self):
+        if self.slot < DIRECT_ALIGN or self.slot % DIRECT_ALIGN:
+            raise ValueError(f"io.slot must be a positive multiple of 4 KiB (4096 bytes), got {self.slot}")
+        return self
+
+
+class Group(_Model):
+    into: str
+    """Name of the tensor built, using the placeholders of `match` (e.g. `model.layers.{L}.mlp.experts.down_proj`)."""
+    over: str
+    """The placeholder whose values are stacked or fused (e.g. `E`)."""
+    order: list[str] | None = None
+    """Values of `over` in output order. Required for `fuse`; for `stack`, default: numeric order."""
+
+
+class Dequantize(_Model):
+    scale: str = "{name}_scale_inv"
+    """Name of the block-scale tensor; `{name}` is the weight's name. Scale tensors are consumed, not loaded."""
+    block: int = Field(128, ge=1)
+    """Edge of the square scale block (128 for DeepSeek-V3 style checkpoints)."""
+
+
+class Rule(_Model):
+    match: str
+    """Glob on tensor names, with optional `{X}` placeholders (one dotted component each)."""
+    source_dtype: list[str] | None = None
+    """Only tensors stored in one of these safetensors dtypes match (e.g. [F8_E4M3])."""
+    dtype: Target = "keep"
+    """Target dtype of the loaded tensor."""
+    skip: bool = False
+    """Do not load matching tensors."""
+    on: Literal["device", "host"] = "device"
+    """Where conversions and packs run."""
+    fuse: Group | None = None
+    """Concatenate the matched tensors along dim 0 into one tensor, in `order`."""
+    stack: Group | None = None
+    """Stack same-shaped matched tensors into one tensor with a new leading dim."""
+    dequantize: Dequantize | None = None
+    """Dequantize FP8 weights with block scales to `dtype` (bfloat16 unless float16 is given)."""
+    transpose: bool = False
+    """Transpose 2-D tensors."""
+
+    @model_validator(mode="after")
+    def _coherent(self):
+        if self.fuse and self.stack:
+            raise ValueError("a rule can fuse or stack, not both")
+        if self.skip and (self.fuse or self.stack or self.dequantize or self.transpose or self.dtype != "keep"):
+            raise ValueError("a skip rule takes no other action")
+        if self.transpose and self.fuse:
+            raise ValueError("transpose with fuse is not supported (fused parts would not be contiguous)")
+        if self.dequantize and self.dtype == "float32":
+            raise ValueError("dequantize produces bfloat16 or float16")
+        names = set(_PLACEHOLDER.findall(self.match))
+        for key, grp in (("fuse", self.fuse), ("stack", self.stack)):
+            if grp is None:
+                continue
+            if grp.over not in names:
+                raise ValueError(f"{key}.over {grp.over!r} is not a placeholder of match {self.match!r}")
+            missing = sorted(set(_PLACEHOLDER.findall(grp.into)) - names)
+            if missing:
+                raise ValueError(f"{key}.into uses placeholders {missing} that match {self.match!r} does not define")
+            if grp.over in _PLACEHOLDER.findall(grp.into):
+                raise ValueError(f"{key}.into must not use the grouped placeholder {{{grp.over}}}")
+            if key == "fuse" and not grp.order:
+                raise ValueError("fuse needs `order`: the values of the grouped placeholder in output order")
+        return self
+
+    def pattern(self) -> re.Pattern:
+        return compile_match(self.match)
+
+
+class Spec(_Model):
+    checkpoint: str
+    """Checkpoint: a .safetensors file, a folder of shards, or an index json (relative to the spec's folder)."""
+    device: str = "cuda:0"
+    """Target device."""
+    budget: Budget
+    io: IO = IO()
+    rules: list[Rule] = Field(min_length=1)
+    """Ordered rules; the first whose match fits a tensor decides what happens to it."""
+
+
+def compile_match(glob: str) -> re.Pattern:
+    """Glob with `{X}` placeholders -> anchored regex with named groups."""
+    out, pos = [], 0
+    for m in _PLACEHOLDER.finditer(glob):
+        out.append(_glob_piece(glob[pos:m.start()]))
+        out.append(f"(?P<{m.group(1)}>[^.]+)")
+        pos = m.end()
+    out.append(_glob_piece(glob[pos:]))
+    return re.compile("^" + "".join(out) + "$", re.DOTALL)
+
+
+def _glob_piece(piece: str) -> str:
+    if not piece:
+        return ""
+    rx = fnmatch.translate(piece)  # '(?s:...)\\Z'
+    return rx[len("(?s:"):-len(")\\Z")]
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A validated spec with where it came from."""
+
+    spec: Spec
+    path: str  # the spec file
+    checkpoint_path: str  # absolute, resolved against the spec's folder
+    text_sha256: str
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    """Read, parse and validate a spec file. Raises SpecError naming the file, field and line."""
+    import hashlib
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{p}: spec file not found", code="spec-missing") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+    data, lines = _parse(text, p)
+    spec = validate_spec(data, p, lines)
+    ckpt = Path(spec.checkpoint).expanduser()
+    if not ckpt.is_absolute():
+        ckpt = (p.resolve().parent / ckpt)
+    return LoadedSpec(spec, str(p), str(ckpt.resolve()), hashlib.sha256(text.encode()).hexdigest())
+
+
+def validate_spec(data: Any, path: Path | str = "<spec>", lines: dict | None = None) -> Spec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a spec is a mapping of keys (checkpoint, budget, rules, ...), got {type(data).__name__}",
+                        code="spec-not-mapping")
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as e:
+        msgs = [_format_error(err, path, lines or {}) for err in e.errors()]
+        raise SpecError("; ".join(msgs), code="spec-invalid") from None
+
+
+def _format_error(err: dict, path, lines: dict) -> str:
+    loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+    field = _loc_str(loc)
+    line = _line_for(loc, lines)
+    where = f"{path}:{line}" if line else f"{path}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    got = err.get("input")
+    if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)) and "got" not in msg:
+        msg += f" (got {got!r})"
+    return f"{where}: {field or '(top level)'}: {msg}"
+
+
+def _loc_str(loc) -> str:
+    s = ""
+    for x in loc:
+        s += f"[{x}]" if isinstance(x, int) else (f".{x}" if s else str(x))
+    return s
+
+
+def _line_for(loc, lines: dict) -> int | None:
+    while loc:
+        if loc in lines:
+            return lines[loc]
+        loc = loc[:-1]
+    return None
+
+
+def _parse(text: str, path: Path) -> tuple[Any, dict]:
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text), {}
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{path}:{e.lineno}: not valid JSON: {e.msg}", code="spec-syntax") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', e)}", code="spec-syntax") from None
+    lines: dict = {}
+    if node is not None:
+        _collect_lines(node, (), lines)
+    return data, lines
+
+
+def _collect_lines(node, loc, lines):
+    lines[loc] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            lines[loc + (key,)] = k.start_mark.line + 1
+            _collect_lines(v, loc + (key,), lines)
+            lines[loc + (key,)] = k.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _collect_lines(v, loc + (i,), lines)
+
+
+def json_schema() -> dict:
+    return Spec.model_json_schema()
