@@ -240,13 +240,9 @@ def main(argv=None) -> int:
         err.print("planc: interrupted")
         return 130
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+        if hasattr(e, "show") and hasattr(e, "exit_code"):  # a usage error from the argument parser
             e.show()
             return 2
-        if isinstance(e, click.exceptions.Abort):
-            return 1
         if os.environ.get("PLANC_DEBUG"):
             raise
         err.print(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)",

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
 
 from planc.dtypes import DTYPES
 from planc.units import fmt_bytes, parse_bytes
@@ -67,7 +68,6 @@ _RANK = {
          "F64", "I64", "U64"]
     )
 }
-_NAME_OF_NUMPY = {d.numpy: d.name for d in DTYPES.values() if d.numpy is not None}
 
 
 # --------------------------------------------------------------------------- shapes and presets
@@ -361,7 +361,8 @@ def write_safetensors(path: str | os.PathLike,
 
     Each item is ``(name, dtype, shape, source)`` with `dtype` in safetensors spelling and `source`
     an array, a bytes-like object, or an iterable of bytes-like chunks (read once, in file order).
-    The file has exactly the bytes ``safetensors.numpy.save_file`` writes for the same tensors.
+    The file has exactly the bytes ``safetensors.numpy.save_file`` writes for the same tensors
+    (metadata keys are written sorted; safetensors writes several of them in hash order).
     With `sparse` the sources are not read and the data region is left as a hole.
     """
     items = list(tensors)
@@ -384,7 +385,9 @@ def write_safetensors(path: str | os.PathLike,
             name, _, _, nbytes = entries[i]
             written = 0
             for buf in _buffers(items[i][3]):
-                written += f.write(buf)
+                mv = memoryview(buf).cast("B")
+                f.write(mv)
+                written += mv.nbytes
             if written != nbytes:
                 raise ValueError(f"tensor {name!r}: got {written} bytes of data, expected {nbytes}")
     return size
@@ -484,8 +487,6 @@ def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int
             write_safetensors(tmp, ((t.name, t.dtype, t.shape, _chunks(t, seed)) for t in group),
                               METADATA, sparse=sparse)
         else:
-            from safetensors.numpy import save_file
-
             save_file({t.name: tensor_data(t, seed) for t in group}, str(tmp), metadata=METADATA)
         os.replace(tmp, final)
         files.append(str(final))

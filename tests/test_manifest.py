@@ -408,6 +408,13 @@ def test_missing_path(tmp_path):
     expect(tmp_path / "file" / "below.safetensors", "missing", "below.safetensors")
 
 
+def test_unusable_path(tmp_path):
+    expect(str(tmp_path / "nul\x00.safetensors"), "bad-path", "nul")
+    with pytest.raises(ManifestError) as info:
+        read_manifest(None)
+    assert info.value.code == "bad-path"
+
+
 def test_broken_symlink(tmp_path):
     (tmp_path / "dead.safetensors").symlink_to(tmp_path / "gone.safetensors")
     err = expect(tmp_path / "dead.safetensors", "missing", "dead.safetensors")
@@ -523,9 +530,12 @@ def test_index_unlisted_tensor(tmp_path):
 def test_index_tensor_in_wrong_shard(tmp_path):
     save_file({"a": np.ones(1, np.int8)}, str(tmp_path / "s1.safetensors"))
     save_file({"b": np.ones(1, np.int8)}, str(tmp_path / "s2.safetensors"))
-    p = _index(tmp_path, {"weight_map": {"a": "s2.safetensors", "b": "s2.safetensors"}})
+    p = _index(tmp_path, {"weight_map": {"a": "s2.safetensors", "b": "s1.safetensors"}})
     err = expect(p, "index-mismatch", "'a'", "s1.safetensors", "s2.safetensors")
     assert "indexed to" in str(err)
+    # A shard the index never names is not read; its tensor is simply missing where indexed.
+    p = _index(tmp_path, {"weight_map": {"a": "s2.safetensors", "b": "s2.safetensors"}})
+    expect(p, "index-tensor-missing", "'a'", "s2.safetensors")
 
 
 def test_index_tensor_in_two_shards(tmp_path):
@@ -627,7 +637,7 @@ def test_fuzz_arbitrary_bytes(fuzz_dir, content):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(header=headers | json_values, data_len=st.integers(0, 96), pad=st.sampled_from([b"", b"  ", b"\n"]))
+@given(header=st.one_of(headers, headers, json_values), data_len=st.integers(0, 96), pad=st.sampled_from([b"", b"  ", b"\n"]))
 def test_fuzz_json_headers(fuzz_dir, header, data_len, pad):
     content = raw(json.dumps(header).encode() + pad, bytes(data_len))
     _read_or_manifest_error(_fuzz_file(fuzz_dir, content))
@@ -649,7 +659,7 @@ def near_valid(draw):
         header[f"t{i}"] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + nbytes]}
         off += nbytes
     data_len = off
-    kind = draw(st.sampled_from(["none", "begin", "end", "data", "shape"]))
+    kind = draw(st.sampled_from(["none", "begin", "end", "shift", "data", "shape"]))
     if header and kind != "none":
         victim = header[draw(st.sampled_from(sorted(header)))]
         delta = draw(st.sampled_from([-1, 1, 2]))
@@ -657,6 +667,8 @@ def near_valid(draw):
             victim["data_offsets"][0] += delta
         elif kind == "end":
             victim["data_offsets"][1] += delta
+        elif kind == "shift":
+            victim["data_offsets"] = [x + delta for x in victim["data_offsets"]]
         elif kind == "shape":
             victim["shape"] = [*victim["shape"], 2]
     if kind == "data":
@@ -676,6 +688,35 @@ def test_fuzz_near_valid_layouts(fuzz_dir, case):
         assert len(m.tensors) == len(header)
     else:
         _read_or_manifest_error(path)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    doc=st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {"weight_map": st.dictionaries(
+                st.text(max_size=4),
+                st.sampled_from(["fuzz.safetensors", "./fuzz.safetensors", "other.safetensors",
+                                 "..", "/", "sub/../x", "\\x", "."]) | json_values,
+                max_size=4,
+            )},
+            optional={"metadata": json_values},
+        ),
+    )
+)
+def test_fuzz_index(fuzz_dir, doc):
+    _fuzz_file(fuzz_dir, raw({"a": ent("U8", [1], 0, 1)}, b"x"))
+    p = fuzz_dir / "fuzz.safetensors.index.json"
+    p.write_text(json.dumps(doc))
+    try:
+        m = read_manifest(p)
+    except ManifestError as err:
+        assert err.code and err.code != "manifest"
+        assert "fuzz.safetensors" in str(err)
+        return
+    check_layout(m)
+    assert [t.name for t in m.tensors] == ["a"]
 
 
 def test_public_api():

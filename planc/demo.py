@@ -1,0 +1,75 @@
+"""The main job on the embedded default: write the tiny checkpoint, compile, explain, run, verify.
+
+On a machine without a GPU the run goes through the CUDA simulator (NUMBA_ENABLE_CUDASIM=1),
+set here before numba is first imported; the output says which.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+DEFAULT_SPEC = "specs/demo.yaml"
+
+
+def _find_spec(spec: Path | None) -> Path:
+    if spec is not None:
+        return spec
+    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        p = base / DEFAULT_SPEC
+        if p.exists():
+            return p
+    from .errors import SpecError
+
+    raise SpecError(f"{DEFAULT_SPEC} not found in {Path.cwd()} or beside the planc package; pass --spec",
+                    code="spec-missing")
+
+
+def gpu_present() -> bool:
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
+    import ctypes
+
+    try:  # the driver library, without importing numba (which fixes simulator mode at import)
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Console) -> None:
+    from .compile import compile_spec
+    from .explain import render
+    from .synth import write_checkpoint
+
+    spec_path = _find_spec(spec)
+    ckpt_dir = spec_path.resolve().parent.parent / "demo" / "dense" if spec is None else None
+    if ckpt_dir is not None and workdir != Path("demo"):
+        console.print(f"(the default spec reads {ckpt_dir}; --workdir is ignored with it)")
+    target = ckpt_dir or workdir / "dense"
+    res = write_checkpoint(target, "dense", seed=0)
+    console.print(f"[bold]1. checkpoint[/bold]: {res.tensors} tensors, {res.total_bytes:,} bytes -> {res.path}")
+    plan = compile_spec(spec_path)
+    console.print(f"[bold]2. compile + explain[/bold] {spec_path}")
+    render(plan, console)
+    if not plan.fits or not execute_plan:
+        return
+    gpu = gpu_present()
+    if not gpu:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    console.print(f"[bold]3. run[/bold] on {'the GPU' if gpu else 'the CUDA simulator (no GPU found)'}, with --verify")
+    from .execute import execute
+    from .execute.report import render_report
+
+    model = execute(plan, verify=True)
+    try:
+        render_report(model.report, console)
+        if not model.report["verify"]["ok"]:
+            from .errors import ExecuteError
+
+            raise ExecuteError(f"verification found mismatches: {model.report['verify']['mismatches']}",
+                               code="verify-mismatch")
+    finally:
+        model.free()

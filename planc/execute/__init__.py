@@ -1,0 +1,182 @@
+"""execute: Plan -> `LoadedModel` on the GPU (Numba CUDA), with the measured report.
+
+Order of events: fingerprints checked; the whole plan re-admitted against live host memory and free
+device memory; only then the arena, landing regions and pinned ring are allocated; runs go in plan
+order, each checked against the live room before it starts; every host buffer is released when
+its bytes are on the device; on any error everything allocated is freed and a typed error raised.
+
+This package is the only one that imports numba.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as _np
+
+if not hasattr(_np, "row_stack"):  # numba-cuda's kernel compiler still calls numpy.row_stack (gone in numpy 2.5)
+    _np.row_stack = _np.vstack
+
+from ..errors import AdmissionError, ExecuteError, FingerprintError, PlancError
+from ..units import gib
+
+__all__ = ["execute"]
+
+
+def check_fingerprints(plan) -> None:
+    root = plan["checkpoint"]["root"]
+    for f in plan["checkpoint"]["files"]:
+        path = os.path.join(root, f["path"])
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise FingerprintError(f"{path}: checkpoint file removed since the plan was compiled; compile again",
+                                   code="file-removed") from None
+        if st.st_size != f["size_bytes"] or st.st_mtime_ns != f["mtime_ns"]:
+            raise FingerprintError(
+                f"{path}: changed since the plan was compiled (size {f['size_bytes']:,} -> {st.st_size:,} bytes, "
+                f"mtime_ns {f['mtime_ns']} -> {st.st_mtime_ns}); compile again", code="file-changed")
+
+
+def admit_live(plan) -> dict:
+    from .memory import live_room
+    from .seam import memory_info
+
+    room = live_room()
+    need = plan["peak"]["host_bytes"]
+    if need > room["room_bytes"]:
+        raise AdmissionError(
+            f"refused before allocating: the plan's host peak is {need:,} bytes ({gib(need)}), the live room is "
+            f"{room['room_bytes']:,} bytes ({gib(room['room_bytes'])}) (available {room['available_bytes']}, cgroup "
+            f"room {room['cgroup_room_bytes']}, reserve {room['reserve_bytes']}); lower io.slots/io.slot or io.run",
+            code="live-room", refusal={"run": 0, "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
+    info = memory_info()
+    dev_need = plan["peak"]["device_bytes"]
+    if info is not None and dev_need > info[0]:
+        raise AdmissionError(
+            f"refused before allocating: the plan needs {dev_need:,} bytes ({gib(dev_need)}) of device memory, "
+            f"{plan['device']} has {info[0]:,} bytes ({gib(info[0])}) free; skip tensors or load a smaller dtype",
+            code="device-room", refusal={"run": 0, "needed_bytes": dev_need, "allowed_bytes": info[0]})
+    return {"host": room, "device_free_bytes": None if info is None else info[0],
+            "device_total_bytes": None if info is None else info[1]}
+
+
+def execute(plan, *, progress: bool = False, verify: bool = False, device: str | None = None):
+    """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure."""
+    from .alloc import release
+    from .loader import Loader
+    from .memory import hwm_bytes, reset_hwm, rss_bytes
+    from .model import DeviceTensor, LoadedModel
+    from .seam import memory_info, select, simulated, warm_up
+
+    if not plan.fits:
+        r = plan.refusal
+        raise AdmissionError(r["message"], code=r["code"], refusal=dict(r))
+    check_fingerprints(plan)
+    dev = device or plan["device"]
+    idx = select(dev)
+    warm_up()
+    live = admit_live(plan)
+    base_rss = rss_bytes()
+    hwm_reset = reset_hwm()
+    free_before = memory_info()
+    loader = Loader(plan)
+    bar = _progress(plan) if progress else None
+    t0 = time.perf_counter()
+    try:
+        try:
+            loader.allocate()
+            free_alloc = memory_info()
+            if bar:
+                bar[0].start()
+                loader.progress = lambda n: bar[0].advance(bar[1], n)
+            loader.run()
+        finally:
+            if bar:
+                bar[0].stop()
+        wall = time.perf_counter() - t0
+        arena = loader.arena
+        loader.arena = None
+        loader.free()
+    except PlancError:
+        loader.free()
+        loader.drop_arena()
+        raise
+    except KeyboardInterrupt:
+        loader.free()
+        loader.drop_arena()
+        raise ExecuteError("interrupted during the load; everything allocated was released", code="interrupted")
+    except Exception as e:  # noqa: BLE001 - any device or runtime failure: release, then a typed error
+        loader.free()
+        loader.drop_arena()
+        raise ExecuteError(f"load failed: {type(e).__name__}: {e}; everything allocated was released",
+                           code="load-failed") from e
+    hwm = hwm_bytes()
+    tensors = {t["name"]: DeviceTensor(t["name"], t["dtype"], tuple(t["shape"]), t["offset_bytes"], t["nbytes"],
+                                       arena, idx) for t in plan["tensors"]}
+    report = _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, simulated())
+    model = LoadedModel(tensors, report, arena)
+    release()
+    report["host"]["rss_after_bytes"] = rss_bytes()
+    if verify:
+        from .verify import verify_model
+
+        try:
+            report["verify"] = verify_model(plan, model)
+        except BaseException:
+            model.free()
+            raise
+    return model
+
+
+def _progress(plan):
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    p = Progress(TextColumn("loading"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                 console=Console(file=sys.stderr), transient=True)
+    task = p.add_task("load", total=plan["totals"]["payload_bytes"])
+    return p, task
+
+
+def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, sim) -> dict:
+    t = plan["totals"]
+    c = loader.counters
+    lay = plan["layout"]
+    payload = t["payload_bytes"]
+    dev_used = None
+    if free_before is not None and free_alloc is not None:
+        dev_used = free_before[0] - free_alloc[0]
+    return {
+        "simulator": sim,
+        "device": plan["device"],
+        "wall_seconds": wall,
+        "gb_per_s": payload / wall / 1e9 if wall > 0 else None,
+        "payload_bytes": payload,
+        "bytes_read": {"predicted": t["read_bytes"], "measured": loader.reader.bytes_read if loader.reader else None},
+        "requests": {"predicted": t["requests"], "issued": c["requests"]},
+        "copies": {"predicted": t["copies"], "issued": c["copies"]},
+        "kernels": {"predicted": t["kernels"], "issued": c["kernels"]},
+        "run_waits": c["run_waits"],
+        "host": {
+            "predicted_peak_bytes": plan["peak"]["host_bytes"],
+            "pinned_bytes": lay["ring_bytes"],
+            "baseline_rss_bytes": base_rss,
+            "hwm_bytes": hwm,
+            "hwm_reset": hwm_reset,
+            "growth_bytes": hwm - base_rss,
+            "live_room_bytes": live["host"]["room_bytes"],
+        },
+        "device_memory": {
+            "predicted_peak_bytes": plan["peak"]["device_bytes"],
+            "arena_bytes": lay["arena_bytes"],
+            "landing_bytes": sum(lay["landing_region_bytes"]),
+            "measured_allocated_bytes": dev_used,
+            "free_before_bytes": None if free_before is None else free_before[0],
+        },
+        "files": loader.reader.modes() if loader.reader else {},
+        "retries": loader.reader.retries if loader.reader else 0,
+    }

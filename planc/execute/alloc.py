@@ -1,0 +1,44 @@
+"""Device and pinned allocations, and their prompt release.
+
+numba defers freeing device and pinned memory until its deallocation queue fills; a loader must
+give memory back when it says so, so `release()` flushes that queue.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+from numba import cuda
+
+from .seam import simulated
+
+ALIGN = 4096
+
+
+def device_bytes(n: int):
+    return cuda.device_array(max(1, n), dtype=np.uint8)
+
+
+def pinned_ring(nbytes: int):
+    """A pinned uint8 buffer of `nbytes` whose start is 4 KiB aligned (O_DIRECT), and its owner."""
+    owner = cuda.pinned_array(nbytes + ALIGN, dtype=np.uint8)
+    addr = owner.ctypes.data
+    base = (-addr) % ALIGN
+    return owner, owner[base:base + nbytes]
+
+
+def event():
+    if simulated():
+        return cuda.event()
+    return cuda.event(timing=False)
+
+
+def release() -> None:
+    gc.collect()
+    if simulated():
+        return
+    try:
+        cuda.current_context().deallocations.clear()
+    except Exception:  # noqa: BLE001 - no context yet: nothing to release
+        pass

@@ -1,0 +1,243 @@
+"""The load pipeline: plan runs -> reads into pinned slots -> async copies -> kernels.
+
+Threads: a pool of `io.workers` readers fills slots with `preadv`; the calling thread issues the
+copies and kernels on one stream, in plan order. Because copies and kernels share the stream,
+a landing region is reused only after the kernels that read it, and an in-place conversion runs
+only after its bytes arrived. A slot is refilled only after the event recorded after its copies
+has completed (fence and swap).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import AdmissionError, ExecuteError, PlancError
+from ..units import gib
+from . import kernels
+from .alloc import device_bytes, event, pinned_ring, release
+from .memory import live_room
+from .reader import Reader
+from .refconv import convert_host, dequantize_fp8_host, transpose_host
+
+
+class Loader:
+    def __init__(self, plan, progress=None):
+        d = plan.doc
+        self.plan = plan
+        self.io = d["io"]
+        self.slot = self.io["slot_bytes"]
+        self.progress = progress
+        self.counters = {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
+        self.arena = self.landing = self.ring_owner = self.ring = None
+        self.reader: Reader | None = None
+        self.pool: ThreadPoolExecutor | None = None
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate(self) -> None:
+        lay = self.plan["layout"]
+        self.arena = device_bytes(lay["arena_bytes"])
+        regions = list(lay["landing_region_bytes"])
+        self.region_base = [0, regions[0]]
+        if sum(regions):
+            self.landing = device_bytes(sum(regions))
+        if lay["ring_bytes"]:
+            self.ring_owner, self.ring = pinned_ring(lay["ring_bytes"])
+        from numba import cuda
+
+        self.stream = cuda.stream()
+        self.reader = Reader(self.plan["checkpoint"]["root"], self.io["direct"])
+        for f in self.plan["checkpoint"]["files"]:
+            self.reader.open(f["path"], f["size_bytes"])
+        self.pool = ThreadPoolExecutor(max_workers=self.io["workers"], thread_name_prefix="planc-read")
+        nslots = lay["ring_bytes"] // self.slot
+        self.free_slots = deque(range(nslots))
+        self.copying: deque = deque()  # (slot, event)
+        self.pending: deque = deque()  # (run, request, slot, future)
+
+    def free(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+        if self.reader is not None:
+            self.reader.close()
+        try:
+            if getattr(self, "stream", None) is not None:
+                self.stream.synchronize()
+        except Exception:  # noqa: BLE001 - the device may already be in error; still drop what we hold
+            pass
+        self.copying.clear() if hasattr(self, "copying") else None
+        self.pending.clear() if hasattr(self, "pending") else None
+        self.landing = self.ring = self.ring_owner = None
+        release()
+
+    def drop_arena(self) -> None:
+        self.arena = None
+        release()
+
+    # -- the pipeline -----------------------------------------------------------------------
+    def run(self) -> None:
+        runs = self.plan["runs"]
+        remaining = {r["index"]: len(r["requests"]) for r in runs}
+        self.remaining = remaining
+        for r in runs:
+            self._admit_run(r)
+            for req in r["requests"]:
+                slot = self._acquire_slot()
+                fut = self.pool.submit(self._read, req, slot)
+                self.pending.append((r, req, slot, fut))
+                while self.pending and self.pending[0][3].done():
+                    self._complete_oldest()
+            if r["host_parts"]:
+                self._drain()
+                for h in r["host_parts"]:
+                    self._host_part(h)
+            if not r["requests"]:
+                self._launch_kernels(r)
+        self._drain()
+        self.stream.synchronize()
+
+    def _admit_run(self, r) -> None:
+        need = r["host_bytes"]
+        if not need:
+            return
+        room = live_room()
+        if need <= room["room_bytes"]:
+            return
+        self.counters["run_waits"] += 1
+        self._drain()
+        self.stream.synchronize()
+        room = live_room()
+        if need <= room["room_bytes"]:
+            return
+        raise AdmissionError(
+            f"refused at run {r['index']}: it needs {need:,} bytes ({gib(need)}) of host memory for host-path "
+            f"buffers, the live room is {room['room_bytes']:,} bytes ({gib(room['room_bytes'])}: available "
+            f"{room['available_bytes']}, cgroup room {room['cgroup_room_bytes']}, reserve {room['reserve_bytes']}) "
+            f"with nothing else in flight; free memory, or move the rule to on: device",
+            code="live-room", refusal={"run": r["index"], "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
+
+    def _read(self, req, slot: int) -> int:
+        buf = self.ring[slot * self.slot:(slot + 1) * self.slot]
+        needed = max((c[0] + c[3] for c in req["copies"]), default=0)
+        return self.reader.read_into(req["file"], req["offset"], req["length"], buf, needed)
+
+    def _acquire_slot(self) -> int:
+        while not self.free_slots:
+            if self.pending and (self.pending[0][3].done() or not self.copying):
+                self._complete_oldest()
+            elif self.copying:
+                slot, ev = self.copying.popleft()
+                ev.synchronize()
+                self.free_slots.append(slot)
+            else:
+                raise ExecuteError("the ring has no slot to give and nothing in flight", code="ring-stuck")
+        return self.free_slots.popleft()
+
+    def _complete_oldest(self) -> None:
+        r, req, slot, fut = self.pending.popleft()
+        fut.result()  # re-raises the reader's typed error
+        self.counters["requests"] += 1
+        buf = self.ring[slot * self.slot:(slot + 1) * self.slot]
+        moved = 0
+        for slot_off, space, dst, n in req["copies"]:
+            self._dst(space, r, dst, n).copy_to_device(buf[slot_off:slot_off + n], stream=self.stream)
+            self.counters["copies"] += 1
+            moved += n
+        ev = event()
+        ev.record(self.stream)
+        self.copying.append((slot, ev))
+        self.remaining[r["index"]] -= 1
+        if self.remaining[r["index"]] == 0:
+            self._launch_kernels(r)
+        if self.progress:
+            self.progress(moved)
+
+    def _drain(self) -> None:
+        while self.pending:
+            self._complete_oldest()
+
+    def _dst(self, space: str, r, off: int, n: int):
+        if space == "arena":
+            return self.arena[off:off + n]
+        base = self.region_base[r["landing_region"]]
+        return self.landing[base + off:base + off + n]
+
+    def _launch_kernels(self, r) -> None:
+        for k in r["kernels"]:
+            self._kernel(r, k)
+            self.counters["kernels"] += 1
+
+    def _kernel(self, r, k) -> None:
+        from ..dtypes import DTYPES
+
+        s_size, d_size = DTYPES[k["src_dtype"]].bits // 8, DTYPES[k["dst_dtype"]].bits // 8
+        numel = k["numel"]
+        src = self._dst(k["src_space"], r, k["src_offset"], max(1, numel * max(1, s_size)))
+        dst = self.arena[k["dst_offset"]:k["dst_offset"] + numel * d_size]
+        if k["op"] == "convert":
+            kernels.convert(src, dst, k["src_dtype"], k["dst_dtype"], numel, stream=self.stream)
+        elif k["op"] == "dequantize":
+            rows, cols, b = k["rows"], k["cols"], k["block"]
+            n_scale = -(-rows // b) * -(-cols // b)
+            scale = self._dst("landing", r, k["scale_offset"], n_scale * 4)
+            kernels.dequantize_fp8(src, scale, dst, k["src_dtype"], k["dst_dtype"], rows, cols, b, stream=self.stream)
+        elif k["op"] == "transpose":
+            kernels.transpose2d(src, dst, k["rows"], k["cols"], s_size, stream=self.stream)
+        else:
+            raise ExecuteError(f"plan names an unknown kernel op {k['op']!r} (part {k['part']})", code="plan-op")
+
+    def _host_part(self, h) -> None:
+        p = self.plan["parts"][h["part"]]
+        bufs = []
+        for inp in p["inputs"]:
+            buf = np.empty(inp["nbytes"], dtype=np.uint8)
+            if inp["nbytes"]:
+                self.reader.read_plain(inp["file"], inp["start"], buf)
+            self.counters["requests"] += 1
+            bufs.append(buf)
+        out = _host_transform(p, bufs)
+        del bufs
+        off = 0
+        while off < len(out):
+            n = min(self.slot, len(out) - off)
+            slot = self._acquire_slot()
+            buf = self.ring[slot * self.slot:slot * self.slot + n]
+            buf[:] = out[off:off + n]
+            self.arena[h["dst_offset"] + off:h["dst_offset"] + off + n].copy_to_device(buf, stream=self.stream)
+            self.counters["copies"] += 1
+            ev = event()
+            ev.record(self.stream)
+            self.copying.append((slot, ev))
+            off += n
+        self.counters["host_parts"] += 1
+        if self.progress:
+            self.progress(p["out_bytes"])
+
+
+def _host_transform(p: dict, bufs: list) -> np.ndarray:
+    w = p["inputs"][0]
+    if p["op"] == "convert":
+        return convert_host(bufs[0], w["dtype"], p["out_dtype"])
+    if p["op"] == "dequantize":
+        rows, cols = w["shape"]
+        return dequantize_fp8_host(bufs[0], bufs[1], w["dtype"], p["out_dtype"], rows, cols, p["block"])
+    if p["op"] == "transpose":
+        rows, cols = w["shape"]
+        src = bufs[0] if w["dtype"] == p["out_dtype"] else convert_host(bufs[0], w["dtype"], p["out_dtype"])
+        from ..dtypes import DTYPES
+
+        return transpose_host(src, rows, cols, DTYPES[p["out_dtype"]].bits // 8)
+    return bufs[0]
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+__all__ = ["Loader", "PlancError"]

@@ -1,0 +1,111 @@
+"""`LoadedModel`: name -> `DeviceTensor` (a typed view into one device arena) + the measured report.
+
+Each tensor exposes `__cuda_array_interface__` on a GPU, so CuPy and PyTorch take it without a
+copy. Types numpy cannot spell (bfloat16, FP8) are exposed as unsigned integers of the same width;
+`DeviceTensor.torch()` reinterprets them without a copy:
+
+    t = model["lm_head.weight"].torch()          # torch.bfloat16, shares the arena's memory
+    # same as: torch.as_tensor(model["lm_head.weight"], device="cuda").view(torch.bfloat16)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..dtypes import DTYPES
+
+_STORAGE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_TORCH = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def storage_dtype(name: str) -> np.dtype:
+    d = DTYPES[name]
+    if d.numpy is not None and d.numpy.kind in "biufc" and d.numpy.type.__module__ == "numpy":
+        return d.numpy
+    return np.dtype(_STORAGE[d.itemsize])
+
+
+class DeviceTensor:
+    def __init__(self, name: str, dtype: str, shape: tuple, offset: int, nbytes: int, arena, device_index: int):
+        self.name, self.dtype, self.shape, self.offset_bytes, self.nbytes = name, dtype, tuple(shape), offset, nbytes
+        self._arena = arena
+        self.device_index = device_index
+
+    @property
+    def storage(self) -> np.dtype:
+        return storage_dtype(self.dtype)
+
+    @property
+    def raw(self):
+        """The tensor's bytes: a uint8 device array view."""
+        return self._arena[self.offset_bytes:self.offset_bytes + self.nbytes]
+
+    @property
+    def array(self):
+        """A numba device array of the storage dtype, shaped (bfloat16 and FP8 as unsigned ints)."""
+        n = math.prod(self.shape)
+        if n == 0:
+            from numba import cuda
+
+            return cuda.device_array(self.shape, dtype=self.storage)
+        return self.raw.view(self.storage).reshape(self.shape)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        from .seam import device_pointer
+
+        ptr = device_pointer(self._arena) + self.offset_bytes if self.nbytes else 0
+        return {"shape": self.shape, "typestr": self.storage.str, "data": (ptr, False), "version": 3,
+                "strides": None, "stream": None}
+
+    def torch(self):
+        """A torch tensor sharing this memory, in the true dtype (bfloat16 included)."""
+        import torch
+
+        t = torch.as_tensor(self, device=f"cuda:{self.device_index}")
+        if self.dtype in _TORCH:
+            t = t.view(getattr(torch, _TORCH[self.dtype]))
+        return t
+
+    def to_host(self) -> np.ndarray:
+        """Copy back to the host in the true dtype (ml_dtypes for bfloat16/FP8)."""
+        raw = self.raw.copy_to_host() if self.nbytes else np.zeros(0, np.uint8)
+        d = DTYPES[self.dtype].numpy
+        return raw.view(d).reshape(self.shape) if d is not None else raw
+
+    def __repr__(self) -> str:
+        return f"DeviceTensor({self.name!r}, {self.dtype}, {list(self.shape)})"
+
+
+class LoadedModel:
+    """The loaded tensors (a mapping) and the measured report. `free()` releases the device memory."""
+
+    def __init__(self, tensors: dict, report: dict, arena, landing_freed: bool = True):
+        self.tensors = tensors
+        self.report = report
+        self._arena = arena
+
+    def __getitem__(self, name: str) -> DeviceTensor:
+        return self.tensors[name]
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def keys(self):
+        return self.tensors.keys()
+
+    def items(self):
+        return self.tensors.items()
+
+    def free(self) -> None:
+        from .alloc import release
+
+        self.tensors = {}
+        arena, self._arena = self._arena, None
+        del arena
+        release()

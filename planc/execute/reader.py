@@ -1,0 +1,185 @@
+"""Reading checkpoint bytes into ring slots: one `preadv` per planned request.
+
+Per file, the mode is chosen once and reported: O_DIRECT when `io.direct` allows it, the file
+system accepts it, and (under `auto`) most of the file is not already in the page cache; buffered
+otherwise. A file system that refuses O_DIRECT (tmpfs, some overlays) falls back to buffered
+reads, unless `io.direct: on` demands it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import threading
+from dataclasses import dataclass, field
+
+from ..errors import ReadError
+
+ALIGN = 4096
+_libc = None
+
+
+def _mincore_libc(path: str, size: int, sample_pages: int) -> float | None:
+    libc = _libc
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        try:
+            pages = -(-size // mmap.PAGESIZE)
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                return None
+            step = max(1, pages // sample_pages)
+            seen = sum(1 for i in range(0, pages, step) if vec[i] & 1)
+            return seen / len(range(0, pages, step))
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class OpenFile:
+    path: str
+    fd: int
+    direct: bool
+    why: str
+    size: int
+
+
+@dataclass
+class Reader:
+    """Open checkpoint files and read requests into aligned buffers."""
+
+    root: str
+    direct: str  # auto | on | off
+    files: dict = field(default_factory=dict)
+    requests: int = 0
+    retries: int = 0
+    bytes_read: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def open(self, rel: str, size: int) -> OpenFile:
+        path = os.path.join(self.root, rel)
+        mode, why = self._choose(path, size)
+        flags = os.O_RDONLY | (getattr(os, "O_DIRECT", 0) if mode else 0)
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if mode and e.errno == errno.EINVAL:
+                if self.direct == "on":
+                    raise ReadError(f"{path}: the file system refuses O_DIRECT and io.direct is on; "
+                                    f"set io.direct: auto or off", code="direct-refused") from None
+                fd, mode, why = os.open(path, os.O_RDONLY), False, "file system refuses O_DIRECT"
+            else:
+                raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code="read-open") from None
+        f = OpenFile(path, fd, mode, why, size)
+        self.files[rel] = f
+        return f
+
+    def _choose(self, path: str, size: int) -> tuple[bool, str]:
+        if self.direct == "off" or not hasattr(os, "O_DIRECT"):
+            return False, "io.direct is off" if self.direct == "off" else "no O_DIRECT on this system"
+        if self.direct == "on":
+            return True, "io.direct is on"
+        frac = _mincore_libc_safe(path, size)
+        if frac is not None and frac >= 0.5:
+            return False, f"page cache warm ({frac:.0%} resident): buffered"
+        return True, "page cache cold: O_DIRECT" if frac is not None else "O_DIRECT (cache state unknown)"
+
+    def read_into(self, rel: str, offset: int, length: int, buf, needed: int) -> int:
+        """Read [offset, offset+length) of `rel` into `buf` (a writable uint8 array); at least `needed` bytes."""
+        f = self.files[rel]
+        mv = memoryview(buf)[:length]
+        got = 0
+        while got < needed:
+            try:
+                n = os.preadv(f.fd, [mv[got:]], offset + got)
+            except OSError as e:
+                if f.direct and e.errno == errno.EINVAL and self.direct != "on":
+                    self._fallback(rel)
+                    f = self.files[rel]
+                    continue
+                raise ReadError(f"{f.path}: read of {length} bytes at offset {offset + got} failed: {e.strerror}",
+                                code="read-failed") from None
+            with self._lock:
+                self.requests += 1 if got == 0 else 0
+                self.retries += 1 if got else 0
+            if n == 0:
+                raise ReadError(f"{f.path}: file ended at {offset + got} bytes, {needed - got} bytes short of the "
+                                f"planned read at offset {offset} (was it truncated after compile?)", code="read-short")
+            got += n
+            if f.direct and got % ALIGN:
+                break  # O_DIRECT short read at end of file
+        if got < needed:
+            raise ReadError(f"{f.path}: file ended at {offset + got} bytes, short of the planned read at offset "
+                            f"{offset} (was it truncated after compile?)", code="read-short")
+        with self._lock:
+            self.bytes_read += got
+        return got
+
+    def _fallback(self, rel: str) -> None:
+        with self._lock:
+            f = self.files[rel]
+            if not f.direct:
+                return
+            fd = os.open(f.path, os.O_RDONLY)
+            os.close(f.fd)
+            self.files[rel] = OpenFile(f.path, fd, False, "O_DIRECT read refused: buffered", f.size)
+
+    def modes(self) -> dict:
+        return {rel: {"direct": f.direct, "why": f.why} for rel, f in sorted(self.files.items())}
+
+    def close(self) -> None:
+        for f in self.files.values():
+            try:
+                os.close(f.fd)
+            except OSError:
+                pass
+        self.files.clear()
+
+
+def _mincore_libc_safe(path: str, size: int) -> float | None:
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        return _mincore_libc(path, size, 4096)
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def _read_plain(self: Reader, rel: str, offset: int, buf) -> None:
+    """Buffered read of exactly len(buf) bytes (host path: owned, unaligned buffers)."""
+    import os as _os
+
+    path = _os.path.join(self.root, rel)
+    mv = memoryview(buf)
+    fd = _os.open(path, _os.O_RDONLY)
+    try:
+        got = 0
+        while got < len(mv):
+            try:
+                n = _os.preadv(fd, [mv[got:]], offset + got)
+            except OSError as e:
+                raise ReadError(f"{path}: read of {len(mv)} bytes at offset {offset} failed: {e.strerror}",
+                                code="read-failed") from None
+            if n == 0:
+                raise ReadError(f"{path}: file ended at {offset + got} bytes, {len(mv) - got} bytes short of the "
+                                f"planned read at offset {offset} (was it truncated after compile?)", code="read-short")
+            got += n
+    finally:
+        _os.close(fd)
+    with self._lock:
+        self.bytes_read += len(mv)
+
+
+Reader.read_plain = _read_plain
