@@ -50,6 +50,8 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
         console.print(f"(the default spec reads {ckpt_dir}; --workdir is ignored with it)")
     target = ckpt_dir or workdir / "dense"
     res = write_checkpoint(target, "dense", seed=0)
+    for family in ("moe", "fp8"):  # the other example specs in specs/ read these
+        write_checkpoint(target.parent / family, family, seed=0)
     console.print(f"[bold]1. checkpoint[/bold]: {res.tensors} tensors, {res.total_bytes:,} bytes -> {res.path}")
     plan = compile_spec(spec_path)
     console.print(f"[bold]2. compile + explain[/bold] {spec_path}")

@@ -147,7 +147,9 @@ def schedule(graph: Graph, io: IO) -> Schedule:
         runs.append(_run(k, parts, offsets, io))
     regions = (max((r.landing_bytes for r in runs if r.index % 2 == 0), default=0),
                max((r.landing_bytes for r in runs if r.index % 2 == 1), default=0))
-    ring = io.slots * io.slot if staged and any(r.requests or r.host_parts for r in runs) else 0
+    # The ring never has more slots than the plan has requests and host staging copies to fill them.
+    users = sum(len(r.requests) + sum(h.copies for h in r.host_parts) for r in runs)
+    ring = min(io.slots, users) * io.slot if staged else 0
     tensors = tuple(TensorLayout(p.name, p.dtype, tuple(p.shape), offsets[p.name], p.nbytes)
                     for p in sorted(graph.placements, key=lambda p: p.name))
     part_offsets = {n.id: offsets[n.placement] + n.offset_bytes for n in graph.parts}

@@ -199,7 +199,7 @@ def _dequant_kernel(fn):
                 cb += step_b
                 co += step_o
                 if co >= block:
-                    co -= block - 1
+                    co -= block
                     cb += 1
             r += sy
 
