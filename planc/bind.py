@@ -156,6 +156,10 @@ def _group(i: int, name: str, members: list, r: Rule, manifest: Manifest) -> Pla
     grp = r.fuse or r.stack
     by_value = {}
     for value, t in members:
+        if value in by_value:
+            other = sorted([by_value[value].name, t.name])
+            raise BindError(f"rules[{i}] groups both {other[0]} and {other[1]} into {name} as {grp.over}={value}; "
+                            f"add the placeholders they differ by to `into`", code="group-duplicate")
         by_value[value] = t
     if r.fuse:
         missing = [v for v in grp.order if v not in by_value]

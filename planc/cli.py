@@ -167,7 +167,8 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
                   f"{fmt_bytes(plan['peak']['host_bytes'])} of {fmt_bytes(plan['budget']['host_bytes'])}"
                   + (f"; plan written to {output}" if output else ""))
     if not plan.fits:
-        err.print(f"planc: {plan.refusal['message']} [{plan.refusal['code']}]", highlight=False, soft_wrap=True)
+        err.print(f"planc: {plan.refusal['message']} [{plan.refusal['code']}]", markup=False, highlight=False,
+                  soft_wrap=True)
         raise typer.Exit(3)
 
 
@@ -225,10 +226,10 @@ def demo(workdir: Path = typer.Option(Path("demo"), help="Where the demo checkpo
 
 def main(argv=None) -> int:
     try:
-        app(args=argv, standalone_mode=False)
-        return 0
+        rc = app(args=argv, prog_name="planc", standalone_mode=False)
+        return rc if isinstance(rc, int) else 0  # a command's typer.Exit(n) comes back as n here
     except PlancError as e:
-        err.print(f"planc: {e.message} [{e.code}]", highlight=False, soft_wrap=True)
+        err.print(f"planc: {e.message} [{e.code}]", markup=False, highlight=False, soft_wrap=True)
         if os.environ.get("PLANC_DEBUG"):
             raise
         return e.exit_code
@@ -246,7 +247,7 @@ def main(argv=None) -> int:
         if os.environ.get("PLANC_DEBUG"):
             raise
         err.print(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)",
-                  highlight=False, soft_wrap=True)
+                  markup=False, highlight=False, soft_wrap=True)
         return 1
 
 

@@ -6,6 +6,7 @@ Both forms read the plan's own timeline, the same one admission decided on.
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .plan import Plan
@@ -95,7 +96,8 @@ def render(plan: Plan, console: Console) -> None:
     e = explain_doc(plan)
     b, pk, t = e["budget"], e["peak"], e["totals"]
     verdict = "[green]FITS[/green]" if e["fits"] else "[red]REFUSED[/red]"
-    console.print(f"[bold]planc explain[/bold]  {e['spec']}  ->  {e['checkpoint']}  on {e['device']}: {verdict}")
+    console.print(f"[bold]planc explain[/bold]  {escape(e['spec'])}  ->  {escape(e['checkpoint'])}  on "
+                  f"{escape(e['device'])}: {verdict}")
     tb = Table(title="budget", show_edge=False)
     for c in ("", "budget", "predicted peak", "headroom"):
         tb.add_column(c, justify="right" if c else "left")
@@ -135,4 +137,4 @@ def render(plan: Plan, console: Console) -> None:
     console.print(tt)
     if e["refusal"]:
         r = e["refusal"]
-        console.print(f"[red]refusal[/red] [{r['code']}] run {r['run']}, step {r['step']}: {r['message']}")
+        console.print("[red]refusal[/red] " + escape(f"[{r['code']}] run {r['run']}, step {r['step']}: {r['message']}"))

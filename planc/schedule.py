@@ -16,9 +16,9 @@
   k's kernels finish; run k+2 reuses run k's region after run k is done.
 
 Worked example (slot 8 KiB, merge_gap 1 KiB): tensors a [0, 3000) and b [3500, 9000) in one file
-form one extent [0, 9000), widened to [0, 12288) -> requests [0, 8192) and [8192, 12288); if a and
-b are adjacent in the arena that is one copy per request: 2 requests and 2 copies, against 3 and 3
-had each tensor been read alone.
+form one extent [0, 9000), widened to [0, 12288) -> requests [0, 8192) and [8192, 12288) carrying
+3 copies (a, b's head, b's tail): 2 requests and 3 copies, against 3 and 3 had each tensor been read
+alone. Had b started at 3000 and been adjacent to a in the arena, a and b's head would be one copy.
 """
 
 from __future__ import annotations
@@ -229,18 +229,28 @@ def _alone_chunks(seg, slot: int) -> int:
 
 
 def _requests(segs, io: IO) -> tuple[Request, ...]:
-    """Coalesce segments into extents, cut extents into slot-sized requests, map copies."""
+    """Coalesce segments into extents, cut extents into slot-sized requests, map copies.
+
+    A segment joins the extent before it only when the gap is at most `io.merge_gap` and joining
+    costs no more requests and no more copies than reading it alone would: the extent's slot grid
+    is fixed by its aligned start, so a gap can shift a neighbour across one more slot boundary.
+    """
     segs = sorted((s for s in segs if s[2] > 0), key=lambda s: (s[0], s[1]))
-    extents = []  # [file, start, end, [segs]]
+    extents = []  # [file, start, end, [segs], requests, copies]
     for s in segs:
         f, start, nbytes = s[0], s[1], s[2]
-        if extents and extents[-1][0] == f and start - extents[-1][2] <= io.merge_gap:
-            extents[-1][2] = max(extents[-1][2], start + nbytes)
-            extents[-1][3].append(s)
-        else:
-            extents.append([f, start, start + nbytes, [s]])
+        alone = _alone_chunks(s, io.slot)
+        ext = extents[-1] if extents else None
+        if ext and ext[0] == f and start - ext[2] <= io.merge_gap:
+            reqs, copies = _joined_cost(ext, s, io.slot)
+            if reqs <= ext[4] + alone and copies <= ext[5] + alone:
+                ext[2] = max(ext[2], start + nbytes)
+                ext[3].append(s)
+                ext[4], ext[5] = reqs, copies
+                continue
+        extents.append([f, start, start + nbytes, [s], alone, alone])
     out = []
-    for f, start, end, members in extents:
+    for f, start, end, members, _, _ in extents:
         a = start // DIRECT_ALIGN * DIRECT_ALIGN
         e = _align(end, DIRECT_ALIGN)
         off = a
@@ -249,6 +259,19 @@ def _requests(segs, io: IO) -> tuple[Request, ...]:
             out.append(Request(f, off, length, _copies(off, length, members)))
             off += length
     return tuple(out)
+
+
+def _joined_cost(ext, seg, slot: int) -> tuple[int, int]:
+    """(requests, copies) of extent `ext` once `seg` (starting at or after its members) joins it."""
+    _, start, nbytes, space, dst = seg
+    a = ext[1] // DIRECT_ALIGN * DIRECT_ALIGN
+    end = max(ext[2], start + nbytes)
+    reqs = -(-(_align(end, DIRECT_ALIGN) - a) // slot)
+    first, last = (start - a) // slot, (start + nbytes - 1 - a) // slot
+    _, p_start, p_nbytes, p_space, p_dst = ext[3][-1]
+    joins = (p_start + p_nbytes == start and p_space == space and p_dst + p_nbytes == dst
+             and (start - a) % slot != 0)
+    return reqs, ext[5] + (last - first + 1) - (1 if joins else 0)
 
 
 def _copies(off: int, length: int, members) -> tuple[Copy, ...]:

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .dtypes import DTYPES
 from .errors import SpecError
 from .units import parse_bytes
 
@@ -54,11 +55,12 @@ class IO(_Model):
     merge_gap: ByteSize = 2**20
     """Neighbouring reads in one file whose gap is at most this many bytes become one request."""
 
-    @model_validator(mode="after")
-    def _slot_aligned(self):
-        if self.slot < DIRECT_ALIGN or self.slot % DIRECT_ALIGN:
-            raise ValueError(f"io.slot must be a positive multiple of 4 KiB (4096 bytes), got {self.slot}")
-        return self
+    @field_validator("slot")
+    @classmethod
+    def _slot_aligned(cls, slot: int) -> int:
+        if slot < DIRECT_ALIGN or slot % DIRECT_ALIGN:
+            raise ValueError(f"io.slot must be a positive multiple of 4 KiB (4096 bytes), got {slot}")
+        return slot
 
 
 class Group(_Model):
@@ -75,6 +77,12 @@ class Dequantize(_Model):
     """Name of the block-scale tensor; `{name}` is the weight's name. Scale tensors are consumed, not loaded."""
     block: int = Field(128, ge=1)
     """Edge of the square scale block (128 for DeepSeek-V3 style checkpoints)."""
+
+    @field_validator("scale")
+    @classmethod
+    def _scale_template(cls, scale: str) -> str:
+        _check_template(scale, {"name"}, "dequantize.scale")
+        return scale
 
 
 class Rule(_Model):
@@ -97,6 +105,14 @@ class Rule(_Model):
     transpose: bool = False
     """Transpose 2-D tensors."""
 
+    @field_validator("source_dtype")
+    @classmethod
+    def _known_dtypes(cls, names: list[str] | None) -> list[str] | None:
+        unknown = sorted(set(names or ()) - set(DTYPES))
+        if unknown:
+            raise ValueError(f"unknown safetensors dtypes {unknown}; known: {', '.join(DTYPES)}")
+        return names
+
     @model_validator(mode="after")
     def _coherent(self):
         if self.fuse and self.stack:
@@ -107,7 +123,11 @@ class Rule(_Model):
             raise ValueError("transpose with fuse is not supported (fused parts would not be contiguous)")
         if self.dequantize and self.dtype == "float32":
             raise ValueError("dequantize produces bfloat16 or float16")
-        names = set(_PLACEHOLDER.findall(self.match))
+        found = _PLACEHOLDER.findall(self.match)
+        twice = sorted({n for n in found if found.count(n) > 1})
+        if twice:
+            raise ValueError(f"match {self.match!r} uses placeholders {twice} more than once")
+        names = set(found)
         for key, grp in (("fuse", self.fuse), ("stack", self.stack)):
             if grp is None:
                 continue
@@ -118,8 +138,12 @@ class Rule(_Model):
                 raise ValueError(f"{key}.into uses placeholders {missing} that match {self.match!r} does not define")
             if grp.over in _PLACEHOLDER.findall(grp.into):
                 raise ValueError(f"{key}.into must not use the grouped placeholder {{{grp.over}}}")
+            _check_template(grp.into, names, f"{key}.into")
             if key == "fuse" and not grp.order:
                 raise ValueError("fuse needs `order`: the values of the grouped placeholder in output order")
+            if grp.order and len(set(grp.order)) != len(grp.order):
+                dup = sorted({v for v in grp.order if grp.order.count(v) > 1})
+                raise ValueError(f"{key}.order lists {dup} more than once")
         return self
 
     def pattern(self) -> re.Pattern:
@@ -135,6 +159,14 @@ class Spec(_Model):
     io: IO = IO()
     rules: list[Rule] = Field(min_length=1)
     """Ordered rules; the first whose match fits a tensor decides what happens to it."""
+
+
+def _check_template(template: str, names: set[str], field: str) -> None:
+    """`template` must format with `{X}` placeholders drawn from `names` only (bind calls str.format)."""
+    try:
+        template.format(**{n: "x" for n in names})
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise ValueError(f"{field} {template!r} is not a name template with {{X}} placeholders ({e!r})") from None
 
 
 def compile_match(glob: str) -> re.Pattern:

@@ -346,7 +346,14 @@ def test_dequantize_fp8_partial_edge_blocks(fp8, out_dtype, seed):
 @pytest.mark.parametrize("fp8", ["F8_E4M3", "F8_E5M2"])
 @pytest.mark.parametrize(
     ("out_dtype", "rows", "cols", "block"),
-    [("BF16", 9, 30, 4), ("F16", 17, 23, 5), ("F32", 13, 22, 5), ("F32", 3, 300, 7)],
+    [
+        ("BF16", 9, 30, 4),
+        ("BF16", 7, 40, 1),
+        ("F16", 17, 23, 5),
+        ("F16", 11, 26, 3),
+        ("F32", 13, 22, 5),
+        ("F32", 3, 300, 7),
+    ],
 )
 def test_dequantize_fp8_small_blocks(fp8, out_dtype, rows, cols, block):
     got, ref = _dequant(fp8, out_dtype, rows, cols, block, seed=rows * cols + block)

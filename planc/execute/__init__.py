@@ -99,15 +99,18 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
         arena = loader.arena
         loader.arena = None
         loader.free()
-    except PlancError:
+    except PlancError as e:
+        _drop_frames(e)
         loader.free()
         loader.drop_arena()
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        _drop_frames(e)
         loader.free()
         loader.drop_arena()
         raise ExecuteError("interrupted during the load; everything allocated was released", code="interrupted")
     except Exception as e:  # noqa: BLE001 - any device or runtime failure: release, then a typed error
+        _drop_frames(e)
         loader.free()
         loader.drop_arena()
         raise ExecuteError(f"load failed: {type(e).__name__}: {e}; everything allocated was released",
@@ -128,6 +131,21 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
             model.free()
             raise
     return model
+
+
+def _drop_frames(e: BaseException) -> None:
+    """Clear the locals of the finished frames in `e`'s tracebacks (reader threads included).
+
+    Those frames hold views of the pinned ring and the arena; the error outlives the load (a caller
+    keeps it, logs it, retries), and the memory must not live as long as it does.
+    """
+    import traceback
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
 
 
 def _progress(plan):

@@ -29,6 +29,7 @@ blocks and the grid-stride loops cover the rest.
 from __future__ import annotations
 
 import threading
+import warnings
 from types import SimpleNamespace
 
 import numba
@@ -52,6 +53,11 @@ _SIM_GRID_TRANSPOSE = (2, 2)
 
 _TILE = 32  # transpose tile edge
 _TILE_PAD = 33  # padded row of the shared tile (no bank conflicts on the column read)
+
+# A small tensor gets a small grid on purpose; numba would warn about occupancy at each launch.
+warnings.filterwarnings(
+    "ignore", message=r".*Grid size \d+ will likely result in GPU under-utilization"
+)
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
@@ -162,10 +168,22 @@ def _map_kernel(fn):
     @cuda.jit
     def kernel(src, dst, n):
         i = cuda.grid(1)
-        stride = cuda.gridsize(1)
+        s = cuda.gridsize(1)
+        # Four loads in flight before the four stores; in place is still safe, since each
+        # element is read and written by this thread alone.
+        while i + 3 * s < n:
+            a0 = np.int64(src[i])
+            a1 = np.int64(src[i + s])
+            a2 = np.int64(src[i + 2 * s])
+            a3 = np.int64(src[i + 3 * s])
+            dst[i] = fn(a0)
+            dst[i + s] = fn(a1)
+            dst[i + 2 * s] = fn(a2)
+            dst[i + 3 * s] = fn(a3)
+            i += 4 * s
         while i < n:
             dst[i] = fn(np.int64(src[i]))
-            i += stride
+            i += s
 
     return kernel
 
@@ -173,8 +191,9 @@ def _map_kernel(fn):
 def _dequant_kernel(fn):
     """out[r, c] = fn(bits(float32(table[w[r, c]] * scale[r // B, c // B]))), 2-D grid-stride.
 
-    x runs along columns (coalesced), y along rows. The column block index is stepped along
-    with the column instead of divided out for each element.
+    x runs along columns (coalesced); each y index takes four consecutive rows at a time, so
+    that four loads are in flight per thread. Block indices are stepped along with rows and
+    columns instead of divided out for each element.
     """
 
     @cuda.jit
@@ -185,23 +204,70 @@ def _dequant_kernel(fn):
         step_o = sx - step_b * block
         first_b = x0 // block
         first_o = x0 - first_b * block
-        r = y0
+        r = 4 * y0
+        rstep = 4 * sy
+        step_rb = rstep // block
+        step_ro = rstep - step_rb * block
+        rb = r // block
+        ro = r - rb * block
         while r < rows:
-            srow = (r // block) * scols
+            # scale-row offsets of rows r, r + 1, r + 2, r + 3
+            b1 = rb
+            o1 = ro + 1
+            if o1 >= block:
+                o1 -= block
+                b1 += 1
+            b2 = b1
+            o2 = o1 + 1
+            if o2 >= block:
+                o2 -= block
+                b2 += 1
+            b3 = b2
+            if o2 + 1 >= block:
+                b3 += 1
+            s0 = rb * scols
+            s1 = b1 * scols
+            s2 = b2 * scols
+            s3 = b3 * scols
             base = r * cols
+            full = r + 3 < rows
             c = x0
             cb = first_b
             co = first_o
             while c < cols:
-                v = np.float32(table[w[base + c]] * scale[srow + cb])
-                out[base + c] = fn(np.int64(v.view(np.uint32)))
+                i = base + c
+                if full:
+                    q0 = w[i]
+                    q1 = w[i + cols]
+                    q2 = w[i + 2 * cols]
+                    q3 = w[i + 3 * cols]
+                    v0 = np.float32(table[q0] * scale[s0 + cb])
+                    v1 = np.float32(table[q1] * scale[s1 + cb])
+                    v2 = np.float32(table[q2] * scale[s2 + cb])
+                    v3 = np.float32(table[q3] * scale[s3 + cb])
+                    out[i] = fn(np.int64(v0.view(np.uint32)))
+                    out[i + cols] = fn(np.int64(v1.view(np.uint32)))
+                    out[i + 2 * cols] = fn(np.int64(v2.view(np.uint32)))
+                    out[i + 3 * cols] = fn(np.int64(v3.view(np.uint32)))
+                else:
+                    k = 0
+                    while r + k < rows:
+                        sk = s0 if k == 0 else (s1 if k == 1 else s2)
+                        v = np.float32(table[w[i + k * cols]] * scale[sk + cb])
+                        out[i + k * cols] = fn(np.int64(v.view(np.uint32)))
+                        k += 1
                 c += sx
                 cb += step_b
                 co += step_o
                 if co >= block:
                     co -= block
                     cb += 1
-            r += sy
+            r += rstep
+            rb += step_rb
+            ro += step_ro
+            if ro >= block:
+                ro -= block
+                rb += 1
 
     return kernel
 
@@ -362,7 +428,8 @@ def launch_dequant_fp8(
     if simulated():
         grid, threads = _SIM_GRID_DEQUANT, _SIM_BLOCK_DEQUANT
     else:
-        grid, threads = grid_2d(rows, cols, _BLOCK_2D), _BLOCK_2D
+        threads = _BLOCK_2D
+        grid = grid_2d(rows, cols, (_BLOCK_2D[0], _BLOCK_2D[1] * 4))  # 4 rows a thread
     scols = _cdiv(cols, block)
     _k_dequant[out_dtype][grid, threads, stream](
         w_u8, scale_f32, table_f32, out, rows, cols, block, scols
@@ -419,18 +486,20 @@ def _address(arr) -> int:
 
 
 def _bytes(arr, nbytes: int, what: str, itemsize: int):
-    """The first nbytes of a flat uint8 device array, checked for size and alignment."""
+    """(the first nbytes of a flat uint8 device array, its address), checked for size and
+    alignment. An array of exactly nbytes is returned as it is (slicing costs host time)."""
     if np.dtype(arr.dtype) != np.uint8 or len(arr.shape) != 1:
         raise ValueError(f"{what}: expected a flat uint8 device array, got {arr.dtype}{arr.shape}")
-    if arr.shape[0] < nbytes:
-        raise ValueError(f"{what}: {arr.shape[0]} bytes, {nbytes} needed")
-    if itemsize > 1 and nbytes and _address(arr) % itemsize:
+    size = arr.shape[0]
+    if size < nbytes:
+        raise ValueError(f"{what}: {size} bytes, {nbytes} needed")
+    address = _address(arr)
+    if address % itemsize:
         raise ValueError(f"{what}: address not aligned to {itemsize} bytes")
-    return arr[:nbytes]
+    return (arr if size == nbytes else arr[:nbytes]), address
 
 
-def _check_apart(a, a_bytes: int, b, b_bytes: int, what: str) -> None:
-    pa, pb = _address(a), _address(b)
+def _check_apart(pa: int, a_bytes: int, pb: int, b_bytes: int, what: str) -> None:
     if pa < pb + b_bytes and pb < pa + a_bytes:
         raise ValueError(f"{what}: source and destination overlap")
 
@@ -450,14 +519,13 @@ def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0
     if numel == 0:
         return
     s_size, d_size = _ITEMSIZE[src_dtype], _ITEMSIZE[dst_dtype]
-    src = _bytes(src_u8, numel * s_size, "source", s_size)
-    dst = _bytes(dst_u8, numel * d_size, "destination", d_size)
-    ps, pd = _address(src), _address(dst)
-    same_start = ps == pd and s_size == d_size
-    if not same_start:
-        _check_apart(src, numel * s_size, dst, numel * d_size, "convert")
-    elif src_dtype == dst_dtype:
-        return
+    src, ps = _bytes(src_u8, numel * s_size, "source", s_size)
+    dst, pd = _bytes(dst_u8, numel * d_size, "destination", d_size)
+    if ps == pd and s_size == d_size:
+        if src_dtype == dst_dtype:
+            return
+    else:
+        _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
     kernel = _CONVERT_KERNELS[(src_dtype, dst_dtype)]
     _launch_map(kernel, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream)
 
@@ -489,11 +557,11 @@ def dequantize_fp8(
         return
     o_size = _ITEMSIZE[out_dtype]
     n_scale = _cdiv(rows, block) * _cdiv(cols, block)
-    w = _bytes(w_u8, n, "weight", 1)
-    sc = _bytes(scale_u8, n_scale * 4, "scale", 4)
-    out = _bytes(out_u8, n * o_size, "output", o_size)
-    _check_apart(w, n, out, n * o_size, "dequantize_fp8 weight/output")
-    _check_apart(sc, n_scale * 4, out, n * o_size, "dequantize_fp8 scale/output")
+    w, pw = _bytes(w_u8, n, "weight", 1)
+    sc, ps = _bytes(scale_u8, n_scale * 4, "scale", 4)
+    out, po = _bytes(out_u8, n * o_size, "output", o_size)
+    _check_apart(pw, n, po, n * o_size, "dequantize_fp8 weight/output")
+    _check_apart(ps, n_scale * 4, po, n * o_size, "dequantize_fp8 scale/output")
     launch_dequant_fp8(
         w,
         sc.view(np.float32),
@@ -519,7 +587,7 @@ def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0) -
     nbytes = rows * cols * itemsize
     if nbytes == 0:
         return
-    src = _bytes(src_u8, nbytes, "source", itemsize)
-    dst = _bytes(dst_u8, nbytes, "destination", itemsize)
-    _check_apart(src, nbytes, dst, nbytes, "transpose2d")
+    src, ps = _bytes(src_u8, nbytes, "source", itemsize)
+    dst, pd = _bytes(dst_u8, nbytes, "destination", itemsize)
+    _check_apart(ps, nbytes, pd, nbytes, "transpose2d")
     launch_transpose(src.view(_UINT[itemsize]), dst.view(_UINT[itemsize]), rows, cols, stream)

@@ -40,10 +40,9 @@ class Loader:
     def allocate(self) -> None:
         lay = self.plan["layout"]
         self.arena = device_bytes(lay["arena_bytes"])
-        regions = list(lay["landing_region_bytes"])
-        self.region_base = [0, regions[0]]
-        if sum(regions):
-            self.landing = device_bytes(sum(regions))
+        # One allocation per landing region (even runs, odd runs): each starts aligned for any element
+        # type, which a region placed right after the other (its size unrounded) would not be.
+        self.landing = [device_bytes(n) if n else None for n in lay["landing_region_bytes"]]
         if lay["ring_bytes"]:
             self.ring_owner, self.ring = pinned_ring(lay["ring_bytes"])
         from numba import cuda
@@ -163,8 +162,7 @@ class Loader:
     def _dst(self, space: str, r, off: int, n: int):
         if space == "arena":
             return self.arena[off:off + n]
-        base = self.region_base[r["landing_region"]]
-        return self.landing[base + off:base + off + n]
+        return self.landing[r["landing_region"]][off:off + n]
 
     def _launch_kernels(self, r) -> None:
         for k in r["kernels"]:

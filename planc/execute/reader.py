@@ -66,6 +66,7 @@ class Reader:
     retries: int = 0
     bytes_read: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _retired: list = field(default_factory=list)  # fds given up by a fallback; other readers may still use them
 
     def open(self, rel: str, size: int) -> OpenFile:
         path = os.path.join(self.root, rel)
@@ -108,6 +109,9 @@ class Reader:
                     self._fallback(rel)
                     f = self.files[rel]
                     continue
+                if f.direct and e.errno == errno.EINVAL:
+                    raise ReadError(f"{f.path}: the file system refuses O_DIRECT reads and io.direct is on; "
+                                    f"set io.direct: auto or off", code="direct-refused") from None
                 raise ReadError(f"{f.path}: read of {length} bytes at offset {offset + got} failed: {e.strerror}",
                                 code="read-failed") from None
             with self._lock:
@@ -132,19 +136,24 @@ class Reader:
             if not f.direct:
                 return
             fd = os.open(f.path, os.O_RDONLY)
-            os.close(f.fd)
+            self._retired.append(f.fd)  # closed with the reader: a concurrent read may still be using it
             self.files[rel] = OpenFile(f.path, fd, False, "O_DIRECT read refused: buffered", f.size)
 
     def modes(self) -> dict:
         return {rel: {"direct": f.direct, "why": f.why} for rel, f in sorted(self.files.items())}
 
     def close(self) -> None:
+        """Close every file; the modes stay for the report."""
+        fds, self._retired = [f.fd for f in self.files.values()] + self._retired, []
         for f in self.files.values():
+            f.fd = -1
+        for fd in fds:
+            if fd < 0:
+                continue
             try:
-                os.close(f.fd)
+                os.close(fd)
             except OSError:
                 pass
-        self.files.clear()
 
 
 def _mincore_libc_safe(path: str, size: int) -> float | None:

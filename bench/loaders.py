@@ -1,0 +1,225 @@
+"""One load per process: `python3 bench/loaders.py LOADER CKPT_DIR [SPEC]` prints one JSON line.
+
+Every loader is timed the same way: CUDA context created first (baseline RSS read then), the clock
+starts, the whole checkpoint goes to the GPU, the device is synchronized, the clock stops; peak RSS
+is the process's VmHWM (ru_maxrss is inherited across fork/exec and would lie).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def files_of(ckpt: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(ckpt, "*.safetensors")))
+
+
+def main() -> None:
+    loader, ckpt = sys.argv[1], sys.argv[2]
+    spec = sys.argv[3] if len(sys.argv) > 3 else None
+    files = files_of(ckpt)
+    nbytes = sum(os.path.getsize(f) for f in files)
+    fn, setup = LOADERS[loader]
+    ctx = setup(files, spec)
+    base = _status("VmRSS")
+    t0 = time.perf_counter()
+    extra = fn(files, ctx) or {}
+    wall = time.perf_counter() - t0
+    out = {"loader": loader, "wall_seconds": wall, "bytes": extra.pop("bytes", nbytes),
+           "hwm_bytes": _status("VmHWM"), "baseline_rss_bytes": base, **extra}
+    out["gb_per_s"] = out["bytes"] / wall / 1e9
+    print(json.dumps(out))
+
+
+# -- torch-based peers ---------------------------------------------------------------------------
+def _torch_setup(files, spec):
+    import torch
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    return None
+
+
+def st_load_file(files, _):
+    import torch
+    from safetensors.torch import load_file
+
+    keep = []
+    for f in files:
+        keep.append(load_file(f, device="cuda"))
+    torch.cuda.synchronize()
+
+
+def st_safe_open(files, _):
+    import torch
+    from safetensors import safe_open
+
+    keep = {}
+    for f in files:
+        with safe_open(f, framework="pt", device="cuda") as h:
+            for k in h.keys():
+                keep[k] = h.get_tensor(k)
+    torch.cuda.synchronize()
+
+
+def _fst(direct: bool):
+    def run(files, _):
+        import torch
+
+        os.environ["FASTSAFETENSORS_ODIRECT"] = "1" if direct else "0"
+        from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+
+        loader = SafeTensorsFileLoader(SingleGroup(), "cuda:0", nogds=True)
+        loader.add_filenames({0: files})
+        fb = loader.copy_files_to_device()
+        keep = {k: fb.get_tensor(k) for k in list(fb.key_to_rank_lidx.keys())}
+        torch.cuda.synchronize()
+        n = sum(t.numel() * t.element_size() for t in keep.values())
+        fb.close()
+        loader.close()
+        return {"bytes_tensors": n}
+    return run
+
+
+def runai(files, _):
+    import torch
+    from runai_model_streamer import SafetensorsStreamer
+
+    keep = {}
+    with SafetensorsStreamer() as s:
+        s.stream_files(files) if hasattr(s, "stream_files") else [s.stream_file(f) for f in files]
+        for name, t in s.get_tensors():
+            keep[name] = t.to("cuda", non_blocking=False)
+    torch.cuda.synchronize()
+
+
+def pinned_copy(files, _):
+    """Ceiling: the pinned host->device copy rate (the link), 1 GiB buffer, 8 copies."""
+    import torch
+
+    n = 1 << 30
+    h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    h.fill_(1)
+    d = torch.empty(n, dtype=torch.uint8, device="cuda")
+    d.copy_(h, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(8):
+        d.copy_(h, non_blocking=True)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    return {"bytes": 8 * n, "inner_seconds": dt, "inner_gb_per_s": 8 * n / dt / 1e9}
+
+
+def _plain(direct: bool, threads: int, slot: int = 64 << 20, nslots: int = 16):
+    """Ceiling: N reader threads preadv whole slots into pinned buffers, async copies on one stream."""
+    def run(files, _):
+        import torch
+
+        flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+        fds = {f: os.open(f, flags) for f in files}
+        jobs = []
+        dsts = {}
+        for f in files:
+            size = os.path.getsize(f)
+            dsts[f] = torch.empty(size, dtype=torch.uint8, device="cuda")
+            for off in range(0, size, slot):
+                jobs.append((f, off, min(slot, size - off)))
+        bufs = [torch.empty(slot, dtype=torch.uint8, pin_memory=True) for _ in range(nslots)]
+        free = list(range(nslots))
+        events = [None] * nslots
+        lock = threading.Condition()
+        stream = torch.cuda.Stream()
+        import concurrent.futures as cf
+
+        def read(job, b):
+            f, off, n = job
+            mv = memoryview(bufs[b].numpy())
+            rlen = -(-n // 4096) * 4096 if direct else n
+            got = 0
+            while got < n:
+                k = os.preadv(fds[f], [mv[got:rlen]], off + got)
+                if k == 0:
+                    break
+                got += k
+            return job, b
+
+        pending = []
+        with cf.ThreadPoolExecutor(threads) as pool:
+            it = iter(jobs)
+            done = False
+            while not done or pending:
+                while not done and free:
+                    job = next(it, None)
+                    if job is None:
+                        done = True
+                        break
+                    b = free.pop()
+                    if events[b] is not None:
+                        events[b].synchronize()
+                    pending.append(pool.submit(read, job, b))
+                if pending:
+                    (f, off, n), b = pending.pop(0).result()
+                    with torch.cuda.stream(stream):
+                        dsts[f][off:off + n].copy_(bufs[b][:n], non_blocking=True)
+                        ev = torch.cuda.Event()
+                        ev.record(stream)
+                    events[b] = ev
+                    free.append(b)
+        stream.synchronize()
+        for fd in fds.values():
+            os.close(fd)
+    return run
+
+
+# -- planc ---------------------------------------------------------------------------------------
+def _planc_setup(files, spec):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from planc.compile import compile_spec
+    from planc.execute import seam
+
+    plan = compile_spec(spec)
+    seam.select(plan["device"])
+    seam.warm_up()
+    return plan
+
+
+def planc_run(files, plan):
+    from planc.execute import execute
+
+    m = execute(plan)
+    rep = m.report
+    m.free()
+    return {"bytes": rep["payload_bytes"], "requests": rep["requests"], "copies": rep["copies"],
+            "kernels": rep["kernels"], "files": rep["files"], "inner_seconds": rep["wall_seconds"],
+            "planc_growth_bytes": rep["host"]["growth_bytes"], "pinned_bytes": rep["host"]["pinned_bytes"],
+            "predicted_host_peak_bytes": rep["host"]["predicted_peak_bytes"]}
+
+
+LOADERS = {
+    "planc": (planc_run, _planc_setup),
+    "st_load_file": (st_load_file, _torch_setup),
+    "st_safe_open": (st_safe_open, _torch_setup),
+    "fastsafetensors": (_fst(False), _torch_setup),
+    "fastsafetensors_direct": (_fst(True), _torch_setup),
+    "runai": (runai, _torch_setup),
+    "pinned_copy": (pinned_copy, _torch_setup),
+    "plain_warm": (_plain(False, 16), _torch_setup),
+    "plain_direct": (_plain(True, 8), _torch_setup),
+}
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Helpers shared by tests/test_execute.py (CUDA simulator) and tests/test_execute_gpu.py (a GPU).
+
+Importing this module never imports numba (`planc.execute` imports it lazily), so each test
+module decides first whether numba runs under the simulator.
+
+Expected values are built here from the arrays the tests wrote, with numpy and ml_dtypes alone,
+never with the executor's own host reference (`planc.execute.refconv`).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import yaml
+from safetensors.numpy import save_file
+
+from planc.compile import compile_spec
+from planc.execute import execute
+from planc.synth import layout, tensor_data, write_checkpoint
+
+NP = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
+      "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn)}
+TARGET = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+SMALL_IO = {"workers": 4, "slot": "16KiB", "slots": 4, "run": "64KiB", "merge_gap": "64KiB"}
+CONVERSIONS = [("F32", "bfloat16"), ("F32", "float16"), ("BF16", "float32"), ("F16", "float32"),
+               ("BF16", "float16"), ("F16", "bfloat16")]
+
+QKV = {"match": "model.layers.{L}.self_attn.{P}.weight",
+       "fuse": {"into": "model.layers.{L}.self_attn.qkv_proj.weight", "over": "P",
+                "order": ["q_proj", "k_proj", "v_proj"]}}
+STACK = {"match": "model.layers.{L}.mlp.experts.{E}.{W}.weight",
+         "stack": {"into": "model.layers.{L}.mlp.experts.{W}", "over": "E"}}
+
+
+# ------------------------------------------------------------------------------------------
+# checkpoints and specs
+
+
+def synth(tmp_path, family: str, **kw) -> tuple[str, dict]:
+    """Write a synthetic checkpoint; returns its path and {name: array} of what was written."""
+    res = write_checkpoint(tmp_path / family, family, **kw)
+    lay = layout(family, size_bytes=kw.get("size_bytes"), layers=kw.get("layers"), dtype=kw.get("dtype", "BF16"),
+                 experts=kw.get("experts"))
+    return res.path, {t.name: tensor_data(t, kw.get("seed", 0)) for t in lay.tensors}
+
+
+def handmade(tmp_path, tensors: dict, name: str = "hand.safetensors") -> tuple[str, dict]:
+    """Write `tensors` (numpy / ml_dtypes arrays, 0-d ones too) with the safetensors package."""
+    path = tmp_path / name
+    save_file({k: np.asarray(v, order="C") for k, v in tensors.items()}, str(path))
+    return str(path), dict(tensors)
+
+
+def spec_file(tmp_path, checkpoint, rules: list, io: dict | None = None, host: str = "64MiB",
+              name: str = "spec.yaml", device: str | None = None):
+    """Write a placement spec for `checkpoint` into `tmp_path`; returns its path."""
+    doc = {"checkpoint": str(checkpoint), "device": "cuda:0", "budget": {"host": host}, "rules": rules}
+    if device:
+        doc["budget"]["device"] = device
+    if io:
+        doc["io"] = io
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def convert_source(tmp_path, src: str, n: int = 1200):
+    """Tensors of one dtype with edge values: signed zeros, infinities, subnormals of every type,
+    values past the float16 range and between two representable ones; an empty and a 0-d tensor."""
+    rng = np.random.default_rng(11)
+    edge = np.array([0.0, -0.0, np.inf, -np.inf, 1.0, -1.5, 65504.0, 65520.0, 1e5, -3e38, 2.0**-24, 2.0**-25,
+                     1.5 * 2.0**-25, 2.0**-133, 2.0**-149, 1.0 + 2.0**-8, 1.0 + 2.0**-11, 3.0e-41], np.float32)
+    a = np.concatenate([edge, rng.standard_normal(n).astype(np.float32) * np.float32(3)])
+    b = (rng.standard_normal((23, 37)) * 0.02).astype(np.float32)
+    keep = rng.standard_normal(9).astype(np.float32)
+    with np.errstate(over="ignore"):
+        return handmade(tmp_path, {"conv.a": a.astype(NP[src]), "conv.b": b.astype(NP[src]),
+                                   "conv.empty": np.zeros((0, 3), NP[src]), "conv.scalar": np.array(-2.75, NP[src]),
+                                   "keep.c": keep.astype(NP[src])})
+
+
+def fp8_rules(target: str, on: str, match: str = "*") -> list:
+    return [{"match": match, "source_dtype": ["F8_E4M3"], "dequantize": {}, "dtype": target, "on": on},
+            {"match": "*"}]
+
+
+# ------------------------------------------------------------------------------------------
+# expected values
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def cast(a: np.ndarray, target: str) -> np.ndarray:
+    """Through float32, as the executor converts (a direct BF16 -> F16 cast differs on NaN only)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return a.astype(np.float32).astype(NP[target])
+
+
+def dequant(w: np.ndarray, scale: np.ndarray, target: str, block: int = 128) -> np.ndarray:
+    rows, cols = w.shape
+    s = np.repeat(np.repeat(scale, block, axis=0), block, axis=1)[:rows, :cols]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (w.astype(np.float32) * s.astype(np.float32)).astype(NP[target])
+
+
+def fused(want: dict, layers: int, target: str | None = None) -> dict:
+    out = {k: v for k, v in want.items() if not any(f".self_attn.{p}_proj." in k for p in "qkv")}
+    for L in range(layers):
+        qkv = np.concatenate([want[f"model.layers.{L}.self_attn.{p}_proj.weight"] for p in "qkv"], axis=0)
+        out[f"model.layers.{L}.self_attn.qkv_proj.weight"] = cast(qkv, target) if target else qkv
+    return out
+
+
+def stacked(want: dict, layers: int, experts: int, target: str | None = None) -> dict:
+    out = {k: v for k, v in want.items() if ".mlp.experts." not in k}
+    for L in range(layers):
+        for w in ("gate_proj", "up_proj", "down_proj"):
+            s = np.stack([want[f"model.layers.{L}.mlp.experts.{e}.{w}.weight"] for e in range(experts)])
+            out[f"model.layers.{L}.mlp.experts.{w}"] = cast(s, target) if target else s
+    return out
+
+
+def dequantized(want: dict, target: str, which=lambda name: True) -> dict:
+    """`want` with each FP8 weight that `which` selects dequantized and its scale consumed."""
+    out = {}
+    for name, arr in want.items():
+        if name.endswith("_scale_inv"):
+            if not which(name[:-len("_scale_inv")]):
+                out[name] = arr
+            continue
+        out[name] = dequant(arr, want[name + "_scale_inv"], target) if arr.dtype == NP["F8_E4M3"] and which(name) \
+            else arr
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# checks
+
+
+def assert_tensor(model, name: str, want: np.ndarray) -> None:
+    got = model[name].to_host()
+    assert got.dtype == want.dtype, f"{name}: dtype {got.dtype}, want {want.dtype}"
+    assert got.shape == want.shape, f"{name}: shape {got.shape}, want {want.shape}"
+    if not np.array_equal(bits(got), bits(want)):
+        bad = np.flatnonzero(bits(got) != bits(want))
+        raise AssertionError(f"{name}: {bad.size} bytes differ, first at byte {bad[0]}")
+
+
+def assert_model(model, want: dict) -> None:
+    assert sorted(model.keys()) == sorted(want), "loaded tensor names differ from the expected ones"
+    for name, arr in want.items():
+        assert_tensor(model, name, arr)
+
+
+def load_checked(spec_path, models: list, **kw):
+    """compile + execute(verify=True), appending the model to `models` (freed by the caller).
+
+    Checks the executor's own verification, and that the requests, copies and kernels it issued
+    equal the plan's totals."""
+    plan = compile_spec(spec_path)
+    assert plan.fits, plan.refusal
+    model = execute(plan, verify=True, **kw)
+    models.append(model)
+    rep, tot = model.report, plan["totals"]
+    assert rep["verify"]["ok"], rep["verify"]["mismatches"]
+    assert rep["verify"]["parts"] == tot["source_tensors"]
+    for k in ("requests", "copies", "kernels"):
+        assert rep[k]["issued"] == tot[k] == rep[k]["predicted"], (k, rep[k], tot[k])
+    return plan, model

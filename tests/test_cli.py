@@ -1,0 +1,200 @@
+"""The command line: exit codes, one-line errors, JSON outputs (the explain --json contract)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import write_spec, write_st
+from planc import __version__
+from planc.cli import main
+from planc.plan import load_plan
+
+RULES = [{"match": "*.w", "dtype": "float16"}, {"match": "*"}]
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    write_st(tmp_path / "m.safetensors", {"l.0.w": np.ones((8, 64), np.float32), "l.0.b": np.ones(64, np.float32),
+                                          "emb": np.ones((16, 16), np.float16)})
+    return tmp_path
+
+
+def spec(folder, *, host="1MiB", device=None, name="spec.yaml", rules=RULES):
+    budget = {"host": host} if device is None else {"host": host, "device": device}
+    return write_spec(folder, {"checkpoint": "m.safetensors", "budget": budget,
+                               "io": {"slot": 4096, "slots": 2, "run": 2048, "merge_gap": 0}, "rules": rules}, name)
+
+
+def run(capsys, *args):
+    rc = main([str(a) for a in args])
+    o, e = capsys.readouterr()
+    return rc, o, e
+
+
+def one_line_error(e: str) -> str:
+    lines = e.strip().splitlines()
+    assert len(lines) == 1, e
+    assert "Traceback" not in e
+    assert lines[0].startswith("planc: ")
+    return lines[0]
+
+
+def test_version(capsys):
+    assert run(capsys, "--version")[:2] == (0, f"planc {__version__}\n")
+
+
+def test_schema(capsys):
+    rc, o, _ = run(capsys, "schema")
+    assert rc == 0
+    s = json.loads(o)
+    assert {"checkpoint", "budget", "io", "rules"} <= set(s["properties"])
+
+
+def test_inspect_json(capsys, ckpt):
+    rc, o, _ = run(capsys, "inspect", ckpt / "m.safetensors", "--json")
+    assert rc == 0
+    d = json.loads(o)
+    assert d["tensors"] == 3 and d["total_bytes"] == 2048 + 256 + 512
+    assert d["by_dtype"] == {"F16": {"tensors": 1, "bytes": 512}, "F32": {"tensors": 2, "bytes": 2304}}
+    assert [x["name"] for x in d["largest"]] == ["l.0.w", "emb", "l.0.b"]
+    assert [s["path"] for s in d["shards"]] == ["m.safetensors"] and d["shards"][0]["tensors"] == 3
+
+
+def test_inspect_text(capsys, ckpt):
+    rc, o, _ = run(capsys, "inspect", ckpt)
+    assert rc == 0 and "3 tensors" in o
+
+
+def test_compile_writes_plan(capsys, ckpt):
+    rc, o, e = run(capsys, "compile", spec(ckpt), "-o", ckpt / "plan.json")
+    assert rc == 0 and e == ""
+    assert o.startswith("admitted: 3 tensors") and "plan.json" in o
+    plan = load_plan(ckpt / "plan.json")
+    assert plan.fits and plan["totals"]["tensors"] == 3
+
+
+def test_refused_compile_exits_3_with_reason(capsys, ckpt):
+    rc, o, e = run(capsys, "compile", spec(ckpt, host=4096), "-o", ckpt / "plan.json")
+    assert rc == 3
+    last = e.strip().splitlines()[-1]
+    assert last.startswith("planc: refused: run 0 needs 8,192 bytes") and last.endswith("[host-budget]")
+    assert "io.slots (now 2)" in last
+    assert "[host-budget] run 0, step ring" in e  # the rendered explanation names code, run and step
+    assert not load_plan(ckpt / "plan.json").fits  # the plan is written all the same
+
+
+def test_refused_compile_json(capsys, ckpt):
+    rc, o, e = run(capsys, "compile", spec(ckpt, host=4096), "--json")
+    assert rc == 3
+    assert json.loads(o)["refusal"]["code"] == "host-budget"
+    assert one_line_error(e).endswith("[host-budget]")
+
+
+def test_invalid_spec_exits_2_with_one_line(capsys, ckpt):
+    p = ckpt / "bad.yaml"
+    p.write_text("checkpoint: m.safetensors\nbudget:\n  host: 1GiB\nrules:\n  - match: '*'\n    dtype: float8\n")
+    rc, o, e = run(capsys, "compile", p)
+    assert rc == 2 and o == ""
+    line = one_line_error(e)
+    assert f"{p}:6: rules[0].dtype:" in line and line.endswith("[spec-invalid]")
+
+
+def test_missing_spec_exits_2(capsys, tmp_path):
+    rc, _, e = run(capsys, "explain", tmp_path / "none.yaml")
+    assert rc == 2 and one_line_error(e).endswith("[spec-missing]")
+
+
+def test_bind_error_exits_2(capsys, ckpt):
+    rc, _, e = run(capsys, "compile", spec(ckpt, rules=[{"match": "l.*"}]))
+    assert rc == 2
+    assert "1 tensor(s) match no rule: emb;" in one_line_error(e)
+
+
+def test_malformed_checkpoint_exits_2(capsys, tmp_path):
+    (tmp_path / "m.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    rc, _, e = run(capsys, "compile", spec(tmp_path))
+    assert rc == 2
+    assert "m.safetensors" in one_line_error(e)
+    rc, _, e = run(capsys, "inspect", tmp_path / "m.safetensors")
+    assert rc == 2 and one_line_error(e)
+
+
+def test_unknown_command_exits_2(capsys):
+    assert run(capsys, "nosuch")[0] == 2
+
+
+def test_explain_plan_equals_explain_spec(capsys, ckpt):
+    p = spec(ckpt, device="1MiB")
+    assert run(capsys, "compile", p, "-o", ckpt / "plan.json")[0] == 0
+    rc1, from_spec, _ = run(capsys, "explain", p, "--json")
+    rc2, from_plan, _ = run(capsys, "explain", ckpt / "plan.json", "--json")
+    assert rc1 == rc2 == 0
+    assert from_spec == from_plan
+    rc, text_spec, _ = run(capsys, "explain", p)
+    rc, text_plan, _ = run(capsys, "explain", ckpt / "plan.json")
+    assert text_spec == text_plan and "FITS" in text_spec
+
+
+def test_explain_json_spec_is_compiled(capsys, ckpt):
+    p = spec(ckpt, name="spec.json")
+    rc, o, _ = run(capsys, "explain", p, "--json")
+    assert rc == 0 and json.loads(o)["fits"] is True
+
+
+RUN_KEYS = {"index", "tensors", "read_bytes", "host_peak_bytes", "device_peak_bytes"}
+REFUSAL_KEYS = {"code", "run", "step", "needed_bytes", "allowed_bytes", "message"}
+
+
+def check_contract(d: dict):
+    assert isinstance(d["fits"], bool)
+    assert set(d["budget"]) >= {"host_bytes", "device_bytes"}
+    assert set(d["peak"]) >= {"host_bytes", "device_bytes"}
+    for k in ("tensors", "read_bytes", "requests", "requests_uncoalesced", "copies", "copies_uncoalesced"):
+        assert isinstance(d["totals"][k], int), k
+    for i, r in enumerate(d["runs"]):
+        assert RUN_KEYS <= set(r) and r["index"] == i
+        assert all(isinstance(r[k], int) for k in RUN_KEYS)
+    if d["refusal"] is not None:
+        assert REFUSAL_KEYS <= set(d["refusal"])
+
+
+def test_explain_json_contract(capsys, ckpt):
+    rc, o, _ = run(capsys, "explain", spec(ckpt), "--json")
+    d = json.loads(o)
+    check_contract(d)
+    assert d["fits"] is True and d["refusal"] is None
+    assert d["budget"] == {"host_bytes": 2**20, "device_bytes": None}
+    assert d["peak"]["host_bytes"] == 8192
+    assert d["totals"]["tensors"] == 3 and len(d["runs"]) >= 2
+    assert max(r["host_peak_bytes"] for r in d["runs"]) == d["peak"]["host_bytes"]
+    assert sum(r["read_bytes"] for r in d["runs"]) == d["totals"]["read_bytes"]
+
+
+def test_explain_json_contract_refused(capsys, ckpt):
+    rc, o, _ = run(capsys, "explain", spec(ckpt, host="1MiB", device=100), "--json")
+    assert rc == 0  # explaining a refusal is not an error
+    d = json.loads(o)
+    check_contract(d)
+    assert d["fits"] is False and d["budget"]["device_bytes"] == 100
+    r = d["refusal"]
+    assert (r["code"], r["run"], r["allowed_bytes"]) == ("device-budget", 0, 100)
+    assert r["needed_bytes"] == d["peak"]["device_bytes"]
+
+
+def test_explain_text_refused_shows_code(capsys, ckpt):
+    rc, o, _ = run(capsys, "explain", spec(ckpt, host=100))
+    assert rc == 0 and "REFUSED" in o and "[host-budget] run 0, step ring" in o
+
+
+def test_python_dash_m_exit_codes(ckpt):
+    p = spec(ckpt, host=100)
+    r = subprocess.run([sys.executable, "-m", "planc", "compile", str(p)], capture_output=True, text=True)
+    assert r.returncode == 3
+    assert r.stderr.strip().splitlines()[-1].endswith("[host-budget]")
+    r = subprocess.run([sys.executable, "-m", "planc", "--version"], capture_output=True, text=True)
+    assert (r.returncode, r.stdout) == (0, f"planc {__version__}\n")

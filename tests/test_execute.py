@@ -1,0 +1,631 @@
+"""End-to-end tests of `planc.execute` under the CUDA simulator: spec -> plan -> LoadedModel.
+
+Every load is checked twice: by `execute(plan, verify=True)` (the executor's own host
+reference) and independently here, by comparing `model[name].to_host()` bit for bit with
+numpy / ml_dtypes arrays built from the tensors the test wrote.
+
+The simulator is switched on before numba is first imported (tests/test_kernels.py does the
+same; whichever module pytest imports first decides, and both ask for it). Every simulated
+thread is a Python thread, so checkpoints are the tiny synthetic families, and conversions
+run on a few tensors only.
+"""
+
+import os
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import errno  # noqa: E402
+import fcntl  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import weakref  # noqa: E402
+
+import ml_dtypes  # noqa: E402
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from numba import cuda  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
+
+if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
+    pytest.skip("numba was imported before the CUDA simulator could be switched on, and no GPU is present",
+                allow_module_level=True)
+
+import planc.execute.loader as loader_mod  # noqa: E402
+from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, assert_model, cast,  # noqa: E402
+                             convert_source, dequantized, fp8_rules, fused, handmade, load_checked, spec_file,
+                             stacked, synth)
+from planc import cli  # noqa: E402
+from planc.compile import compile_spec  # noqa: E402
+from planc.errors import AdmissionError, FingerprintError, PlancError, ReadError  # noqa: E402
+from planc.execute import execute  # noqa: E402
+from planc.execute.reader import Reader  # noqa: E402
+from planc.execute.verify import verify_model  # noqa: E402
+from planc.plan import load_plan, save_plan  # noqa: E402
+
+
+@pytest.fixture
+def load():
+    """compile + execute(verify=True) + the plan's totals checked (execute_support.load_checked);
+    every model is freed at teardown."""
+    models = []
+    yield lambda spec_path, **kw: load_checked(spec_path, models, **kw)
+    for m in models:
+        m.free()
+
+
+@pytest.fixture
+def dense(tmp_path):
+    return synth(tmp_path, "dense", layers=1)
+
+
+def _no_allocation(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("allocated although the plan was refused")
+
+    monkeypatch.setattr(loader_mod, "device_bytes", refuse)
+    monkeypatch.setattr(loader_mod, "pinned_ring", refuse)
+    monkeypatch.setattr(loader_mod.Loader, "allocate", refuse)
+
+
+# ------------------------------------------------------------------------------------------
+# pure copies and the I/O shape
+
+
+def test_pure_copies_dense(tmp_path, load):
+    path, want = synth(tmp_path, "dense")
+    plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
+    assert plan["totals"]["kernels"] == 0 and plan["layout"]["landing_region_bytes"] == (0, 0)
+    assert_model(model, want)
+
+
+def test_sharded_checkpoint_with_progress(tmp_path, load):
+    path, want = synth(tmp_path, "dense", layers=2, shards=3)
+    plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO), progress=True)
+    assert len(plan["checkpoint"]["files"]) == 3
+    assert_model(model, want)
+    assert sorted(model.report["files"]) == sorted(f["path"] for f in plan["checkpoint"]["files"])
+
+
+def _odd_sizes(tmp_path):
+    rng = np.random.default_rng(7)
+    return handmade(tmp_path, {
+        "a.small": rng.standard_normal(3).astype(np.float32),
+        "b.big": rng.standard_normal(2500).astype(np.float32),  # 10,000 bytes: three 4 KiB slots
+        "c.bf16": rng.standard_normal((17, 13)).astype(ml_dtypes.bfloat16),
+        "d.big16": rng.standard_normal((41, 125)).astype(np.float16),  # 10,250 bytes
+        "e.tail": rng.standard_normal(5).astype(np.float32),
+    })
+
+
+def test_tensor_larger_than_a_slot(tmp_path, load):
+    path, want = _odd_sizes(tmp_path)
+    rules = [{"match": "b.big", "dtype": "bfloat16"}, {"match": "d.big16", "dtype": "bfloat16"}, {"match": "*"}]
+    plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2, "workers": 2}))
+    reqs = [q for r in plan["runs"] for q in r["requests"]]
+    assert all(q["length"] <= 4096 for q in reqs) and len(reqs) >= 6
+    want = dict(want, **{"b.big": cast(want["b.big"], "BF16"), "d.big16": cast(want["d.big16"], "BF16")})
+    assert_model(model, want)
+
+
+def test_landing_regions_are_aligned_for_any_element_type(tmp_path, load):
+    """Run 0 lands 10 bytes of F16, run 1 lands F32 in the other region, which must start 4-byte aligned."""
+    a, b = np.arange(5, dtype=np.float16) / 3, np.arange(7, dtype=np.float32) / 3
+    save_file({"a": a}, str(tmp_path / "m1.safetensors"))
+    save_file({"b": b}, str(tmp_path / "m2.safetensors"))
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"a": "m1.safetensors", "b": "m2.safetensors"}}))
+    rules = [{"match": "a", "dtype": "float32"}, {"match": "b", "dtype": "bfloat16"}]
+    plan, model = load(spec_file(tmp_path, index, rules, io={"slot": 4096, "slots": 2, "run": 1}))
+    assert plan["layout"]["landing_region_bytes"] == (10, 28)
+    assert_model(model, {"a": cast(a, "F32"), "b": cast(b, "BF16")})
+
+
+def test_ring_of_one_slot(tmp_path, load, dense):
+    path, want = dense
+    rules = [{"match": "model.layers.0.self_attn.k_proj.weight", "dtype": "float32"},
+             {"match": "model.layers.0.self_attn.v_proj.weight", "dtype": "float16"}, {"match": "*"}]
+    plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 1, "workers": 4}))
+    assert plan["layout"]["ring_bytes"] == 4096
+    k, v = "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"
+    assert_model(model, dict(want, **{k: cast(want[k], "F32"), v: cast(want[v], "F16")}))
+
+
+def test_more_workers_than_parts(tmp_path, load):
+    path, want = _odd_sizes(tmp_path)
+    plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io={"workers": 32, "slot": 4096}))
+    assert plan["io"]["workers"] == 32 > len(plan["parts"])
+    assert_model(model, want)
+
+
+def test_several_runs_with_kernels(tmp_path, load, dense):
+    """Small runs: landing regions alternate between runs and are reused two runs later."""
+    path, want = dense
+    rules = [{"match": "model.layers.0.self_attn.*", "dtype": "float32"},
+             {"match": "model.layers.0.*layernorm.weight", "dtype": "float16"}, {"match": "*"}]
+    plan, model = load(spec_file(tmp_path, path, rules,
+                                  io={"slot": 4096, "slots": 3, "run": "8KiB", "merge_gap": 0}))
+    assert plan["totals"]["runs"] >= 6
+    assert sum(1 for r in plan["runs"] if r["kernels"]) >= 3
+    for name in want:
+        if ".self_attn." in name:
+            want[name] = cast(want[name], "F32")
+        elif "layernorm" in name:
+            want[name] = cast(want[name], "F16")
+    assert_model(model, want)
+
+
+def test_merge_gap_zero_and_large(tmp_path, load, dense):
+    path, want = dense
+    rules = [{"match": "*layernorm*", "skip": True}, {"match": "*"}]
+    for k in [k for k in want if "layernorm" in k]:
+        del want[k]
+    requests = {}
+    for gap in (0, "1MiB"):
+        spec = spec_file(tmp_path, path, rules, io={"slot": "64KiB", "merge_gap": gap}, name=f"gap{gap}.yaml")
+        plan, model = load(spec)
+        assert_model(model, want)
+        requests[gap] = plan["totals"]["requests"]
+        assert plan["totals"]["requests"] <= plan["totals"]["requests_uncoalesced"]
+        model.free()
+    assert requests[0] > requests["1MiB"]
+
+
+# ------------------------------------------------------------------------------------------
+# conversions
+
+
+@pytest.mark.parametrize("on", ["device", "host"])
+@pytest.mark.parametrize("src,target", CONVERSIONS)
+def test_conversion(tmp_path, load, src, target, on):
+    path, want = convert_source(tmp_path, src)
+    rules = [{"match": "conv.*", "dtype": target, "on": on}, {"match": "*"}]
+    plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2}))
+    paths = {p["tensor"]: p["path"] for p in plan["parts"]}
+    assert paths["conv.a"] == ("host" if on == "host" else "direct")
+    same_size = NP[src].itemsize == NP[TARGET[target]].itemsize
+    if on == "device":
+        assert plan["totals"]["kernels"] == 4
+        assert plan["layout"]["landing_region_bytes"] == (0, 0) if same_size else sum(
+            plan["layout"]["landing_region_bytes"]) > 0
+    else:
+        assert plan["totals"]["kernels"] == 0 and model.report["kernels"]["issued"] == 0
+    t = TARGET[target]
+    assert_model(model, {k: v if k == "keep.c" else cast(v, t) for k, v in want.items()})
+    assert model["conv.empty"].shape == (0, 3) and model["conv.scalar"].shape == ()
+    assert model["conv.a"].dtype == t and model["keep.c"].dtype == src
+
+
+# ------------------------------------------------------------------------------------------
+# packs: fuse, stack, transpose; FP8 dequantization
+
+
+def test_fuse_qkv(tmp_path, load):
+    path, want = synth(tmp_path, "dense")
+    plan, model = load(spec_file(tmp_path, path, [QKV, {"match": "*"}], io=SMALL_IO))
+    assert model["model.layers.1.self_attn.qkv_proj.weight"].shape == (64 + 16 + 16, 64)
+    assert_model(model, fused(want, 2))
+
+
+@pytest.mark.parametrize("target,on", [("float16", "device"), ("float32", "host")])
+def test_fuse_qkv_with_conversion(tmp_path, load, dense, target, on):
+    path, want = dense
+    rule = dict(QKV, dtype=target, on=on)
+    plan, model = load(spec_file(tmp_path, path, [rule, {"match": "*"}], io=SMALL_IO))
+    assert_model(model, fused(want, 1, TARGET[target]))
+
+
+def test_stack_moe_experts(tmp_path, load):
+    path, want = synth(tmp_path, "moe")
+    plan, model = load(spec_file(tmp_path, path, [STACK, {"match": "*"}], io=SMALL_IO))
+    assert model["model.layers.0.mlp.experts.down_proj"].shape == (8, 64, 32)
+    assert_model(model, stacked(want, 2, 8))
+
+
+def test_stack_moe_experts_converted_in_place(tmp_path, load):
+    path, want = synth(tmp_path, "moe", layers=1)
+    rule = dict(STACK, match="model.layers.{L}.mlp.experts.{E}.down_proj.weight",
+                stack={"into": "model.layers.{L}.mlp.experts.down_proj", "over": "E"}, dtype="float16")
+    plan, model = load(spec_file(tmp_path, path, [rule, {"match": "*"}], io=SMALL_IO))
+    assert plan["totals"]["kernels"] == 8 and plan["layout"]["landing_region_bytes"] == (0, 0)
+    out = {k: v for k, v in want.items() if not k.endswith(".down_proj.weight")}
+    out["model.layers.0.mlp.experts.down_proj"] = cast(
+        np.stack([want[f"model.layers.0.mlp.experts.{e}.down_proj.weight"] for e in range(8)]), "F16")
+    assert_model(model, out)
+
+
+@pytest.mark.parametrize("on,target", [("device", "keep"), ("host", "keep"), ("host", "float32")])
+def test_transpose(tmp_path, load, dense, on, target):
+    path, want = dense
+    name = "model.layers.0.mlp.down_proj.weight"  # [64, 160]
+    rules = [{"match": name, "transpose": True, "on": on, "dtype": target}, {"match": "*"}]
+    plan, model = load(spec_file(tmp_path, path, rules, io=SMALL_IO))
+    t = np.ascontiguousarray(want[name].T)
+    want[name] = cast(t, "F32") if target == "float32" else t
+    assert model[name].shape == (160, 64)
+    assert_model(model, want)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("target", ["bfloat16", "float16"])
+def test_dequantize_fp8_on_host(tmp_path, load, target):
+    path, want = synth(tmp_path, "fp8", layers=1)
+    plan, model = load(spec_file(tmp_path, path, fp8_rules(target, "host"), io=SMALL_IO))
+    assert plan["totals"]["kernels"] == 0
+    assert_model(model, dequantized(want, TARGET[target]))
+    assert model["model.layers.0.mlp.up_proj.weight"].dtype == TARGET[target]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("target", ["bfloat16", "float16"])
+def test_dequantize_fp8_on_device(tmp_path, load, target):
+    """Attention weights only (the simulator is slow); the MLP weights load as raw FP8 + scales."""
+    path, want = synth(tmp_path, "fp8", layers=1)
+    rules = fp8_rules(target, "device", match="*.self_attn.*")
+    plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 4, "run": "12KiB"}))
+    assert plan["totals"]["kernels"] == 4 and plan["totals"]["runs"] > 1
+    assert_model(model, dequantized(want, TARGET[target], lambda n: ".self_attn." in n))
+    assert model["model.layers.0.mlp.up_proj.weight"].dtype == "F8_E4M3"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_mixed_plan_through_a_one_slot_ring(tmp_path, load):
+    """Host-path and device-path parts interleaved in small runs, all staged through one slot."""
+    path, want = synth(tmp_path, "fp8", layers=1)
+    rules = [{"match": "*.self_attn.[qk]_proj.weight", "source_dtype": ["F8_E4M3"], "dequantize": {}},
+             {"match": "*", "source_dtype": ["F8_E4M3"], "dequantize": {}, "dtype": "float16", "on": "host"},
+             {"match": "*layernorm.weight", "dtype": "float32"},
+             {"match": "lm_head.weight", "transpose": True, "on": "host"},
+             {"match": "*"}]
+    plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 1, "run": "16KiB", "workers": 3}))
+    paths = {p["path"] for p in plan["parts"]}
+    assert paths == {"direct", "host"} and plan["totals"]["runs"] > 3 and plan["layout"]["ring_bytes"] == 4096
+    qk = lambda n: ".self_attn.q_proj" in n or ".self_attn.k_proj" in n  # noqa: E731
+    out = dequantized(want, "F16", lambda n: not qk(n))
+    out.update({k: v for k, v in dequantized(want, "BF16", qk).items() if qk(k)})
+    out = {k: v for k, v in out.items() if not k.endswith("_scale_inv")}
+    for k in out:
+        if k.endswith("layernorm.weight"):
+            out[k] = cast(out[k], "F32")
+    out["lm_head.weight"] = np.ascontiguousarray(want["lm_head.weight"].T)
+    assert_model(model, out)
+
+
+def test_verify_finds_a_corrupted_tensor(tmp_path, load, dense):
+    path, want = dense
+    plan, model = load(spec_file(tmp_path, path, [QKV, {"match": "*"}], io=SMALL_IO))
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    host = model[name].raw.copy_to_host()
+    host[777] ^= 1
+    model[name].raw.copy_to_device(host)
+    rep = verify_model(plan, model)
+    assert not rep["ok"] and len(rep["mismatches"]) == 1 and name in rep["mismatches"][0]
+
+
+# ------------------------------------------------------------------------------------------
+# refusals, changed files, failed reads
+
+
+def test_refused_plan_raises_before_allocating(tmp_path, dense, monkeypatch):
+    path, _ = dense
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], host="64KiB",
+                                   io={"slot": "64KiB", "slots": 4}))
+    assert not plan.fits
+    _no_allocation(monkeypatch)
+    with pytest.raises(AdmissionError) as ei:
+        execute(plan)
+    assert ei.value.exit_code == 3 and ei.value.code == "host-budget"
+    assert ei.value.refusal["needed_bytes"] > ei.value.refusal["allowed_bytes"] == 64 * 1024
+
+
+def test_live_room_refusal(tmp_path, dense, monkeypatch):
+    path, _ = dense
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
+    assert plan.fits
+    monkeypatch.setenv("PLANC_HOST_RESERVE", "100TiB")
+    _no_allocation(monkeypatch)
+    with pytest.raises(AdmissionError) as ei:
+        execute(plan)
+    assert ei.value.exit_code == 3 and ei.value.code == "live-room"
+    assert ei.value.refusal["allowed_bytes"] == 0 and ei.value.refusal["needed_bytes"] == plan["peak"]["host_bytes"]
+
+
+def _host_path_plan(tmp_path, dense):
+    path, _ = dense
+    rules = [{"match": "*.mlp.*", "dtype": "float32", "on": "host"}, {"match": "*"}]
+    plan = compile_spec(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2, "run": "8KiB"}))
+    assert sum(1 for r in plan["runs"] if r["host_bytes"]) >= 2
+    return plan
+
+
+def _live_room(monkeypatch, rooms):
+    """The loader's per-run live room: `rooms(call number)` bytes."""
+    calls = []
+
+    def live_room():
+        calls.append(1)
+        n = rooms(len(calls))
+        return {"available_bytes": n, "cgroup_room_bytes": None, "reserve_bytes": 0, "room_bytes": n}
+
+    monkeypatch.setattr(loader_mod, "live_room", live_room)
+    return calls
+
+
+def test_run_waits_for_live_room(tmp_path, load, dense, monkeypatch):
+    plan = _host_path_plan(tmp_path, dense)
+    calls = _live_room(monkeypatch, lambda k: 0 if k == 1 else 2**40)  # short of room once, then plenty
+    model = execute(plan, verify=True)
+    try:
+        assert model.report["verify"]["ok"] and model.report["run_waits"] == 1 and len(calls) >= 2
+    finally:
+        model.free()
+
+
+def test_run_refused_by_live_room_mid_load(tmp_path, dense, monkeypatch):
+    plan = _host_path_plan(tmp_path, dense)
+    first = next(r for r in plan["runs"] if r["host_bytes"])
+    _live_room(monkeypatch, lambda k: 0)
+    seen = _watch_allocations(monkeypatch)
+    with pytest.raises(AdmissionError) as ei:
+        execute(plan)
+    assert ei.value.code == "live-room" and ei.value.exit_code == 3
+    assert ei.value.refusal == {"run": first["index"], "needed_bytes": first["host_bytes"], "allowed_bytes": 0}
+    assert f"run {first['index']}" in ei.value.message
+    gc.collect()
+    (_, ring_ref, arena_ref), = seen
+    assert ring_ref() is None and arena_ref() is None
+
+
+@pytest.mark.parametrize("change", ["mtime", "append", "remove"])
+def test_changed_file_after_compile(tmp_path, dense, monkeypatch, change):
+    path, _ = dense
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
+    st = os.stat(path)
+    if change == "mtime":
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    elif change == "append":
+        with open(path, "ab") as f:
+            f.write(b"\0")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the size alone must give it away
+    else:
+        os.remove(path)
+    _no_allocation(monkeypatch)
+    with pytest.raises(FingerprintError) as ei:
+        execute(plan)
+    assert ei.value.exit_code == 2
+    assert ei.value.code == ("file-removed" if change == "remove" else "file-changed")
+    assert str(path) in ei.value.message
+
+
+def _watch_allocations(monkeypatch) -> list:
+    """Record the loader of each execute() and weak references to what it allocated."""
+    seen = []
+    real = loader_mod.Loader.allocate
+
+    def allocate(self):
+        real(self)
+        seen.append((weakref.ref(self), weakref.ref(self.ring_owner), weakref.ref(self.arena)))
+
+    monkeypatch.setattr(loader_mod.Loader, "allocate", allocate)
+    return seen
+
+
+def test_read_failing_mid_load_releases_everything(tmp_path, dense, load, monkeypatch):
+    path, want = dense
+    spec = spec_file(tmp_path, path, [{"match": "model.norm.weight", "dtype": "float32"}, {"match": "*"}],
+                      io={"slot": 4096, "slots": 2, "workers": 2})
+    plan = compile_spec(spec)
+    assert plan["totals"]["requests"] > 4
+    seen = _watch_allocations(monkeypatch)
+    real_read, calls = Reader.read_into, []
+
+    def read_into(self, rel, offset, length, buf, needed):
+        calls.append(offset)
+        if len(calls) == 2:
+            raise ReadError(f"{rel}: injected failure at offset {offset}", code="read-failed")
+        return real_read(self, rel, offset, length, buf, needed)
+
+    monkeypatch.setattr(Reader, "read_into", read_into)
+    with pytest.raises(ReadError) as ei:
+        execute(plan)
+    assert isinstance(ei.value, PlancError) and ei.value.code == "read-failed" and ei.value.exit_code == 2
+    gc.collect()
+    (loader_ref, ring_ref, arena_ref), = seen
+    loader = loader_ref()
+    if loader is not None:  # still reachable from the traceback: it must hold nothing
+        assert loader.ring is None and loader.arena is None and loader.landing is None and loader.pool is None
+        assert all(f.fd < 0 for f in loader.reader.files.values())
+        del loader
+    # Released while the error is still held (a caller may keep it, or retry with a smaller plan).
+    assert ring_ref() is None, "the pinned ring outlived the failed load"
+    assert arena_ref() is None, "the device arena outlived the failed load"
+    del ei
+
+    monkeypatch.setattr(Reader, "read_into", real_read)
+    _, model = load(spec)
+    want["model.norm.weight"] = cast(want["model.norm.weight"], "F32")
+    assert_model(model, want)
+
+
+def test_short_file_is_a_typed_read_error(tmp_path, dense, monkeypatch):
+    """A file cut short behind the fingerprint's back (size and mtime faked) fails as a ReadError."""
+    path, _ = dense
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
+    real_stat = os.stat
+    size = real_stat(path).st_size
+    with open(path, "r+b") as f:
+        f.truncate(size - 5000)
+
+    class Faked:
+        def __init__(self, st):
+            self.st_size, self.st_mtime_ns = size, plan["checkpoint"]["files"][0]["mtime_ns"]
+
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: Faked(None) if str(p) == path else real_stat(p, *a, **k))
+    with pytest.raises(ReadError) as ei:
+        execute(plan)
+    assert ei.value.code == "read-short" and path in ei.value.message
+
+
+# ------------------------------------------------------------------------------------------
+# io.direct
+
+
+def _is_direct(fd: int) -> bool:
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+
+
+def test_direct_off(tmp_path, load, dense):
+    path, want = dense
+    plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="off")))
+    assert model.report["files"] == {"model.safetensors": {"direct": False, "why": "io.direct is off"}}
+    assert_model(model, want)
+
+
+def test_direct_on_works_or_is_refused_by_name(tmp_path, load, dense):
+    path, want = dense
+    spec = spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="on"))
+    try:
+        plan, model = load(spec)
+    except ReadError as e:
+        assert e.code == "direct-refused", e
+        return
+    assert model.report["files"]["model.safetensors"]["direct"] is True
+    assert_model(model, want)
+
+
+def test_direct_auto_reports_its_choice(tmp_path, load, dense):
+    path, want = dense
+    plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="auto")))
+    mode = model.report["files"]["model.safetensors"]
+    assert mode["why"] and isinstance(mode["direct"], bool)
+    assert_model(model, want)
+
+
+def _refuse_direct_open(monkeypatch):
+    real_open = os.open
+
+    def fake_open(p, flags, *a, **k):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(p, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr("planc.execute.reader._mincore_libc_safe", lambda path, size: 0.0)  # cache "cold"
+
+
+def test_direct_auto_falls_back_when_the_file_system_refuses(tmp_path, load, dense, monkeypatch):
+    path, want = dense
+    _refuse_direct_open(monkeypatch)
+    plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="auto")))
+    assert model.report["files"]["model.safetensors"] == {"direct": False, "why": "file system refuses O_DIRECT"}
+    assert_model(model, want)
+
+
+def test_direct_on_refused_by_the_file_system(tmp_path, dense, monkeypatch):
+    path, _ = dense
+    _refuse_direct_open(monkeypatch)
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="on")))
+    with pytest.raises(ReadError) as ei:
+        execute(plan)
+    assert ei.value.code == "direct-refused" and ei.value.exit_code == 2
+
+
+def _refuse_direct_reads(monkeypatch):
+    real_preadv = os.preadv
+
+    def fake_preadv(fd, bufs, offset, *a):
+        if _is_direct(fd):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, offset, *a)
+
+    monkeypatch.setattr(os, "preadv", fake_preadv)
+    monkeypatch.setattr("planc.execute.reader._mincore_libc_safe", lambda path, size: 0.0)
+
+
+def test_direct_auto_falls_back_when_a_direct_read_is_refused(tmp_path, load, dense, monkeypatch):
+    path, want = dense
+    _refuse_direct_reads(monkeypatch)
+    plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="auto")))
+    assert model.report["files"]["model.safetensors"] == {"direct": False, "why": "O_DIRECT read refused: buffered"}
+    assert_model(model, want)
+
+
+def test_direct_on_read_refused_is_named(tmp_path, dense, monkeypatch):
+    path, _ = dense
+    _refuse_direct_reads(monkeypatch)
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="on")))
+    with pytest.raises(ReadError) as ei:
+        execute(plan)
+    assert ei.value.code == "direct-refused"
+
+
+# ------------------------------------------------------------------------------------------
+# the LoadedModel, the report, plans from JSON, the CLI
+
+
+def test_loaded_model_matches_the_plan(tmp_path, load, dense):
+    path, want = dense
+    plan, model = load(spec_file(tmp_path, path, [QKV, {"match": "*.mlp.*", "dtype": "float32"},
+                                                   {"match": "*"}], io=SMALL_IO))
+    assert len(model) == len(plan["tensors"]) == plan["totals"]["tensors"]
+    assert list(model) == sorted(t["name"] for t in plan["tensors"])
+    for t in plan["tensors"]:
+        d = model[t["name"]]
+        assert (d.dtype, d.shape, d.nbytes, d.offset_bytes) == (t["dtype"], tuple(t["shape"]), t["nbytes"],
+                                                                t["offset_bytes"])
+        assert d.array.shape == tuple(t["shape"]) and d.array.dtype == d.storage
+        assert d.storage.itemsize == NP[t["dtype"]].itemsize
+    rep = model.report
+    assert rep["simulator"] is True and rep["device"] == "cuda:0"
+    assert rep["wall_seconds"] > 0 and rep["gb_per_s"] > 0
+    assert rep["payload_bytes"] == plan["totals"]["payload_bytes"]
+    assert rep["bytes_read"]["predicted"] == plan["totals"]["read_bytes"]
+    assert plan["totals"]["payload_bytes"] <= rep["bytes_read"]["measured"] <= plan["totals"]["read_bytes"]
+    h = rep["host"]
+    assert h["pinned_bytes"] == plan["layout"]["ring_bytes"] and h["predicted_peak_bytes"] == plan["peak"]["host_bytes"]
+    assert h["growth_bytes"] == h["hwm_bytes"] - h["baseline_rss_bytes"] and h["baseline_rss_bytes"] > 0
+    assert h["rss_after_bytes"] > 0 and h["live_room_bytes"] > 0
+    assert rep["device_memory"]["arena_bytes"] == plan["layout"]["arena_bytes"]
+    assert rep["verify"]["bytes"] == plan["totals"]["resident_bytes"]
+    json.dumps(rep)  # the report is plain data
+    model.free()
+    assert len(model) == 0 and model._arena is None
+    model.free()  # twice is harmless
+
+
+def test_plan_from_json_loads_the_same(tmp_path, load, dense):
+    path, want = dense
+    plan = compile_spec(spec_file(tmp_path, path, [QKV, {"match": "*"}], io=SMALL_IO))
+    save_plan(plan, tmp_path / "plan.json")
+    again = load_plan(tmp_path / "plan.json")
+    assert again.to_json() == plan.to_json()
+    model = execute(again, verify=True)
+    try:
+        assert model.report["verify"]["ok"]
+        assert_model(model, fused(want, 1))
+    finally:
+        model.free()
+
+
+def test_cli_run_json_verify(tmp_path, capsys, dense):
+    path, _ = dense
+    spec = spec_file(tmp_path, path, [QKV, {"match": "*.mlp.*", "dtype": "float16"}, {"match": "*"}], io=SMALL_IO)
+    assert cli.main(["run", str(spec), "--json", "--verify"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["verify"]["ok"] is True and rep["simulator"] is True
+    assert rep["requests"]["issued"] == rep["requests"]["predicted"]
+    assert rep["copies"]["issued"] == rep["copies"]["predicted"]
+    assert rep["kernels"]["issued"] == rep["kernels"]["predicted"] > 0
+
+
+def test_cli_run_exit_codes(tmp_path, capsys, dense):
+    path, _ = dense
+    refused = spec_file(tmp_path, path, [{"match": "*"}], host="64KiB", io={"slot": "64KiB"}, name="refused.yaml")
+    assert cli.main(["run", str(refused), "--json"]) == 3
+    assert "refused" in capsys.readouterr().err
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
+    save_plan(plan, tmp_path / "plan.json")
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert cli.main(["run", str(tmp_path / "plan.json"), "--json"]) == 2
+    assert "changed since the plan was compiled" in capsys.readouterr().err

@@ -1,0 +1,495 @@
+"""schedule + admission + plan on tiny checkpoints, with every figure worked out by hand.
+
+Offsets come from the file's own header: `ds` is the data start (8 + header length); each test
+checks the data offsets it relies on, then spells out runs, requests, copies, kernels, layout,
+timeline and totals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import st_header, write_spec, write_st
+from planc import __version__
+from planc.compile import compile_spec
+from planc.errors import PlanFormatError
+from planc.explain import explain_doc
+from planc.plan import load_plan, save_plan
+from planc.synth import write_checkpoint
+
+
+def f32(n):
+    return np.arange(int(np.prod(n)), dtype=np.float32).reshape(n)
+
+
+def compile_doc(tmp_path, rules, *, io, budget=None, name="spec.yaml"):
+    doc = {"checkpoint": "m.safetensors", "budget": budget or {"host": "1GiB"}, "io": io, "rules": rules}
+    return compile_spec(write_spec(tmp_path, doc, name))
+
+
+def reqs(run):
+    return [(q["file"], q["offset"], q["length"], [tuple(c) for c in q["copies"]]) for q in run["requests"]]
+
+
+# ----------------------------------------------------------------------------- direct path, copies
+
+
+@pytest.fixture
+def abcd(tmp_path):
+    """a [0,4096)  b [4096,5120) (skipped)  c [5120,7168)  d [7168,13312): all F32, in name order."""
+    path = write_st(tmp_path / "m.safetensors", {"a": f32(1024), "b": f32(256), "c": f32(512), "d": f32(1536)})
+    ds, offs = st_header(path)
+    assert {k: (s - ds, n) for k, (s, n) in offs.items()} == {
+        "a": (0, 4096), "b": (4096, 1024), "c": (5120, 2048), "d": (7168, 6144)}
+    assert ds < 1024  # the hand-worked page arithmetic below assumes it
+    return tmp_path, ds
+
+
+RULES_ABCD = [{"match": "b", "skip": True}, {"match": "*"}]
+
+
+def test_copies_without_merge_whole_plan(abcd):
+    tmp_path, ds = abcd
+    plan = compile_doc(tmp_path, RULES_ABCD, io={"slot": 4096, "slots": 2, "run": "1MiB", "merge_gap": 0})
+    f = "m.safetensors"
+    st = (tmp_path / f).stat()
+    spec_text = (tmp_path / "spec.yaml").read_bytes()
+
+    def part(i, name, start, n, dst):
+        return {"id": i, "tensor": name, "index": 0, "op": "copy", "path": "direct",
+                "reason": "pure copy into the final place",
+                "inputs": [{"role": "weight", "tensor": name, "file": f, "start": start, "nbytes": n, "dtype": "F32",
+                            "shape": [n // 4]}],
+                "dst_offset": dst, "out_bytes": n, "out_dtype": "F32", "landing_bytes": 0, "host_bytes": 0, "block": 0}
+
+    def steps(i, name, start, n):
+        return [{"id": f"read:{name}#0:weight", "kind": "read", "part": i, "host_bytes": 0, "device_bytes": 0,
+                 "note": f"{f}@{start}+{n}", "deps": []},
+                {"id": f"stage:{name}#0", "kind": "stage", "part": i, "host_bytes": 0, "device_bytes": n,
+                 "note": "pinned ring -> device", "deps": [f"read:{name}#0:weight"]}]
+
+    expected = {
+        "kind": "planc-plan", "format": 1, "planc": __version__,
+        "spec": {"path": str(tmp_path / "spec.yaml"), "sha256": hashlib.sha256(spec_text).hexdigest()},
+        "checkpoint": {"source": str(tmp_path / f), "root": str(tmp_path),
+                       "files": [{"path": f, "size_bytes": ds + 13312, "mtime_ns": st.st_mtime_ns}]},
+        "device": "cuda:0",
+        "budget": {"host_bytes": 2**30, "device_bytes": None},
+        "io": {"workers": 8, "slot_bytes": 4096, "slots": 2, "run_bytes": 2**20, "direct": "auto",
+               "merge_gap_bytes": 0},
+        # ring = slots x slot; arena = a + c + d laid out in read order
+        "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "ring_bytes": 8192},
+        "tensors": [
+            {"name": "a", "dtype": "F32", "shape": [1024], "offset_bytes": 0, "nbytes": 4096},
+            {"name": "c", "dtype": "F32", "shape": [512], "offset_bytes": 4096, "nbytes": 2048},
+            {"name": "d", "dtype": "F32", "shape": [1536], "offset_bytes": 6144, "nbytes": 6144}],
+        "parts": [part(0, "a", ds, 4096, 0), part(1, "c", ds + 5120, 2048, 4096), part(2, "d", ds + 7168, 6144, 6144)],
+        "steps": steps(0, "a", ds, 4096) + steps(1, "c", ds + 5120, 2048) + steps(2, "d", ds + 7168, 6144),
+        "runs": [{
+            "index": 0, "parts": [0, 1, 2], "tensors": 3, "read_bytes": 20480, "payload_bytes": 12288,
+            "host_bytes": 0, "landing_bytes": 0, "landing_region": 0,
+            # a alone: one extent; the gap a -> c (1024 bytes) exceeds merge_gap 0; c and d touch: one extent.
+            "requests": [
+                {"file": f, "offset": 0, "length": 4096, "copies": [[ds, "arena", 0, 4096 - ds]]},
+                {"file": f, "offset": 4096, "length": 4096, "copies": [[0, "arena", 4096 - ds, ds]]},
+                {"file": f, "offset": 4096, "length": 4096, "copies": [[ds + 1024, "arena", 4096, 3072 - ds]]},
+                {"file": f, "offset": 8192, "length": 4096, "copies": [[0, "arena", 7168 - ds, 4096]]},
+                {"file": f, "offset": 12288, "length": 4096, "copies": [[0, "arena", 11264 - ds, ds + 1024]]}],
+            "kernels": [], "host_parts": [],
+            "requests_uncoalesced": 6, "copies_uncoalesced": 6}],  # a: 2 pages, c: 1, d: 3
+        "timeline": [{"run": 0, "host_bytes": 8192, "device_bytes": 12288, "ring_bytes": 8192,
+                      "host_inflight_bytes": 0, "landing_bytes": 0, "resident_bytes": 12288}],
+        "skipped": ["b"],
+        "totals": {"tensors": 3, "source_tensors": 3, "payload_bytes": 12288, "read_bytes": 20480,
+                   "requests": 5, "requests_uncoalesced": 6, "copies": 5, "copies_uncoalesced": 6,
+                   "kernels": 0, "resident_bytes": 12288, "runs": 1},
+        "peak": {"host_bytes": 8192, "device_bytes": 12288},
+        "fits": True,
+        "refusal": None,
+    }
+    assert plan.to_dict() == expected
+    assert plan.to_json() == json.dumps(expected, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def test_merge_gap_joins_across_a_skipped_tensor(abcd):
+    tmp_path, ds = abcd
+    plan = compile_doc(tmp_path, RULES_ABCD, io={"slot": 4096, "slots": 2, "run": "1MiB", "merge_gap": 1024})
+    (run,) = plan.to_dict()["runs"]
+    f = "m.safetensors"
+    # one extent [ds, ds + 13312) -> pages [0, 16384): the skipped b is read but not copied.
+    assert reqs(run) == [
+        (f, 0, 4096, [(ds, "arena", 0, 4096 - ds)]),
+        (f, 4096, 4096, [(0, "arena", 4096 - ds, ds), (ds + 1024, "arena", 4096, 3072 - ds)]),
+        (f, 8192, 4096, [(0, "arena", 7168 - ds, 4096)]),
+        (f, 12288, 4096, [(0, "arena", 11264 - ds, ds + 1024)]),
+    ]
+    t = plan["totals"]
+    assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (4, 6, 5, 6)
+    assert t["read_bytes"] == 16384
+
+
+def test_runs_cut_at_io_run(abcd):
+    tmp_path, ds = abcd
+    plan = compile_doc(tmp_path, RULES_ABCD, io={"slot": 8192, "slots": 1, "run": 6144, "merge_gap": 0})
+    d = plan.to_dict()
+    # read order a (4096), c (2048), d (6144): a + c = 6144 fits one run, d is the next.
+    assert [r["parts"] for r in d["runs"]] == [[0, 1], [2]]
+    assert [r["tensors"] for r in d["runs"]] == [2, 1]
+    f = "m.safetensors"
+    assert reqs(d["runs"][0]) == [(f, 0, 8192, [(ds, "arena", 0, 4096)]),
+                                  (f, 4096, 4096, [(ds + 1024, "arena", 4096, 2048)])]
+    assert reqs(d["runs"][1]) == [(f, 4096, 8192, [(ds + 3072, "arena", 6144, 5120 - ds)]),
+                                  (f, 12288, 4096, [(0, "arena", 11264 - ds, ds + 1024)])]
+    assert [w["resident_bytes"] for w in d["timeline"]] == [6144, 12288]
+    assert [w["host_bytes"] for w in d["timeline"]] == [8192, 8192]
+
+
+def test_merge_that_would_add_a_request_is_not_made(tmp_path):
+    path = write_st(tmp_path / "m.safetensors", {"a": f32(1750), "b": f32(1325), "c": f32(1800)})
+    ds, offs = st_header(path)
+    assert {k: s - ds for k, (s, _) in offs.items()} == {"a": 0, "b": 7000, "c": 12300}
+    assert ds <= 980
+    plan = compile_doc(tmp_path, [{"match": "b", "skip": True}, {"match": "*"}],
+                       io={"slot": 8192, "slots": 1, "run": "1MiB", "merge_gap": 8192})
+    # joined, [ds, ds + 19500) would span pages [0, 20480): 3 slot-sized requests; alone, a takes
+    # [0, 8192) and c [12288, 20480): 2.
+    (run,) = plan.to_dict()["runs"]
+    assert reqs(run) == [("m.safetensors", 0, 8192, [(ds, "arena", 0, 7000)]),
+                         ("m.safetensors", 12288, 8192, [(ds + 12, "arena", 7000, 7200)])]
+    assert (run["requests_uncoalesced"], run["copies_uncoalesced"]) == (2, 2)
+
+
+def test_merge_that_would_add_a_copy_is_not_made(tmp_path):
+    path = write_st(tmp_path / "m.safetensors", {"a": f32(1024), "b": f32(1500)})
+    ds, offs = st_header(path)
+    assert {k: s - ds for k, (s, _) in offs.items()} == {"a": 0, "b": 4096}
+    assert ds <= 2192
+    plan = compile_doc(tmp_path, [{"match": "b", "dtype": "float16"}, {"match": "*"}],
+                       io={"slot": 8192, "slots": 1, "run": "1MiB", "merge_gap": 0})
+    # joined, b (to the landing buffer) would straddle the slot boundary at 8192: 2 requests, 3 copies;
+    # alone it fits the slot [4096, 12288): 2 requests, 2 copies.
+    (run,) = plan.to_dict()["runs"]
+    assert reqs(run) == [("m.safetensors", 0, 8192, [(ds, "arena", 0, 4096)]),
+                         ("m.safetensors", 4096, 8192, [(ds, "landing", 0, 6000)])]
+    t = plan["totals"]
+    assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (2, 2, 2, 2)
+
+
+# ----------------------------------------------------------------------------- kernels and landing
+
+
+def test_kernels_and_landing_regions(tmp_path):
+    path = write_st(tmp_path / "m.safetensors", {"a": f32(1024), "b": f32((2, 3)), "c": f32(512), "d": f32(1024)})
+    ds, offs = st_header(path)
+    assert {k: s - ds for k, (s, _) in offs.items()} == {"a": 0, "b": 4096, "c": 4120, "d": 6168}
+    assert ds <= 2024
+    rules = [{"match": "a", "dtype": "float16"}, {"match": "b", "transpose": True},
+             {"match": "c", "dtype": "bfloat16"}, {"match": "*"}]
+    plan = compile_doc(tmp_path, rules, io={"slot": 4096, "slots": 2, "run": 4096, "merge_gap": 0})
+    d = plan.to_dict()
+    f = "m.safetensors"
+    # arena: a F16 2048 @0, b 24 @2048, c BF16 1024 @2072, d 4096 @3096 (aligned to 4 already)
+    assert [(t["name"], t["dtype"], t["shape"], t["offset_bytes"], t["nbytes"]) for t in d["tensors"]] == [
+        ("a", "F16", [1024], 0, 2048), ("b", "F32", [3, 2], 2048, 24), ("c", "BF16", [512], 2072, 1024),
+        ("d", "F32", [1024], 3096, 4096)]
+    # runs: a (4096) | b + c (24 + 2048) | d (4096)
+    assert [r["parts"] for r in d["runs"]] == [[0], [1, 2], [3]]
+    r0, r1, r2 = d["runs"]
+    assert reqs(r0) == [(f, 0, 4096, [(ds, "landing", 0, 4096 - ds)]),
+                        (f, 4096, 4096, [(0, "landing", 4096 - ds, ds)])]
+    assert reqs(r1) == [(f, 4096, 4096, [(ds, "landing", 0, 24), (ds + 24, "landing", 256, 2048)])]
+    assert reqs(r2) == [(f, 4096, 4096, [(ds + 2072, "arena", 3096, 2024 - ds)]),
+                        (f, 8192, 4096, [(0, "arena", 5120 - ds, ds + 2072)])]
+    k = dict(scale_offset=None, block=0, src_space="landing")
+    assert r0["kernels"] == [dict(k, part=0, op="convert", src_dtype="F32", dst_dtype="F16", src_offset=0,
+                                  dst_offset=0, numel=1024, rows=0, cols=0)]
+    assert r1["kernels"] == [
+        dict(k, part=1, op="transpose", src_dtype="F32", dst_dtype="F32", src_offset=0, dst_offset=2048,
+             numel=6, rows=2, cols=3),
+        dict(k, part=2, op="convert", src_dtype="F32", dst_dtype="BF16", src_offset=256, dst_offset=2072,
+             numel=512, rows=0, cols=0)]
+    assert r2["kernels"] == []
+    assert [(r["landing_region"], r["landing_bytes"]) for r in d["runs"]] == [(0, 4096), (1, 2304), (0, 0)]
+    # device = arena 7192 + landing regions (even runs 4096, odd runs 2304)
+    assert d["layout"] == {"arena_bytes": 7192, "landing_region_bytes": [4096, 2304], "ring_bytes": 8192}
+    assert d["timeline"] == [
+        {"run": 0, "host_bytes": 8192, "device_bytes": 13592, "ring_bytes": 8192, "host_inflight_bytes": 0,
+         "landing_bytes": 4096, "resident_bytes": 2048},
+        {"run": 1, "host_bytes": 8192, "device_bytes": 13592, "ring_bytes": 8192, "host_inflight_bytes": 0,
+         "landing_bytes": 6400, "resident_bytes": 3096},
+        {"run": 2, "host_bytes": 8192, "device_bytes": 13592, "ring_bytes": 8192, "host_inflight_bytes": 0,
+         "landing_bytes": 2304, "resident_bytes": 7192}]
+    assert d["peak"] == {"host_bytes": 8192, "device_bytes": 13592}
+    t = d["totals"]
+    assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"], t["kernels"]) == (5, 6, 6, 6, 3)
+    assert (t["read_bytes"], t["payload_bytes"], t["resident_bytes"]) == (20480, 10264, 7192)
+    assert [(p["path"], p["landing_bytes"]) for p in d["parts"]] == [
+        ("direct", 4096), ("direct", 24), ("direct", 2048), ("direct", 0)]
+
+
+def test_same_size_conversion_in_place(tmp_path):
+    path = write_st(tmp_path / "m.safetensors", {"x": np.ones(2048, ml_dtypes.bfloat16)})
+    ds, _ = st_header(path)
+    plan = compile_doc(tmp_path, [{"match": "*", "dtype": "float16"}],
+                       io={"slot": 8192, "slots": 1, "run": "1MiB", "merge_gap": 0})
+    d = plan.to_dict()
+    (run,) = d["runs"]
+    assert reqs(run) == [("m.safetensors", 0, 8192, [(ds, "arena", 0, 4096)])]
+    assert run["kernels"] == [{"part": 0, "op": "convert", "src_dtype": "BF16", "dst_dtype": "F16",
+                               "src_space": "arena", "src_offset": 0, "scale_offset": None, "dst_offset": 0,
+                               "numel": 2048, "rows": 0, "cols": 0, "block": 0}]
+    assert d["layout"]["landing_region_bytes"] == [0, 0]
+    assert d["parts"][0]["reason"] == "same-size conversion runs in place on the device"
+
+
+def test_dequantize_lands_weight_and_scale(tmp_path):
+    path = write_st(tmp_path / "m.safetensors", {"w": np.zeros((130, 5), ml_dtypes.float8_e4m3fn),
+                                                 "w_scale_inv": np.ones((2, 1), np.float32)})
+    ds, offs = st_header(path)
+    assert {k: s - ds for k, (s, _) in offs.items()} == {"w_scale_inv": 0, "w": 8}
+    plan = compile_doc(tmp_path, [{"match": "w", "dequantize": {}}],
+                       io={"slot": 4096, "slots": 1, "run": "1MiB", "merge_gap": 0})
+    d = plan.to_dict()
+    (run,) = d["runs"]
+    # landing: weight 650 bytes at 0, scale 8 bytes at 768; the scale precedes the weight in the file
+    assert reqs(run) == [("m.safetensors", 0, 4096, [(ds, "landing", 768, 8), (ds + 8, "landing", 0, 650)])]
+    assert run["kernels"] == [{"part": 0, "op": "dequantize", "src_dtype": "F8_E4M3", "dst_dtype": "BF16",
+                               "src_space": "landing", "src_offset": 0, "scale_offset": 768, "dst_offset": 0,
+                               "numel": 650, "rows": 130, "cols": 5, "block": 128}]
+    assert d["layout"] == {"arena_bytes": 1300, "landing_region_bytes": [776, 0], "ring_bytes": 4096}
+    assert d["peak"] == {"host_bytes": 4096, "device_bytes": 2076}
+    assert d["skipped"] == []
+    assert [i["role"] for i in d["parts"][0]["inputs"]] == ["weight", "scale"]
+
+
+# ----------------------------------------------------------------------------- host path
+
+
+@pytest.fixture
+def host_ckpt(tmp_path):
+    """a_h1 F32 [1024] (4096), b_h2 F32 [2048] (8192), c_g F32 [1024] (4096), in that order."""
+    path = write_st(tmp_path / "m.safetensors", {"a_h1": f32(1024), "b_h2": f32(2048), "c_g": f32(1024)})
+    ds, offs = st_header(path)
+    assert {k: s - ds for k, (s, _) in offs.items()} == {"a_h1": 0, "b_h2": 4096, "c_g": 12288}
+    return tmp_path, ds
+
+
+HOST_RULES = [{"match": "*_h?", "on": "host", "dtype": "bfloat16"}, {"match": "*"}]
+HOST_IO = {"slot": 4096, "slots": 1, "run": 8192, "merge_gap": 0}
+
+
+def test_host_path_costs(host_ckpt):
+    tmp_path, ds = host_ckpt
+    d = compile_doc(tmp_path, HOST_RULES, io=HOST_IO).to_dict()
+    # host cost of a host part = input bytes + output bytes: a_h1 4096 + 2048, b_h2 8192 + 4096
+    assert [(p["tensor"], p["path"], p["host_bytes"], p["landing_bytes"]) for p in d["parts"]] == [
+        ("a_h1", "host", 6144, 0), ("b_h2", "host", 12288, 0), ("c_g", "direct", 0, 0)]
+    steps = {s["id"]: (s["kind"], s["host_bytes"], s["device_bytes"], s["deps"]) for s in d["steps"]}
+    assert steps["read:a_h1#0:weight"] == ("read", 4096, 0, [])
+    assert steps["normalize:a_h1#0"] == ("normalize", 2048, 0, ["read:a_h1#0:weight"])
+    assert steps["stage:a_h1#0"] == ("stage", 0, 2048, ["normalize:a_h1#0"])
+    assert steps["stage:c_g#0"] == ("stage", 0, 4096, ["read:c_g#0:weight"])
+    # runs: a_h1 (4096) | b_h2 (8192) | c_g (4096)
+    assert [r["parts"] for r in d["runs"]] == [[0], [1], [2]]
+    assert [r["host_parts"] for r in d["runs"]] == [[{"part": 0, "dst_offset": 0, "copies": 1}],
+                                                    [{"part": 1, "dst_offset": 2048, "copies": 1}], []]
+    assert [r["host_bytes"] for r in d["runs"]] == [6144, 12288, 0]
+    assert [r["requests"] for r in d["runs"][:2]] == [[], []]
+    assert reqs(d["runs"][2]) == [("m.safetensors", 12288, 4096, [(ds, "arena", 6144, 4096 - ds)]),
+                                  ("m.safetensors", 16384, 4096, [(0, "arena", 10240 - ds, ds)])]
+    # window k = ring + host bytes of runs k-1 and k (two runs in flight)
+    assert [(w["host_bytes"], w["host_inflight_bytes"]) for w in d["timeline"]] == [
+        (4096 + 6144, 6144), (4096 + 6144 + 12288, 18432), (4096 + 12288, 12288)]
+    assert d["peak"] == {"host_bytes": 22528, "device_bytes": 10240}
+    assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096}
+    t = d["totals"]
+    assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (4, 4, 4, 4)
+    assert (t["read_bytes"], t["payload_bytes"], t["kernels"]) == (4096 + 8192 + 8192, 16384, 0)
+    assert [r["read_bytes"] for r in d["runs"]] == [4096, 8192, 8192]
+
+
+def test_host_path_refusal_names_first_failing_run(host_ckpt):
+    tmp_path, _ = host_ckpt
+    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 22527})
+    r = plan.refusal
+    assert not plan.fits
+    assert (r["code"], r["run"], r["step"], r["needed_bytes"], r["allowed_bytes"]) == (
+        "host-budget", 1, "read+normalize:b_h2#0", 22528, 22527)
+    assert "run 1" in r["message"] and "22,528 bytes" in r["message"] and "22,527 bytes" in r["message"]
+    assert "io.run" in r["message"]
+    # the same inputs give the same refusal; the peaks do not depend on the budget
+    again = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 22527})
+    assert again.to_json() == plan.to_json()
+    assert plan["peak"]["host_bytes"] == 22528
+
+
+def test_host_path_refusal_in_run_zero_when_part_alone_too_big(host_ckpt):
+    tmp_path, _ = host_ckpt
+    r = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 10239}).refusal
+    assert (r["code"], r["run"], r["step"], r["needed_bytes"]) == ("host-budget", 0, "read+normalize:a_h1#0", 10240)
+    assert "on: device" in r["message"]
+
+
+def test_host_budget_exactly_fits(host_ckpt):
+    tmp_path, _ = host_ckpt
+    assert compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 22528}).fits
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_ring_refusal(abcd):
+    tmp_path, _ = abcd
+    plan = compile_doc(tmp_path, RULES_ABCD, io={"slot": 4096, "slots": 4, "run": "1MiB", "merge_gap": 0},
+                       budget={"host": 16383})
+    r = plan.refusal
+    assert (r["code"], r["run"], r["step"], r["needed_bytes"], r["allowed_bytes"]) == (
+        "host-budget", 0, "ring", 16384, 16383)
+    assert "io.slots (now 4)" in r["message"]
+    assert plan["fits"] is False
+
+
+def test_device_refusal(abcd):
+    tmp_path, _ = abcd
+    plan = compile_doc(tmp_path, RULES_ABCD, io={"slot": 4096, "slots": 2, "run": "1MiB", "merge_gap": 0},
+                       budget={"host": "1MiB", "device": 12287})
+    r = plan.refusal
+    assert (r["code"], r["run"], r["step"], r["needed_bytes"], r["allowed_bytes"]) == (
+        "device-budget", 0, "stage:d", 12288, 12287)
+    assert "budget.device" in r["message"]
+    ok = compile_doc(tmp_path, RULES_ABCD, io={"slot": 4096, "slots": 2, "run": "1MiB", "merge_gap": 0},
+                     budget={"host": "1MiB", "device": 12288})
+    assert ok.fits
+
+
+def test_nothing_placed_allocates_nothing(abcd):
+    tmp_path, _ = abcd
+    d = compile_doc(tmp_path, [{"match": "*", "skip": True}], io={"slot": 4096}, budget={"host": 0}).to_dict()
+    assert d["fits"]
+    assert d["layout"] == {"arena_bytes": 0, "landing_region_bytes": [0, 0], "ring_bytes": 0}
+    assert d["runs"] == [] and d["skipped"] == ["a", "b", "c", "d"]
+    assert d["peak"] == {"host_bytes": 0, "device_bytes": 0}
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_plan_json_byte_identical(tmp_path):
+    write_checkpoint(tmp_path / "ck", "dense", seed=0)
+    doc = {"checkpoint": "ck/model.safetensors", "budget": {"host": "1MiB"},
+           "io": {"slot": "16KiB", "slots": 2, "run": "32KiB", "merge_gap": "4KiB"},
+           "rules": [{"match": "model.layers.{L}.self_attn.{P}.weight",
+                      "fuse": {"into": "model.layers.{L}.self_attn.qkv.weight", "over": "P",
+                               "order": ["q_proj", "k_proj", "v_proj"]}},
+                     {"match": "*mlp*", "dtype": "float16", "on": "host"}, {"match": "*norm*", "dtype": "float32"},
+                     {"match": "*"}]}
+    p = write_spec(tmp_path, doc)
+    a, b = compile_spec(p), compile_spec(p)
+    assert a.to_json() == b.to_json()
+    assert a.fits and len(a["runs"]) > 2 and a["totals"]["kernels"] > 0
+    save_plan(a, tmp_path / "plan.json")
+    assert (tmp_path / "plan.json").read_text() == a.to_json()
+    assert load_plan(tmp_path / "plan.json").to_json() == a.to_json()
+
+
+def raw_st(path, entries, key_order):
+    """A safetensors file with data in `entries` order, header keys in `key_order`, header padded to 512 bytes."""
+    header, data, off = {}, b"", 0
+    for name, arr in entries:
+        b = arr.tobytes()
+        header[name] = {"dtype": {"float32": "F32", "float16": "F16"}[arr.dtype.name], "shape": list(arr.shape),
+                        "data_offsets": [off, off + len(b)]}
+        data, off = data + b, off + len(b)
+    h = json.dumps({k: header[k] for k in key_order}).encode()
+    h += b" " * (512 - len(h))
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def counts(plan):
+    d = plan.to_dict()
+    return (d["totals"], d["peak"], d["layout"],
+            [(r["read_bytes"], r["payload_bytes"], r["host_bytes"], r["landing_bytes"], len(r["requests"]),
+              [[c[1:] for c in q["copies"]] for q in r["requests"]]) for r in d["runs"]],
+            d["timeline"])
+
+
+def test_plan_does_not_depend_on_header_key_order_or_names(tmp_path):
+    arrs = [np.zeros(300, np.float32), np.zeros((7, 9), np.float16), np.zeros(1500, np.float32),
+            np.zeros(64, np.float16), np.zeros(5000, np.float32)]
+    io = {"slot": 8192, "slots": 2, "run": 12000, "merge_gap": 512}
+    rules = [{"match": "*", "source_dtype": ["F16"], "dtype": "float32"}, {"match": "*"}]
+    results = []
+    for k, names in enumerate([["a", "b", "c", "d", "e"], ["a", "b", "c", "d", "e"], ["q", "zz", "m", "b0", "x"]]):
+        folder = tmp_path / str(k)
+        folder.mkdir()
+        order = names if k != 1 else list(reversed(names))
+        raw_st(folder / "m.safetensors", list(zip(names, arrs)), order)
+        results.append(compile_doc(folder, rules, io=io))
+    first = results[0].to_dict()
+    second = results[1].to_dict()
+    for d in (first, second):
+        d.pop("checkpoint"), d.pop("spec")
+    assert first == second  # header key order changes nothing at all
+    assert counts(results[0]) == counts(results[2])  # renaming changes only the names
+
+
+def test_renaming_keeps_costs_with_safetensors_layout(tmp_path):
+    shapes = [(3, 5), (40,), (17,), (2, 2, 2)]
+    plans = []
+    for k, names in enumerate([["w0", "w1", "w2", "w3"], ["b.x", "b.y", "c.z", "d.w"]]):
+        folder = tmp_path / str(k)
+        write_st(folder / "m.safetensors", {n: np.ones(s, np.float32) for n, s in zip(names, shapes)})
+        plans.append(compile_doc(folder, [{"match": "*", "dtype": "float16"}],
+                                 io={"slot": 4096, "slots": 3, "run": 100, "merge_gap": 16}))
+    # names sort the same way in both, so the file layout is the same and so is every figure
+    assert counts(plans[0]) == counts(plans[1])
+
+
+# ----------------------------------------------------------------------------- explain and plan files
+
+
+def test_explain_reads_the_same_timeline(host_ckpt):
+    tmp_path, _ = host_ckpt
+    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 22527, "device": "1MiB"})
+    e = explain_doc(plan)
+    assert e["fits"] is False and e["refusal"] == plan.to_dict()["refusal"]
+    assert [r["host_peak_bytes"] for r in e["runs"]] == [w["host_bytes"] for w in plan["timeline"]]
+    assert e["headroom"] == {"host_bytes": 22527 - 22528, "device_bytes": 2**20 - 10240}
+    assert [r["requests"] for r in e["runs"]] == [1, 1, 2]
+    assert [r["dominant_step"] for r in e["runs"]] == ["host:a_h1#0", "host:b_h2#0", "ring"]
+
+
+def test_load_plan_rejects_other_files(tmp_path):
+    (tmp_path / "x.json").write_text('{"kind": "other"}')
+    with pytest.raises(PlanFormatError) as info:
+        load_plan(tmp_path / "x.json")
+    assert info.value.code == "plan-kind"
+    (tmp_path / "y.json").write_text('{"kind": "planc-plan", "format": 999}')
+    with pytest.raises(PlanFormatError) as info:
+        load_plan(tmp_path / "y.json")
+    assert info.value.code == "plan-version"
+    (tmp_path / "z.json").write_text("{")
+    with pytest.raises(PlanFormatError) as info:
+        load_plan(tmp_path / "z.json")
+    assert info.value.code == "plan-syntax"
+
+
+def test_permuting_names_of_same_shaped_tensors_keeps_costs(tmp_path):
+    shapes = {"w0": ((3, 5), np.float32), "w1": ((3, 5), np.float32), "w2": ((3, 5), np.float32),
+              "h0": ((40,), np.float16), "h1": ((40,), np.float16)}
+    perm = {"w0": "w2", "w1": "w0", "w2": "w1", "h0": "h1", "h1": "h0"}
+    rules = [{"match": "*", "source_dtype": ["F16"], "dtype": "float32"}, {"match": "*"}]
+    plans = []
+    for k, names in enumerate([{n: n for n in shapes}, perm]):
+        folder = tmp_path / str(k)
+        write_st(folder / "m.safetensors", {names[n]: np.ones(s, dt) for n, (s, dt) in shapes.items()})
+        plans.append(compile_doc(folder, rules, io={"slot": 4096, "slots": 2, "run": 64, "merge_gap": 8}))
+    assert counts(plans[0]) == counts(plans[1])
+    strip = [{k: v for k, v in p.to_dict().items() if k not in ("checkpoint", "spec")} for p in plans]
+    assert strip[0] == strip[1]  # same names, same shapes, same layout: the very same plan
