@@ -58,7 +58,7 @@ class Timeline:
 
 def timeline(sched: Schedule, graph: Graph) -> tuple[Window, ...]:
     windows, resident, prev_host, prev_landing = [], 0, 0, 0
-    device = sched.arena_bytes + sched.landing_bytes
+    device = sched.arena_bytes + sched.landing_bytes + sched.staging_bytes
     out_bytes = {n.id: n.out_bytes for n in graph.parts}
     for run in sched.runs:
         resident += sum(out_bytes[p] for p in run.parts)
@@ -117,14 +117,16 @@ def _device_refusal(w: Window, spec: Spec, sched: Schedule, graph: Graph) -> Ref
     if budget is None or w.device_bytes <= budget:
         return None
     biggest = max(sched.tensors, key=lambda t: (t.nbytes, t.name), default=None)
-    contributors = [("landing", sched.landing_bytes)]
+    contributors = [("landing", sched.landing_bytes), ("staging", sched.staging_bytes)]
     if biggest is not None:
         contributors.append((f"stage:{biggest.name}", biggest.nbytes))
     step, size = max(contributors, key=lambda c: (c[1], c[0]))
     knob = (f"raise budget.device to {_fmt(w.device_bytes)}, skip tensors, or load them in a smaller dtype")
+    if step == "staging":
+        knob = f"lower io.slots (now {spec.io.slots}) to shrink the device staging slots, or " + knob
     if step == "landing":
         knob = f"lower io.run (now {spec.io.run:,} bytes) to shrink the landing buffers, or " + knob
     msg = (f"refused: run {w.run} needs {_fmt(w.device_bytes)} of device memory (arena {_fmt(sched.arena_bytes)} + "
-           f"landing {_fmt(sched.landing_bytes)}), budget.device allows {_fmt(budget)}; largest step: {step} "
+           f"landing {_fmt(sched.landing_bytes)} + staging {_fmt(sched.staging_bytes)}), budget.device allows {_fmt(budget)}; largest step: {step} "
            f"({_fmt(size)}); {knob}")
     return Refusal("device-budget", w.run, step, w.device_bytes, budget, msg)

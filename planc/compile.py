@@ -37,7 +37,8 @@ def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedu
     runs = [_run_doc(r, graph) for r in sched.runs]
     requests = sum(len(r.requests) for r in sched.runs) + sum(
         len(graph.parts[h.part].inputs) for r in sched.runs for h in r.host_parts)
-    copies = sum(r.copies for r in sched.runs)
+    # The scatter table goes to the device once, as one more copy.
+    copies = sum(r.copies for r in sched.runs) + (1 if sched.scatter_segments else 0)
     return {
         "kind": "planc-plan",
         "format": PLAN_FORMAT,
@@ -53,6 +54,7 @@ def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedu
         "io": {"workers": io.workers, "slot_bytes": io.slot, "slots": io.slots, "run_bytes": io.run,
                "direct": io.direct, "merge_gap_bytes": io.merge_gap},
         "layout": {"arena_bytes": sched.arena_bytes, "landing_region_bytes": list(sched.landing_region_bytes),
+                   "staging_bytes": sched.staging_bytes, "scatter_segments": sched.scatter_segments,
                    "ring_bytes": sched.ring_bytes},
         "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "offset_bytes": t.offset_bytes,
                      "nbytes": t.nbytes} for t in sched.tensors],
@@ -74,7 +76,8 @@ def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedu
             "requests_uncoalesced": sum(r.requests_uncoalesced for r in sched.runs),
             "copies": copies,
             "copies_uncoalesced": sum(r.copies_uncoalesced for r in sched.runs),
-            "kernels": sum(len(r.kernels) for r in sched.runs),
+            "kernels": sum(len(r.kernels) + r.scatters for r in sched.runs),
+            "scatters": sum(r.scatters for r in sched.runs),
             "resident_bytes": sum(t.nbytes for t in sched.tensors),
             "runs": len(sched.runs),
         },
@@ -111,7 +114,8 @@ def _run_doc(r, graph: Graph) -> dict:
         "landing_bytes": r.landing_bytes,
         "landing_region": r.landing_region,
         "requests": [{"file": q.file, "offset": q.offset, "length": q.length,
-                      "copies": [[c.slot_offset, c.space, c.dst_offset, c.nbytes] for c in q.copies]}
+                      "copies": [[c.slot_offset, c.space, c.dst_offset, c.nbytes] for c in q.copies],
+                      **({"scatter": {"staging": q.staging, "width": q.width}} if q.scatter else {})}
                      for q in r.requests],
         "kernels": [{"part": k.part, "op": k.op, "src_dtype": k.src_dtype, "dst_dtype": k.dst_dtype,
                      "src_space": k.src_space, "src_offset": k.src_offset, "scale_offset": k.scale_offset,

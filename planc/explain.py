@@ -29,8 +29,8 @@ def explain_doc(plan: Plan) -> dict:
             "read_bytes": r["read_bytes"],
             "payload_bytes": r["payload_bytes"],
             "requests": len(r["requests"]) + sum(len(parts[h["part"]]["inputs"]) for h in r["host_parts"]),
-            "copies": sum(len(q["copies"]) for q in r["requests"]) + sum(h["copies"] for h in r["host_parts"]),
-            "kernels": len(r["kernels"]),
+            "copies": sum(1 if "scatter" in q else len(q["copies"]) for q in r["requests"]) + sum(h["copies"] for h in r["host_parts"]),
+            "kernels": len(r["kernels"]) + sum(1 for q in r["requests"] if "scatter" in q),
             "host_peak_bytes": w.get("host_bytes", 0),
             "device_peak_bytes": w.get("device_bytes", 0),
             "landing_bytes": r["landing_bytes"],
@@ -82,7 +82,8 @@ def _paths(parts: list) -> dict:
 
 def _top(d: dict) -> list:
     items = [{"what": "pinned ring", "memory": "host", "bytes": d["layout"]["ring_bytes"]},
-             {"what": "landing regions", "memory": "device", "bytes": sum(d["layout"]["landing_region_bytes"])}]
+             {"what": "landing regions", "memory": "device", "bytes": sum(d["layout"]["landing_region_bytes"])},
+             {"what": "device staging slots (scatter)", "memory": "device", "bytes": d["layout"].get("staging_bytes", 0)}]
     for t in d["tensors"]:
         items.append({"what": t["name"], "memory": "device", "bytes": t["nbytes"]})
     for p in d["parts"]:
@@ -108,7 +109,8 @@ def render(plan: Plan, console: Console) -> None:
     lay = e["layout"]
     console.print(f"host = pinned ring {fmt_bytes(lay['ring_bytes'])} ({e['io']['slots']} x {fmt_bytes(e['io']['slot_bytes'])})"
                   f" + host-path buffers of the two runs in flight;  device = arena {fmt_bytes(lay['arena_bytes'])}"
-                  f" + landing {fmt_bytes(sum(lay['landing_region_bytes']))}")
+                  f" + landing {fmt_bytes(sum(lay['landing_region_bytes']))}"
+                  f" + staging {fmt_bytes(lay.get('staging_bytes', 0))}")
     console.print(f"{t['tensors']} tensors from {t['source_tensors']} source tensors, {fmt_bytes(t['read_bytes'])} read "
                   f"({fmt_bytes(t['payload_bytes'])} payload) in {t['runs']} runs; requests {t['requests']} "
                   f"(uncoalesced {t['requests_uncoalesced']}), copies {t['copies']} (uncoalesced {t['copies_uncoalesced']}), "

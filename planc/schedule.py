@@ -29,7 +29,9 @@ from .dtypes import DTYPES
 from .graph import Graph, PartNode
 from .spec import DIRECT_ALIGN, IO
 
-LANDING_ALIGN = 256
+# A request whose bytes go to this many separate device places or more is copied whole into a
+# device staging slot and scattered by one kernel: one copy and one launch instead of many copies.
+SCATTER_MIN_COPIES = 4
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,13 @@ class Request:
     offset: int  # 4 KiB aligned
     length: int  # <= slot; may reach past end of file (short read there is expected)
     copies: tuple[Copy, ...]
+    scatter: bool = False  # copied whole to device staging slot `staging`, then scattered by a kernel
+    staging: int = -1
+    width: int = 1  # scatter element width: every offset and length is a multiple of it
+
+    @property
+    def h2d_copies(self) -> int:
+        return 1 if self.scatter else len(self.copies)
 
 
 @dataclass(frozen=True)
@@ -88,11 +97,11 @@ class Run:
 
     @property
     def copies(self) -> int:
-        return sum(len(r.copies) for r in self.requests) + sum(h.copies for h in self.host_parts)
+        return sum(r.h2d_copies for r in self.requests) + sum(h.copies for h in self.host_parts)
 
     @property
-    def request_count(self) -> int:
-        return len(self.requests) + sum(1 for h in self.host_parts for _ in [0])
+    def scatters(self) -> int:
+        return sum(1 for r in self.requests if r.scatter)
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,8 @@ class Schedule:
     ring_bytes: int
     runs: tuple[Run, ...]
     part_offsets: dict = field(default_factory=dict)  # part id -> arena offset
+    staging_bytes: int = 0  # device staging slots for scattered requests
+    scatter_segments: int = 0  # rows of the scatter table (uploaded once: one copy)
 
     @property
     def landing_bytes(self) -> int:
@@ -153,7 +164,36 @@ def schedule(graph: Graph, io: IO) -> Schedule:
     tensors = tuple(TensorLayout(p.name, p.dtype, tuple(p.shape), offsets[p.name], p.nbytes)
                     for p in sorted(graph.placements, key=lambda p: p.name))
     part_offsets = {n.id: offsets[n.placement] + n.offset_bytes for n in graph.parts}
-    return Schedule(io, tensors, arena, regions, ring, tuple(runs), part_offsets)
+    runs, staging_slots, segments = _scatter(runs, io)
+    return Schedule(io, tensors, arena, regions, ring, tuple(runs), part_offsets, staging_slots * io.slot, segments)
+
+
+def _scatter(runs: list[Run], io: IO) -> tuple[list[Run], int, int]:
+    """Mark requests with many arena copies for scatter; give them device staging slots in turn.
+
+    Staging slot k is reused by the next scattered request that gets it only after the scatter
+    kernel that read it: copies and kernels share one stream, so stream order is the fence.
+    """
+    count, segments, out = 0, 0, []
+    slots = io.slots
+    for r in runs:
+        reqs = []
+        for q in r.requests:
+            if len(q.copies) >= SCATTER_MIN_COPIES and all(c.space == "arena" for c in q.copies):
+                width = _width(q.copies)
+                q = Request(q.file, q.offset, q.length, q.copies, True, count % slots, width)
+                count += 1
+                segments += len(q.copies)
+            reqs.append(q)
+        out.append(Run(**{**r.__dict__, "requests": tuple(reqs)}))
+    return out, min(count, slots), segments
+
+
+def _width(copies) -> int:
+    for w in (8, 4, 2):
+        if all(c.slot_offset % w == 0 and c.dst_offset % w == 0 and c.nbytes % w == 0 for c in copies):
+            return w
+    return 1
 
 
 def _cut_runs(parts, run_bytes: int) -> list[list[PartNode]]:
@@ -170,7 +210,7 @@ def _cut_runs(parts, run_bytes: int) -> list[list[PartNode]]:
 
 
 def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
-    segs, kernels, host_parts, landing = [], [], [], 0
+    segs, kernels, host_parts, landed, landing = [], [], [], [], 0
     host_bytes = host_reads = 0
     for n in parts:
         dst = offsets[n.placement] + n.offset_bytes
@@ -185,13 +225,18 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
             if n.op == "convert":
                 kernels.append(_kernel(n, "arena", dst, None, dst))
             continue
-        offs = []
-        for inp in n.inputs:
-            landing = _align(landing, LANDING_ALIGN)
-            offs.append(landing)
-            segs.append((inp.file, inp.start, inp.nbytes, "landing", landing))
-            landing += inp.nbytes
-        kernels.append(_kernel(n, "landing", offs[0], offs[1] if len(offs) > 1 else None, dst))
+        landed.append((n, dst))
+    # Landing offsets follow the file order of the inputs (not part order), each aligned to its
+    # element size only, so that neighbours in the file stay neighbours in the landing region and
+    # their copies coalesce.
+    where = {}
+    for n, inp in sorted(((n, i) for n, _ in landed for i in n.inputs), key=lambda x: (x[1].file, x[1].start)):
+        landing = _align(landing, max(1, DTYPES[inp.dtype].itemsize))
+        where[(n.id, inp.role)] = landing
+        segs.append((inp.file, inp.start, inp.nbytes, "landing", landing))
+        landing += inp.nbytes
+    for n, dst in landed:
+        kernels.append(_kernel(n, "landing", where[(n.id, "weight")], where.get((n.id, "scale")), dst))
     requests = _requests(segs, io)
     return Run(
         index=k,

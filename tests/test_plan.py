@@ -84,7 +84,7 @@ def test_copies_without_merge_whole_plan(abcd):
         "io": {"workers": 8, "slot_bytes": 4096, "slots": 2, "run_bytes": 2**20, "direct": "auto",
                "merge_gap_bytes": 0},
         # ring = slots x slot; arena = a + c + d laid out in read order
-        "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "ring_bytes": 8192},
+        "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0},
         "tensors": [
             {"name": "a", "dtype": "F32", "shape": [1024], "offset_bytes": 0, "nbytes": 4096},
             {"name": "c", "dtype": "F32", "shape": [512], "offset_bytes": 4096, "nbytes": 2048},
@@ -108,7 +108,7 @@ def test_copies_without_merge_whole_plan(abcd):
         "skipped": ["b"],
         "totals": {"tensors": 3, "source_tensors": 3, "payload_bytes": 12288, "read_bytes": 20480,
                    "requests": 5, "requests_uncoalesced": 6, "copies": 5, "copies_uncoalesced": 6,
-                   "kernels": 0, "resident_bytes": 12288, "runs": 1},
+                   "kernels": 0, "scatters": 0, "resident_bytes": 12288, "runs": 1},
         "peak": {"host_bytes": 8192, "device_bytes": 12288},
         "fits": True,
         "refusal": None,
@@ -203,7 +203,8 @@ def test_kernels_and_landing_regions(tmp_path):
     r0, r1, r2 = d["runs"]
     assert reqs(r0) == [(f, 0, 4096, [(ds, "landing", 0, 4096 - ds)]),
                         (f, 4096, 4096, [(0, "landing", 4096 - ds, ds)])]
-    assert reqs(r1) == [(f, 4096, 4096, [(ds, "landing", 0, 24), (ds + 24, "landing", 256, 2048)])]
+    # landing offsets are aligned to the element size only, so b and c stay neighbours: one copy
+    assert reqs(r1) == [(f, 4096, 4096, [(ds, "landing", 0, 2072)])]
     assert reqs(r2) == [(f, 4096, 4096, [(ds + 2072, "arena", 3096, 2024 - ds)]),
                         (f, 8192, 4096, [(0, "arena", 5120 - ds, ds + 2072)])]
     k = dict(scale_offset=None, block=0, src_space="landing")
@@ -212,22 +213,22 @@ def test_kernels_and_landing_regions(tmp_path):
     assert r1["kernels"] == [
         dict(k, part=1, op="transpose", src_dtype="F32", dst_dtype="F32", src_offset=0, dst_offset=2048,
              numel=6, rows=2, cols=3),
-        dict(k, part=2, op="convert", src_dtype="F32", dst_dtype="BF16", src_offset=256, dst_offset=2072,
+        dict(k, part=2, op="convert", src_dtype="F32", dst_dtype="BF16", src_offset=24, dst_offset=2072,
              numel=512, rows=0, cols=0)]
     assert r2["kernels"] == []
-    assert [(r["landing_region"], r["landing_bytes"]) for r in d["runs"]] == [(0, 4096), (1, 2304), (0, 0)]
-    # device = arena 7192 + landing regions (even runs 4096, odd runs 2304)
-    assert d["layout"] == {"arena_bytes": 7192, "landing_region_bytes": [4096, 2304], "ring_bytes": 8192}
+    assert [(r["landing_region"], r["landing_bytes"]) for r in d["runs"]] == [(0, 4096), (1, 2072), (0, 0)]
+    # device = arena 7192 + landing regions (even runs 4096, odd runs 2072)
+    assert d["layout"] == {"arena_bytes": 7192, "landing_region_bytes": [4096, 2072], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0}
     assert d["timeline"] == [
-        {"run": 0, "host_bytes": 8192, "device_bytes": 13592, "ring_bytes": 8192, "host_inflight_bytes": 0,
+        {"run": 0, "host_bytes": 8192, "device_bytes": 13360, "ring_bytes": 8192, "host_inflight_bytes": 0,
          "landing_bytes": 4096, "resident_bytes": 2048},
-        {"run": 1, "host_bytes": 8192, "device_bytes": 13592, "ring_bytes": 8192, "host_inflight_bytes": 0,
-         "landing_bytes": 6400, "resident_bytes": 3096},
-        {"run": 2, "host_bytes": 8192, "device_bytes": 13592, "ring_bytes": 8192, "host_inflight_bytes": 0,
-         "landing_bytes": 2304, "resident_bytes": 7192}]
-    assert d["peak"] == {"host_bytes": 8192, "device_bytes": 13592}
+        {"run": 1, "host_bytes": 8192, "device_bytes": 13360, "ring_bytes": 8192, "host_inflight_bytes": 0,
+         "landing_bytes": 6168, "resident_bytes": 3096},
+        {"run": 2, "host_bytes": 8192, "device_bytes": 13360, "ring_bytes": 8192, "host_inflight_bytes": 0,
+         "landing_bytes": 2072, "resident_bytes": 7192}]
+    assert d["peak"] == {"host_bytes": 8192, "device_bytes": 13360}
     t = d["totals"]
-    assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"], t["kernels"]) == (5, 6, 6, 6, 3)
+    assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"], t["kernels"]) == (5, 6, 5, 6, 3)
     assert (t["read_bytes"], t["payload_bytes"], t["resident_bytes"]) == (20480, 10264, 7192)
     assert [(p["path"], p["landing_bytes"]) for p in d["parts"]] == [
         ("direct", 4096), ("direct", 24), ("direct", 2048), ("direct", 0)]
@@ -257,13 +258,13 @@ def test_dequantize_lands_weight_and_scale(tmp_path):
                        io={"slot": 4096, "slots": 1, "run": "1MiB", "merge_gap": 0})
     d = plan.to_dict()
     (run,) = d["runs"]
-    # landing: weight 650 bytes at 0, scale 8 bytes at 768; the scale precedes the weight in the file
-    assert reqs(run) == [("m.safetensors", 0, 4096, [(ds, "landing", 768, 8), (ds + 8, "landing", 0, 650)])]
+    # landing follows the file: scale 8 bytes at 0, weight 650 bytes at 8 -> one copy
+    assert reqs(run) == [("m.safetensors", 0, 4096, [(ds, "landing", 0, 658)])]
     assert run["kernels"] == [{"part": 0, "op": "dequantize", "src_dtype": "F8_E4M3", "dst_dtype": "BF16",
-                               "src_space": "landing", "src_offset": 0, "scale_offset": 768, "dst_offset": 0,
+                               "src_space": "landing", "src_offset": 8, "scale_offset": 0, "dst_offset": 0,
                                "numel": 650, "rows": 130, "cols": 5, "block": 128}]
-    assert d["layout"] == {"arena_bytes": 1300, "landing_region_bytes": [776, 0], "ring_bytes": 4096}
-    assert d["peak"] == {"host_bytes": 4096, "device_bytes": 2076}
+    assert d["layout"] == {"arena_bytes": 1300, "landing_region_bytes": [658, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0}
+    assert d["peak"] == {"host_bytes": 4096, "device_bytes": 1958}
     assert d["skipped"] == []
     assert [i["role"] for i in d["parts"][0]["inputs"]] == ["weight", "scale"]
 
@@ -307,7 +308,7 @@ def test_host_path_costs(host_ckpt):
     assert [(w["host_bytes"], w["host_inflight_bytes"]) for w in d["timeline"]] == [
         (4096 + 6144, 6144), (4096 + 6144 + 12288, 18432), (4096 + 12288, 12288)]
     assert d["peak"] == {"host_bytes": 22528, "device_bytes": 10240}
-    assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096}
+    assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0}
     t = d["totals"]
     assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (4, 4, 4, 4)
     assert (t["read_bytes"], t["payload_bytes"], t["kernels"]) == (4096 + 8192 + 8192, 16384, 0)
@@ -372,7 +373,7 @@ def test_nothing_placed_allocates_nothing(abcd):
     tmp_path, _ = abcd
     d = compile_doc(tmp_path, [{"match": "*", "skip": True}], io={"slot": 4096}, budget={"host": 0}).to_dict()
     assert d["fits"]
-    assert d["layout"] == {"arena_bytes": 0, "landing_region_bytes": [0, 0], "ring_bytes": 0}
+    assert d["layout"] == {"arena_bytes": 0, "landing_region_bytes": [0, 0], "ring_bytes": 0, "staging_bytes": 0, "scatter_segments": 0}
     assert d["runs"] == [] and d["skipped"] == ["a", "b", "c", "d"]
     assert d["peak"] == {"host_bytes": 0, "device_bytes": 0}
 

@@ -179,6 +179,7 @@ def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_allo
         "copies": {"predicted": t["copies"], "issued": c["copies"]},
         "kernels": {"predicted": t["kernels"], "issued": c["kernels"]},
         "run_waits": c["run_waits"],
+        "timings": {k: round(v, 6) for k, v in loader.timings.items()},
         "host": {
             "predicted_peak_bytes": plan["peak"]["host_bytes"],
             "pinned_bytes": lay["ring_bytes"],

@@ -1,7 +1,8 @@
 """Device and pinned allocations, and their prompt release.
 
-numba defers freeing device and pinned memory until its deallocation queue fills; a loader must
-give memory back when it says so, so `release()` flushes that queue.
+numba defers freeing device and pinned memory until its deallocation queues fill; a loader must
+give memory back when it says so, so `release()` flushes them. There are two: the memory
+manager's (device and pinned memory) and the context's (streams, events, modules).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def release() -> None:
     if simulated():
         return
     try:
-        cuda.current_context().deallocations.clear()
+        ctx = cuda.current_context()
     except Exception:  # noqa: BLE001 - no context yet: nothing to release
-        pass
+        return
+    for queue in (getattr(ctx.memory_manager, "deallocations", None), ctx.deallocations):
+        if queue is not None:
+            queue.clear()

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import AdmissionError, ExecuteError, PlancError
 from ..units import gib
-from . import kernels
+from . import kernels, scatter
 from .alloc import device_bytes, event, pinned_ring, release
 from .memory import live_room
 from .reader import Reader
@@ -32,12 +32,17 @@ class Loader:
         self.slot = self.io["slot_bytes"]
         self.progress = progress
         self.counters = {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
+        self.timings = {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "issue": 0.0, "final_sync": 0.0}
+        self.staging = self.table = None
+        self.warmer = None
         self.arena = self.landing = self.ring_owner = self.ring = None
         self.reader: Reader | None = None
         self.pool: ThreadPoolExecutor | None = None
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self) -> None:
+        t0 = time.perf_counter()
+        self.warmer = warm_kernels(self.plan)
         lay = self.plan["layout"]
         self.arena = device_bytes(lay["arena_bytes"])
         # One allocation per landing region (even runs, odd runs): each starts aligned for any element
@@ -48,6 +53,11 @@ class Loader:
         from numba import cuda
 
         self.stream = cuda.stream()
+        if lay.get("staging_bytes"):
+            self.staging = device_bytes(lay["staging_bytes"])
+            table, self.scatter_rows = scatter.build_table(self.plan)
+            self.table = cuda.to_device(table, stream=self.stream)
+            self.counters["copies"] += 1
         self.reader = Reader(self.plan["checkpoint"]["root"], self.io["direct"])
         for f in self.plan["checkpoint"]["files"]:
             self.reader.open(f["path"], f["size_bytes"])
@@ -56,6 +66,7 @@ class Loader:
         self.free_slots = deque(range(nslots))
         self.copying: deque = deque()  # (slot, event)
         self.pending: deque = deque()  # (run, request, slot, future)
+        self.timings["allocate"] = time.perf_counter() - t0
 
     def free(self) -> None:
         if self.pool is not None:
@@ -70,7 +81,7 @@ class Loader:
             pass
         self.copying.clear() if hasattr(self, "copying") else None
         self.pending.clear() if hasattr(self, "pending") else None
-        self.landing = self.ring = self.ring_owner = None
+        self.landing = self.ring = self.ring_owner = self.staging = self.table = None
         release()
 
     def drop_arena(self) -> None:
@@ -84,11 +95,11 @@ class Loader:
         self.remaining = remaining
         for r in runs:
             self._admit_run(r)
-            for req in r["requests"]:
+            for qi, req in enumerate(r["requests"]):
                 slot = self._acquire_slot()
                 fut = self.pool.submit(self._read, req, slot)
-                self.pending.append((r, req, slot, fut))
-                while self.pending and self.pending[0][3].done():
+                self.pending.append((r, qi, req, slot, fut))
+                while self.pending and self.pending[0][4].done():
                     self._complete_oldest()
             if r["host_parts"]:
                 self._drain()
@@ -97,7 +108,9 @@ class Loader:
             if not r["requests"]:
                 self._launch_kernels(r)
         self._drain()
+        t0 = time.perf_counter()
         self.stream.synchronize()
+        self.timings["final_sync"] = time.perf_counter() - t0
 
     def _admit_run(self, r) -> None:
         need = r["host_bytes"]
@@ -126,26 +139,44 @@ class Loader:
 
     def _acquire_slot(self) -> int:
         while not self.free_slots:
-            if self.pending and (self.pending[0][3].done() or not self.copying):
+            if self.pending and (self.pending[0][4].done() or not self.copying):
                 self._complete_oldest()
             elif self.copying:
                 slot, ev = self.copying.popleft()
+                t0 = time.perf_counter()
                 ev.synchronize()
+                self.timings["wait_slots"] += time.perf_counter() - t0
                 self.free_slots.append(slot)
             else:
                 raise ExecuteError("the ring has no slot to give and nothing in flight", code="ring-stuck")
         return self.free_slots.popleft()
 
     def _complete_oldest(self) -> None:
-        r, req, slot, fut = self.pending.popleft()
+        r, qi, req, slot, fut = self.pending.popleft()
+        t0 = time.perf_counter()
         fut.result()  # re-raises the reader's typed error
+        t1 = time.perf_counter()
+        self.timings["wait_reads"] += t1 - t0
         self.counters["requests"] += 1
         buf = self.ring[slot * self.slot:(slot + 1) * self.slot]
         moved = 0
-        for slot_off, space, dst, n in req["copies"]:
-            self._dst(space, r, dst, n).copy_to_device(buf[slot_off:slot_off + n], stream=self.stream)
+        sc = req.get("scatter")
+        if sc:
+            needed = max(c[0] + c[3] for c in req["copies"])
+            base = sc["staging"] * self.slot
+            stage = self.staging[base:base + needed]
+            stage.copy_to_device(buf[:needed], stream=self.stream)
+            first, last = self.scatter_rows[(r["index"], qi)]
+            scatter.launch(stage, self.arena, self.table, first, last, sc["width"], self.stream)
             self.counters["copies"] += 1
-            moved += n
+            self.counters["kernels"] += 1
+            moved = sum(c[3] for c in req["copies"])
+        else:
+            for slot_off, space, dst, n in req["copies"]:
+                self._dst(space, r, dst, n).copy_to_device(buf[slot_off:slot_off + n], stream=self.stream)
+                self.counters["copies"] += 1
+                moved += n
+        self.timings["issue"] += time.perf_counter() - t1
         ev = event()
         ev.record(self.stream)
         self.copying.append((slot, ev))
@@ -232,10 +263,54 @@ def _host_transform(p: dict, bufs: list) -> np.ndarray:
     return bufs[0]
 
 
-def timed(fn):
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def warm_kernels(plan):
+    """Compile the kernels the plan will launch, in a thread, while the first reads run.
+
+    numba compiles a kernel at its first launch (about half a second each); done here on tiny
+    arrays, the compile overlaps the I/O instead of stalling the stream. Returns the thread.
+    """
+    from .seam import simulated
+
+    if simulated():
+        return None
+    need = set()
+    for r in plan["runs"]:
+        for k in r["kernels"]:
+            need.add((k["op"], k["src_dtype"], k["dst_dtype"]))
+        for q in r["requests"]:
+            if "scatter" in q:
+                need.add(("scatter", q["scatter"]["width"], None))
+    if not need:
+        return None
+    import threading
+
+    t = threading.Thread(target=_warm, args=(sorted(need, key=str),), name="planc-warm", daemon=True)
+    t.start()
+    return t
+
+
+def _warm(need) -> None:
+    from numba import cuda
+
+    from ..dtypes import DTYPES
+
+    try:
+        stream = cuda.stream()
+        buf = cuda.device_array(64, dtype=np.uint8)
+        out = cuda.device_array(64, dtype=np.uint8)
+        for op, a, b in need:
+            if op == "convert":
+                kernels.convert(buf, out if DTYPES[a].bits != DTYPES[b].bits else buf, a, b, 1, stream=stream)
+            elif op == "dequantize":
+                kernels.dequantize_fp8(buf[:8], buf[8:16], out, a, b, 1, 1, 128, stream=stream)
+            elif op == "transpose":
+                kernels.transpose2d(buf, out, 1, 1, DTYPES[a].bits // 8, stream=stream)
+            elif op == "scatter":
+                table = cuda.to_device(np.zeros((1, 3), np.int64), stream=stream)
+                scatter.launch(buf, out, table, 0, 1, a, stream)
+        stream.synchronize()
+    except Exception:  # noqa: BLE001 - warming is an optimization; the real launch reports errors
+        pass
 
 
 __all__ = ["Loader", "PlancError"]

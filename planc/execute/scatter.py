@@ -1,0 +1,67 @@
+"""Scatter kernel: one staged request -> many arena places, in one launch.
+
+A request whose bytes belong to many small tensors (an MoE layer's experts, stacked by expert)
+is copied whole into a device staging slot, then this kernel moves each segment to its place.
+The segment table (source offset in the slot, destination offset in the arena, length; all in
+units of the request's element width) is uploaded once for the whole plan.
+
+Each block takes whole segments (grid-stride over segments); its threads stride over the
+segment's elements, so a segment's reads and writes are coalesced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .seam import simulated
+
+_THREADS = 256
+_SIM_THREADS = 32
+
+
+@cuda.jit
+def _scatter(src, dst, table, first, last):
+    seg = first + cuda.blockIdx.x
+    while seg < last:
+        s0 = table[seg, 0]
+        d0 = table[seg, 1]
+        n = table[seg, 2]
+        i = cuda.threadIdx.x
+        while i < n:
+            dst[d0 + i] = src[s0 + i]
+            i += cuda.blockDim.x
+        seg += cuda.gridDim.x
+
+
+_VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def build_table(plan) -> tuple[np.ndarray, dict]:
+    """All scattered requests' segments, in element units: (table int64 [n, 3], {(run, req): (first, last)})."""
+    rows, where = [], {}
+    for r in plan["runs"]:
+        for qi, q in enumerate(r["requests"]):
+            sc = q.get("scatter")
+            if not sc:
+                continue
+            w = sc["width"]
+            first = len(rows)
+            for slot_off, _space, dst, n in q["copies"]:
+                rows.append((slot_off // w, dst // w, n // w))
+            where[(r["index"], qi)] = (first, len(rows))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return table, where
+
+
+def launch(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, stream) -> None:
+    if last <= first:
+        return
+    src = staging_u8.view(_VIEW[width])
+    dst = arena_u8.view(_VIEW[width])
+    nseg = last - first
+    if simulated():
+        blocks, threads = min(2, nseg), _SIM_THREADS
+    else:
+        blocks, threads = min(nseg, 65535), _THREADS
+    _scatter[blocks, threads, stream](src, dst, table_dev, first, last)
