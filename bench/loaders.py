@@ -206,6 +206,7 @@ def planc_run(files, plan):
     return {"bytes": rep["payload_bytes"], "requests": rep["requests"], "copies": rep["copies"],
             "kernels": rep["kernels"], "files": rep["files"], "inner_seconds": rep["wall_seconds"],
             "planc_growth_bytes": rep["host"]["growth_bytes"], "pinned_bytes": rep["host"]["pinned_bytes"],
+            "timings": rep.get("timings"),
             "predicted_host_peak_bytes": rep["host"]["predicted_peak_bytes"]}
 
 
