@@ -234,6 +234,21 @@ def test_stack_moe_experts_converted_in_place(tmp_path, load):
     assert_model(model, out)
 
 
+def test_stack_moe_experts_through_the_scatter_kernel(tmp_path, load):
+    """Slots of many experts each: a request goes whole to a device staging slot and one kernel
+    scatters it; the in-place conversion of the stacked tensor runs after the scatter."""
+    path, want = synth(tmp_path, "moe")
+    rules = [dict(STACK, match="model.layers.{L}.mlp.experts.{E}.down_proj.weight",
+                  stack={"into": "model.layers.{L}.mlp.experts.down_proj", "over": "E"}, dtype="float16"),
+             STACK, {"match": "*"}]
+    plan, model = load(spec_file(tmp_path, path, rules, io=dict(SMALL_IO, slot="64KiB", slots=2)))
+    assert plan["totals"]["scatters"] >= 2 and plan["layout"]["staging_bytes"] > 0
+    out = stacked(want, 2, 8)
+    for L in range(2):
+        out[f"model.layers.{L}.mlp.experts.down_proj"] = cast(out[f"model.layers.{L}.mlp.experts.down_proj"], "F16")
+    assert_model(model, out)
+
+
 @pytest.mark.parametrize("on,target", [("device", "keep"), ("host", "keep"), ("host", "float32")])
 def test_transpose(tmp_path, load, dense, on, target):
     path, want = dense

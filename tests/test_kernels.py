@@ -54,7 +54,8 @@ def _assert_same(got: np.ndarray, ref: np.ndarray, name: str, nan_sign: bool = T
     got, ref = np.asarray(got), np.asarray(ref)
     assert got.dtype == ref.dtype and got.shape == ref.shape
     g_nan, r_nan = _is_nan(got, name), _is_nan(ref, name)
-    assert np.array_equal(g_nan, r_nan), f"NaN positions differ at {np.flatnonzero(g_nan != r_nan)[:8]}"
+    where = np.flatnonzero(g_nan != r_nan)[:8]
+    assert np.array_equal(g_nan, r_nan), f"NaN positions differ at {where}"
     bad = np.flatnonzero((got != ref) & ~r_nan)
     assert bad.size == 0, (
         f"{bad.size} mismatches, first at {bad[:4]}: got {[hex(v) for v in got[bad[:4]]]}, "

@@ -284,17 +284,22 @@ def warm_kernels(plan):
         return None
     import threading
 
-    t = threading.Thread(target=_warm, args=(sorted(need, key=str),), name="planc-warm", daemon=True)
+    from numba import cuda
+
+    # A new thread's current device is device 0: the thread must use the load's device.
+    dev = cuda.get_current_device().id
+    t = threading.Thread(target=_warm, args=(dev, sorted(need, key=str)), name="planc-warm", daemon=True)
     t.start()
     return t
 
 
-def _warm(need) -> None:
+def _warm(dev: int, need) -> None:
     from numba import cuda
 
     from ..dtypes import DTYPES
 
     try:
+        cuda.select_device(dev)
         stream = cuda.stream()
         buf = cuda.device_array(64, dtype=np.uint8)
         out = cuda.device_array(64, dtype=np.uint8)
