@@ -35,7 +35,7 @@ def ensure_checkpoint(data: Path, family: str, size: int, shards: int) -> Path:
     return d
 
 
-def write_spec(ckpt: Path, rules: str, *, host="8GiB", slot="64MiB", slots=8, workers=16, run="1GiB",
+def write_spec(ckpt: Path, rules: str, *, host="8GiB", slot="16MiB", slots=16, workers=16, run="1GiB",
                direct="auto", merge_gap="1MiB", name=None) -> Path:
     spec = {"checkpoint": str(ckpt), "budget": {"host": host},
             "io": {"workers": workers, "slot": slot, "slots": slots, "run": run, "direct": direct,

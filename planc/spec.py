@@ -42,11 +42,11 @@ class Budget(_Model):
 
 
 class IO(_Model):
-    workers: int = Field(8, ge=1, le=256)
+    workers: int = Field(16, ge=1, le=256)
     """Reader threads issuing reads concurrently."""
-    slot: ByteSize = 64 * 2**20
+    slot: ByteSize = 16 * 2**20
     """Bytes of one pinned ring slot; one read request fills at most one slot. A multiple of 4 KiB."""
-    slots: int = Field(4, ge=1, le=1024)
+    slots: int = Field(16, ge=1, le=1024)
     """Slots in the pinned staging ring (ring bytes = slots x slot)."""
     run: ByteSize = 1024 * 2**20
     """Largest bytes read by one run; at most two runs are in flight."""

@@ -81,7 +81,7 @@ def test_copies_without_merge_whole_plan(abcd):
                        "files": [{"path": f, "size_bytes": ds + 13312, "mtime_ns": st.st_mtime_ns}]},
         "device": "cuda:0",
         "budget": {"host_bytes": 2**30, "device_bytes": None},
-        "io": {"workers": 8, "slot_bytes": 4096, "slots": 2, "run_bytes": 2**20, "direct": "auto",
+        "io": {"workers": 16, "slot_bytes": 4096, "slots": 2, "run_bytes": 2**20, "direct": "auto",
                "merge_gap_bytes": 0},
         # ring = slots x slot; arena = a + c + d laid out in read order
         "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0},

@@ -29,7 +29,7 @@ def test_valid_spec_defaults_and_units(tmp_path):
     s = load_spec(p).spec
     assert s.budget.host == 1_500_000_000
     assert s.budget.device == 8 * 2**30
-    assert (s.io.slot, s.io.run, s.io.merge_gap, s.io.slots, s.io.workers) == (65536, 4096, 2**20, 4, 8)
+    assert (s.io.slot, s.io.run, s.io.merge_gap, s.io.slots, s.io.workers) == (65536, 4096, 2**20, 16, 16)
     assert s.device == "cuda:0"
     assert s.rules[0].dtype == "keep" and s.rules[0].on == "device"
 

@@ -24,6 +24,10 @@ from .reader import Reader
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 
 
+class _Slots(list):
+    """The ring's slots (a list that can be weakly referenced, so tests can watch it go)."""
+
+
 class Loader:
     def __init__(self, plan, progress=None):
         d = plan.doc
@@ -48,8 +52,10 @@ class Loader:
         # One allocation per landing region (even runs, odd runs): each starts aligned for any element
         # type, which a region placed right after the other (its size unrounded) would not be.
         self.landing = [device_bytes(n) if n else None for n in lay["landing_region_bytes"]]
-        if lay["ring_bytes"]:
-            self.ring_owner, self.ring = pinned_ring(lay["ring_bytes"])
+        # Ring slots are pinned one by one on first use: pinning costs time in proportion to the
+        # bytes, and slot k's pinning then overlaps the reads already in flight in slots < k.
+        self.ring = _Slots([None] * (lay["ring_bytes"] // self.slot))
+        self.ring_owner = _Slots([None] * len(self.ring))
         from numba import cuda
 
         self.stream = cuda.stream()
@@ -133,9 +139,14 @@ class Loader:
             code="live-room", refusal={"run": r["index"], "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
 
     def _read(self, req, slot: int) -> int:
-        buf = self.ring[slot * self.slot:(slot + 1) * self.slot]
+        buf = self.ring[slot]
         needed = max((c[0] + c[3] for c in req["copies"]), default=0)
         return self.reader.read_into(req["file"], req["offset"], req["length"], buf, needed)
+
+    def _slot(self, k: int) -> int:
+        if self.ring[k] is None:
+            self.ring_owner[k], self.ring[k] = pinned_ring(self.slot)
+        return k
 
     def _acquire_slot(self) -> int:
         while not self.free_slots:
@@ -149,7 +160,7 @@ class Loader:
                 self.free_slots.append(slot)
             else:
                 raise ExecuteError("the ring has no slot to give and nothing in flight", code="ring-stuck")
-        return self.free_slots.popleft()
+        return self._slot(self.free_slots.popleft())
 
     def _complete_oldest(self) -> None:
         r, qi, req, slot, fut = self.pending.popleft()
@@ -158,7 +169,7 @@ class Loader:
         t1 = time.perf_counter()
         self.timings["wait_reads"] += t1 - t0
         self.counters["requests"] += 1
-        buf = self.ring[slot * self.slot:(slot + 1) * self.slot]
+        buf = self.ring[slot]
         moved = 0
         sc = req.get("scatter")
         if sc:
@@ -234,7 +245,7 @@ class Loader:
         while off < len(out):
             n = min(self.slot, len(out) - off)
             slot = self._acquire_slot()
-            buf = self.ring[slot * self.slot:slot * self.slot + n]
+            buf = self.ring[slot][:n]
             buf[:] = out[off:off + n]
             self.arena[h["dst_offset"] + off:h["dst_offset"] + off + n].copy_to_device(buf, stream=self.stream)
             self.counters["copies"] += 1
