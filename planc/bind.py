@@ -20,6 +20,7 @@ from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS
 from .errors import BindError
 from .manifest import Manifest, TensorEntry
 from .spec import Rule, Spec
+from .split import Slice, rank_range
 
 _MAX_LISTED = 20
 
@@ -32,6 +33,9 @@ class Part:
     scale: TensorEntry | None  # block scales consumed by a dequantize
     offset_bytes: int  # byte offset of this part's output within the placed tensor
     out_bytes: int
+    src_slice: Slice | None = None  # this rank's slice of the source (tensor parallel)
+    scale_slice: Slice | None = None
+    zero_bytes: int = 0  # zero padding after this part's data (uneven split with pad)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class Placement:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.out_bytes for p in self.parts)
+        return sum(p.out_bytes + p.zero_bytes for p in self.parts)
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,17 @@ class Binding:
     consumed: tuple[str, ...]  # scale tensors folded into a dequantize
 
 
-def bind(spec: Spec, manifest: Manifest) -> Binding:
+@dataclass(frozen=True)
+class _TP:
+    world: int
+    rank: int
+
+
+def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
+    world = spec.tensor_parallel.size
+    if not 0 <= rank < world:
+        raise BindError(f"rank {rank} is outside tensor_parallel.size {world} (ranks 0..{world - 1})", code="bad-rank")
+    tp = _TP(world, rank)
     rules = list(spec.rules)
     patterns = [r.pattern() for r in rules]
 
@@ -102,8 +116,8 @@ def bind(spec: Spec, manifest: Manifest) -> Binding:
             key = (i, grp.into.format(**m.groupdict()))
             groups.setdefault(key, []).append((m.group(grp.over), t))
         else:
-            singles.append(_single(t, r, i, manifest))
-    placements = singles + [_group(i, name, members, rules[i], manifest) for (i, name), members in groups.items()]
+            singles.append(_single(t, r, i, manifest, tp))
+    placements = singles + [_group(i, name, members, rules[i], manifest, tp) for (i, name), members in groups.items()]
     placements.sort(key=lambda p: p.name)
     seen = set()
     for p in placements:
@@ -142,17 +156,46 @@ def _out_shape(t: TensorEntry, op: str) -> tuple[int, ...]:
     return (t.shape[1], t.shape[0]) if op == "transpose" else t.shape
 
 
-def _single(t: TensorEntry, r: Rule, i: int, manifest: Manifest) -> Placement:
+def _single(t: TensorEntry, r: Rule, i: int, manifest: Manifest, tp: _TP) -> Placement:
     target = _target(t, r, i)
     op = _op(t, r, i, target)
     shape = _out_shape(t, op)
-    out = DTYPES[target].nbytes(math.prod(shape))
     scale = _scale_for(t, r, i, manifest) if op == "dequantize" else None
-    return Placement(t.name, target, shape, op, r.on, "none", i, (Part(t, scale, 0, out),),
-                     r.dequantize.block if r.dequantize else 0)
+    block = r.dequantize.block if r.dequantize else 0
+    sl, ssl, pad = None, None, 0
+    if r.split != "replicate" and tp.world > 1:
+        d = _split_dim(r, i, t.name, len(shape))
+        a, b, per = rank_range(shape[d], tp.world, tp.rank, r.split.pad, f"rules[{i}] splits {t.name} {list(shape)}", d)
+        if per != b - a and d != 0:
+            raise BindError(f"rules[{i}] pads {t.name} on dim {d}; padding is supported on dim 0 only",
+                            code="split-pad")
+        sd = 1 - d if op == "transpose" else d
+        sl = Slice(sd, a, b, per - (b - a))
+        ssl = _scale_slice(t, sl, block, i) if scale is not None else None
+        shape = (*shape[:d], per, *shape[d + 1:])
+        pad = per - (b - a)
+    out = DTYPES[target].nbytes(math.prod(shape))
+    zero = DTYPES[target].nbytes(math.prod(shape) // shape[0] * pad) if pad else 0
+    return Placement(t.name, target, shape, op, r.on, "none", i, (Part(t, scale, 0, out - zero, sl, ssl, zero),), block)
 
 
-def _group(i: int, name: str, members: list, r: Rule, manifest: Manifest) -> Placement:
+def _split_dim(r: Rule, i: int, name: str, ndim: int) -> int:
+    d = r.split.dim
+    if d >= ndim:
+        raise BindError(f"rules[{i}] splits {name} on dim {d}, but it has {ndim} dim(s)", code="split-dim")
+    return d
+
+
+def _scale_slice(t: TensorEntry, sl: Slice, block: int, i: int) -> Slice:
+    """The block-scale rows (or columns) that go with a weight slice; the slice must follow block edges."""
+    size = t.shape[sl.dim]
+    if sl.start % block or (sl.stop % block and sl.stop != size) or sl.pad:
+        raise BindError(f"rules[{i}] splits the FP8 weight {t.name} {list(t.shape)} at [{sl.start}, {sl.stop}) on dim "
+                        f"{sl.dim}, which does not follow its {block}-element scale blocks", code="split-blocks")
+    return Slice(sl.dim, sl.start // block, -(-sl.stop // block))
+
+
+def _group(i: int, name: str, members: list, r: Rule, manifest: Manifest, tp: _TP) -> Placement:
     grp = r.fuse or r.stack
     by_value = {}
     for value, t in members:
@@ -183,15 +226,35 @@ def _group(i: int, name: str, members: list, r: Rule, manifest: Manifest) -> Pla
                             f"incompatible with {first.name} {list(first.shape)}", code="group-mismatch")
     if r.fuse and len(first.shape) == 0:
         raise BindError(f"rules[{i}] fuses scalars into {name}; fuse needs tensors with a dim 0", code="group-mismatch")
-    parts, off = [], 0
-    for t in ts:
-        out = DTYPES[target].nbytes(math.prod(_out_shape(t, op)))
-        parts.append(Part(t, _scale_for(t, r, i, manifest) if op == "dequantize" else None, off, out))
-        off += out
+    block = r.dequantize.block if r.dequantize else 0
     inner = _out_shape(first, op)
-    shape = (len(ts), *inner) if r.stack else (sum(t.shape[0] for t in ts), *first.shape[1:])
-    return Placement(name, target, shape, op, r.on, "fuse" if r.fuse else "stack", i, tuple(parts),
-                     r.dequantize.block if r.dequantize else 0)
+    split = r.split != "replicate" and tp.world > 1
+    d = _split_dim(r, i, name, len(inner) + 1 if r.stack else len(inner)) if split else None
+    if split and r.split.pad:
+        raise BindError(f"rules[{i}] pads the split of {name}; padding is supported on single tensors only",
+                        code="split-pad")
+    if split and r.stack and d == 0:  # expert parallel: whole experts per rank
+        a, b, _ = rank_range(len(ts), tp.world, tp.rank, False, f"rules[{i}] splits the experts of {name}", 0)
+        ts = ts[a:b]
+        split = False
+    parts, off, rows = [], 0, 0
+    for t in ts:
+        pshape = _out_shape(t, op)
+        sl = ssl = None
+        scale = _scale_for(t, r, i, manifest) if op == "dequantize" else None
+        if split:
+            pd = d - 1 if r.stack else d
+            a, b, _ = rank_range(pshape[pd], tp.world, tp.rank, False, f"rules[{i}] splits {t.name} {list(pshape)}", pd)
+            sl = Slice(1 - pd if op == "transpose" else pd, a, b)
+            ssl = _scale_slice(t, sl, block, i) if scale is not None else None
+            pshape = (*pshape[:pd], b - a, *pshape[pd + 1:])
+        out = DTYPES[target].nbytes(math.prod(pshape))
+        parts.append(Part(t, scale, off, out, sl, ssl))
+        off += out
+        rows += pshape[0] if pshape else 0
+        inner = pshape
+    shape = (len(ts), *inner) if r.stack else (rows, *inner[1:])
+    return Placement(name, target, shape, op, r.on, "fuse" if r.fuse else "stack", i, tuple(parts), block)
 
 
 def _stack_order(values: list[str], name: str, i: int, order: list[str] | None) -> list[str]:

@@ -55,14 +55,16 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
     m = read_manifest(checkpoint)
     by_dtype: Counter = Counter()
     count: Counter = Counter()
+    per_shard: Counter = Counter()
     for t in m.tensors:
         by_dtype[t.dtype] += t.nbytes
         count[t.dtype] += 1
+        per_shard[t.file] += 1
     largest = sorted(m.tensors, key=lambda t: (-t.nbytes, t.name))[:top]
     doc = {
         "source": m.source, "root": m.root,
         "shards": [{"path": s.path, "size_bytes": s.size_bytes, "header_bytes": s.header_bytes,
-                    "tensors": sum(1 for t in m.tensors if t.file == s.path)} for s in m.shards],
+                    "tensors": per_shard[s.path]} for s in m.shards],
         "tensors": len(m.tensors), "total_bytes": m.total_bytes,
         "header_bytes": sum(s.header_bytes for s in m.shards),
         "by_dtype": {d: {"tensors": count[d], "bytes": by_dtype[d]} for d in sorted(by_dtype)},
@@ -113,7 +115,10 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         raise _usage(f"--size: {e}")
     if family not in ("dense", "moe", "fp8"):
         raise _usage(f"--family must be dense, moe or fp8, got {family!r}")
-    res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed)
+    try:
+        res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed)
+    except ValueError as e:  # bad --shards, a folder holding another checkpoint, ...
+        raise _usage(str(e)) from None
     doc = {"path": str(res.path), "files": [str(f) for f in res.files], "tensors": res.tensors,
            "total_bytes": res.total_bytes}
     if as_json:
@@ -131,30 +136,94 @@ def _usage(msg: str) -> _Usage:
     return _Usage(msg)
 
 
-def _load_plan_or_spec(path: Path):
+def _rank(opt: Optional[str], size: int, allow_all: bool = False):
+    """The rank to compile or run: --rank, else $RANK, else 0 when there is one rank."""
+    env = os.environ.get("RANK")
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and size > 1 and world.strip() != str(size):
+        raise _usage(f"WORLD_SIZE={world} but the spec's tensor_parallel.size is {size}")
+    val = opt if opt is not None else env
+    if val is None:
+        if size > 1:
+            raise _usage(f"tensor_parallel.size is {size}: pass --rank R (0..{size - 1}){' or --rank all' if allow_all else ''}, "
+                         f"or set RANK")
+        return 0
+    if allow_all and val == "all":
+        return "all"
+    try:
+        r = int(val)
+    except ValueError:
+        raise _usage(f"--rank must be an integer{' or all' if allow_all else ''}, got {val!r}") from None
+    if not 0 <= r < size:
+        raise _usage(f"rank {r} is outside tensor_parallel.size {size} (ranks 0..{size - 1})")
+    return r
+
+
+def _is_plan(path: Path) -> bool:
+    if path.suffix.lower() != ".json":
+        return False
+    try:
+        head = json.loads(path.read_text())
+    except Exception:
+        return False
+    return isinstance(head, dict) and head.get("kind") == "planc-plan"
+
+
+def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
     from .compile import compile_spec
     from .plan import load_plan
+    from .spec import load_spec
 
-    if path.suffix.lower() == ".json":
-        try:
-            head = json.loads(path.read_text())
-        except Exception:
-            head = None
-        if isinstance(head, dict) and head.get("kind") == "planc-plan":
-            return load_plan(path)
-    return compile_spec(path)
+    if _is_plan(path):
+        plan = load_plan(path)
+        tp = plan.doc.get("tensor_parallel") or {"rank": 0, "size": 1}
+        want = rank if rank is not None else os.environ.get("RANK")
+        if want is not None and str(want) != str(tp["rank"]):
+            raise _usage(f"{path} is the plan of rank {tp['rank']}, but rank {want} was asked for")
+        return plan
+    size = load_spec(path).spec.tensor_parallel.size
+    return compile_spec(path, _rank(rank, size))
+
+
+def _all_ranks(spec: Path):
+    from .compile import compile_all_ranks
+
+    return compile_all_ranks(spec)
 
 
 @app.command("compile")
 def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or JSON)."),
-                output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the plan JSON here."),
+                output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                      help="Write the plan JSON here (a folder with --rank all)."),
+                rank: Optional[str] = typer.Option(None, "--rank", help="Tensor-parallel rank R, or `all` (default: $RANK, else 0)."),
                 as_json: bool = typer.Option(False, "--json", help="Print the explanation as JSON.")):
     """Compile a spec into a plan; exit 0 when admitted, 3 when refused (with the reason)."""
     from .compile import compile_spec
     from .explain import explain_doc, render
     from .plan import save_plan
+    from .spec import load_spec
 
-    plan = compile_spec(spec)
+    size = load_spec(spec).spec.tensor_parallel.size
+    r = _rank(rank, size, allow_all=True)
+    if r == "all":
+        if output is None:
+            raise _usage("--rank all writes one plan per rank: give a folder with -o DIR")
+        output.mkdir(parents=True, exist_ok=True)
+        plans = _all_ranks(spec)
+        for k, plan in enumerate(plans):
+            save_plan(plan, output / f"rank-{k}.json")
+        if as_json:
+            _emit_json({"ranks": [explain_doc(p) for p in plans]})
+        else:
+            _rank_table(plans, out)
+        refused = [p for p in plans if not p.fits]
+        if refused:
+            ref = refused[0].refusal
+            k = refused[0]["tensor_parallel"]["rank"]
+            err.print(f"planc: rank {k}: {ref['message']} [{ref['code']}]", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(3)
+        return
+    plan = compile_spec(spec, r)
     if output:
         save_plan(plan, output)
     if as_json:
@@ -165,6 +234,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         t = plan["totals"]
         out.print(f"admitted: {t['tensors']} tensors, {fmt_bytes(t['read_bytes'])} in {t['runs']} runs; host peak "
                   f"{fmt_bytes(plan['peak']['host_bytes'])} of {fmt_bytes(plan['budget']['host_bytes'])}"
+                  + (f" (rank {r} of {size})" if size > 1 else "")
                   + (f"; plan written to {output}" if output else ""))
     if not plan.fits:
         err.print(f"planc: {plan.refusal['message']} [{plan.refusal['code']}]", markup=False, highlight=False,
@@ -172,13 +242,36 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         raise typer.Exit(3)
 
 
+def _rank_table(plans, console) -> None:
+    t = Table(title="ranks", show_edge=False)
+    for c in ("rank", "tensors", "bytes read", "payload", "requests", "copies", "host peak", "device peak", "fits"):
+        t.add_column(c, justify="right")
+    for p in plans:
+        tot, pk = p["totals"], p["peak"]
+        t.add_row(str(p["tensor_parallel"]["rank"]), str(tot["tensors"]), fmt_bytes(tot["read_bytes"]),
+                  fmt_bytes(tot["payload_bytes"]), str(tot["requests"]), str(tot["copies"]),
+                  fmt_bytes(pk["host_bytes"]), fmt_bytes(pk["device_bytes"]), "yes" if p.fits else "REFUSED")
+    console.print(t)
+
+
 @app.command()
 def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile."),
+            rank: Optional[str] = typer.Option(None, "--rank", help="Tensor-parallel rank R, or `all` for every rank."),
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output (a contract for scripts).")):
     """Explain where every byte of the budgets goes: peaks, headroom, runs, contributors, refusal."""
     from .explain import explain_doc, render
 
-    plan = _load_plan_or_spec(target)
+    if rank == "all" and not _is_plan(target):
+        plans = _all_ranks(target)
+        if as_json:
+            _emit_json({"ranks": [explain_doc(p) for p in plans]})
+        else:
+            for p in plans:
+                out.rule(f"rank {p['tensor_parallel']['rank']} of {p['tensor_parallel']['size']}")
+                render(p, out)
+            _rank_table(plans, out)
+        return
+    plan = _load_plan_or_spec(target, rank)
     if as_json:
         _emit_json(explain_doc(plan))
     else:
@@ -187,17 +280,23 @@ def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON writ
 
 @app.command()
 def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile."),
+        rank: Optional[str] = typer.Option(None, "--rank", help="Tensor-parallel rank (default: $RANK, else 0)."),
+        device: Optional[str] = typer.Option(None, "--device",
+                                             help="Device to load onto (default: cuda:$LOCAL_RANK when set, else the spec's)."),
         as_json: bool = typer.Option(False, "--json", help="Print the measured report as JSON (no progress bar)."),
         verify: bool = typer.Option(False, "--verify", help="Compare every loaded tensor with the checkpoint, chunk by chunk.")):
     """Execute a plan on the GPU (or the CUDA simulator) and report measured against predicted."""
+    from .errors import ExecuteError
     from .execute import execute
     from .execute.report import render_report
 
-    plan = _load_plan_or_spec(target)
+    plan = _load_plan_or_spec(target, rank)
     if not plan.fits:
         raise _refused(plan)
+    if device is None and os.environ.get("LOCAL_RANK") is not None:
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     progress = not as_json and sys.stderr.isatty()
-    model = execute(plan, progress=progress, verify=verify)
+    model = execute(plan, progress=progress, verify=verify, device=device)
     try:
         if as_json:
             _emit_json(model.report)
@@ -205,6 +304,10 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
             render_report(model.report, out)
     finally:
         model.free()
+    v = model.report.get("verify")
+    if v is not None and not v["ok"]:
+        raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
+                           code="verify-mismatch")
 
 
 def _refused(plan):

@@ -17,26 +17,34 @@ from .schedule import Schedule, schedule
 from .spec import LoadedSpec, load_spec
 
 
-def compile_spec(spec_path: str | Path) -> Plan:
+def compile_spec(spec_path: str | Path, rank: int = 0) -> Plan:
     loaded = load_spec(spec_path)
     manifest = read_manifest(loaded.checkpoint_path)
-    return compile_loaded(loaded, manifest)
+    return compile_loaded(loaded, manifest, rank)
 
 
-def compile_loaded(loaded: LoadedSpec, manifest: Manifest) -> Plan:
+def compile_all_ranks(spec_path: str | Path) -> list[Plan]:
+    """One plan per tensor-parallel rank (the manifest is read once)."""
+    loaded = load_spec(spec_path)
+    manifest = read_manifest(loaded.checkpoint_path)
+    return [compile_loaded(loaded, manifest, r) for r in range(loaded.spec.tensor_parallel.size)]
+
+
+def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0) -> Plan:
     spec = loaded.spec
-    graph = build_graph(bind(spec, manifest))
+    graph = build_graph(bind(spec, manifest, rank))
     sched = schedule(graph, spec.io)
     tl = admit(spec, sched, graph)
-    return Plan.from_doc(plan_doc(loaded, manifest, graph, sched, tl))
+    return Plan.from_doc(plan_doc(loaded, manifest, graph, sched, tl, rank))
 
 
-def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedule, tl: Timeline) -> dict:
+def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedule, tl: Timeline,
+             rank: int = 0) -> dict:
     spec = loaded.spec
     io = spec.io
     runs = [_run_doc(r, graph) for r in sched.runs]
     requests = sum(len(r.requests) for r in sched.runs) + sum(
-        len(graph.parts[h.part].inputs) for r in sched.runs for h in r.host_parts)
+        i.count for r in sched.runs for h in r.host_parts for i in graph.parts[h.part].inputs)
     # The scatter table goes to the device once, as one more copy.
     copies = sum(r.copies for r in sched.runs) + (1 if sched.scatter_segments else 0)
     return {
@@ -50,15 +58,17 @@ def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedu
             "files": [{"path": s.path, "size_bytes": s.size_bytes, "mtime_ns": s.mtime_ns} for s in manifest.shards],
         },
         "device": spec.device,
+        "tensor_parallel": {"rank": rank, "size": spec.tensor_parallel.size},
         "budget": {"host_bytes": spec.budget.host, "device_bytes": spec.budget.device},
         "io": {"workers": io.workers, "slot_bytes": io.slot, "slots": io.slots, "run_bytes": io.run,
                "direct": io.direct, "merge_gap_bytes": io.merge_gap},
         "layout": {"arena_bytes": sched.arena_bytes, "landing_region_bytes": list(sched.landing_region_bytes),
                    "staging_bytes": sched.staging_bytes, "scatter_segments": sched.scatter_segments,
+                   "zero": [list(z) for z in sched.zero],
                    "ring_bytes": sched.ring_bytes},
         "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "offset_bytes": t.offset_bytes,
                      "nbytes": t.nbytes} for t in sched.tensors],
-        "parts": [_part_doc(n, sched) for n in graph.parts],
+        "parts": [_part_doc(n, sched, io.merge_gap) for n in graph.parts],
         "steps": [{"id": s.id, "kind": s.kind, "part": s.part, "host_bytes": s.host_bytes,
                    "device_bytes": s.device_bytes, "note": s.note,
                    "deps": sorted(graph.dag.predecessors(s.id))} for s in graph.steps],
@@ -92,14 +102,26 @@ def _skipped(manifest: Manifest, graph: Graph):
     return sorted(t.name for t in manifest.tensors if t.name not in used)
 
 
-def _part_doc(n, sched: Schedule) -> dict:
-    return {
+def _part_doc(n, sched: Schedule, merge_gap: int) -> dict:
+    doc = {
         "id": n.id, "tensor": n.placement, "index": n.index, "op": n.op, "path": n.path, "reason": n.reason,
-        "inputs": [{"role": i.role, "tensor": i.tensor, "file": i.file, "start": i.start, "nbytes": i.nbytes,
-                    "dtype": i.dtype, "shape": list(i.shape)} for i in n.inputs],
+        "inputs": [_input_doc(i, merge_gap) for i in n.inputs],
         "dst_offset": sched.part_offsets[n.id], "out_bytes": n.out_bytes, "out_dtype": n.out_dtype,
         "landing_bytes": n.landing_bytes, "host_bytes": n.host_bytes, "block": n.block,
     }
+    if n.zero_bytes:
+        doc["zero_bytes"] = n.zero_bytes
+    return doc
+
+
+def _input_doc(i, merge_gap: int) -> dict:
+    doc = {"role": i.role, "tensor": i.tensor, "file": i.file, "start": i.start, "nbytes": i.nbytes,
+           "dtype": i.dtype, "shape": list(i.shape)}
+    if i.count > 1:
+        gap = i.stride - i.seg
+        doc.update(seg=i.seg, stride=i.stride, count=i.count,
+                   read_as=("whole rows, sliced on the device" if gap <= merge_gap else "one read per segment"))
+    return doc
 
 
 def _run_doc(r, graph: Graph) -> dict:

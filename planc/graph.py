@@ -22,19 +22,33 @@ import networkx as nx
 
 from .bind import Binding, Part, Placement
 from .dtypes import DTYPES
+from .split import ranged
 
 
 @dataclass(frozen=True)
 class Input:
-    """One byte range read from a checkpoint file for a part."""
+    """The bytes read from a checkpoint file for a part: `count` segments of `seg` bytes, `stride` apart.
+
+    A whole tensor, or a tensor-parallel slice of its leading dim, is one segment; a slice of a later
+    dim is one segment per outer index. `shape` is the shape of what is read (the slice).
+    """
 
     role: str  # weight | scale
     tensor: str
     file: str
     start: int
-    nbytes: int
+    nbytes: int  # seg * count
     dtype: str
     shape: tuple[int, ...]
+    seg: int = 0
+    stride: int = 0
+    count: int = 1
+
+    def segments(self):
+        """(file offset, bytes, offset within the read bytes) of each segment."""
+        seg = self.seg if self.count > 1 else self.nbytes
+        for k in range(self.count):
+            yield self.start + k * self.stride, seg, k * seg
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,7 @@ class PartNode:
     landing_bytes: int  # device bytes of landing buffers (direct path, kernel not in place)
     host_bytes: int  # owned read buffer + scratch (host path)
     block: int
+    zero_bytes: int = 0  # zero padding after out_bytes (uneven tensor-parallel split)
 
     @property
     def read_bytes(self) -> int:
@@ -100,12 +115,16 @@ def build_graph(binding: Binding) -> Graph:
     return Graph(binding.placements, tuple(nodes), tuple(steps), dag)
 
 
+def _input(role: str, t, sl) -> Input:
+    g = ranged(t.start, t.shape, t.dtype, sl)
+    return Input(role, t.name, t.file, g.start, g.nbytes, t.dtype, g.shape, g.seg, g.stride, g.count)
+
+
 def _part_node(pl: Placement, k: int, part: Part) -> PartNode:
     src = part.source
-    inputs = [Input("weight", src.name, src.file, src.start, src.nbytes, src.dtype, src.shape)]
+    inputs = [_input("weight", src, part.src_slice)]
     if part.scale is not None:
-        s = part.scale
-        inputs.append(Input("scale", s.name, s.file, s.start, s.nbytes, s.dtype, s.shape))
+        inputs.append(_input("scale", part.scale, part.scale_slice))
     in_bytes = sum(i.nbytes for i in inputs)
     if pl.op == "copy":
         path, reason, landing, host = "direct", "pure copy into the final place", 0, 0
@@ -117,7 +136,7 @@ def _part_node(pl: Placement, k: int, part: Part) -> PartNode:
     else:
         path, reason, landing, host = "direct", f"{pl.op} on the device from a landing buffer", in_bytes, 0
     return PartNode(0, pl.name, k, pl.op, path, reason, tuple(inputs), part.offset_bytes, part.out_bytes,
-                    pl.dtype, landing, host, pl.block)
+                    pl.dtype, landing, host, pl.block, part.zero_bytes)
 
 
 def _steps(n: PartNode):

@@ -124,6 +124,7 @@ class Schedule:
     part_offsets: dict = field(default_factory=dict)  # part id -> arena offset
     staging_bytes: int = 0  # device staging slots for scattered requests
     scatter_segments: int = 0  # rows of the scatter table (uploaded once: one copy)
+    zero: tuple = ()  # (arena offset, bytes) zero-filled on the device before the load (padding)
 
     @property
     def landing_bytes(self) -> int:
@@ -164,8 +165,10 @@ def schedule(graph: Graph, io: IO) -> Schedule:
     tensors = tuple(TensorLayout(p.name, p.dtype, tuple(p.shape), offsets[p.name], p.nbytes)
                     for p in sorted(graph.placements, key=lambda p: p.name))
     part_offsets = {n.id: offsets[n.placement] + n.offset_bytes for n in graph.parts}
+    zero = tuple((part_offsets[n.id] + n.out_bytes, n.zero_bytes) for n in graph.parts if n.zero_bytes)
     runs, staging_slots, segments = _scatter(runs, io)
-    return Schedule(io, tensors, arena, regions, ring, tuple(runs), part_offsets, staging_slots * io.slot, segments)
+    return Schedule(io, tensors, arena, regions, ring, tuple(runs), part_offsets, staging_slots * io.slot, segments,
+                    zero)
 
 
 def _scatter(runs: list[Run], io: IO) -> tuple[list[Run], int, int]:
@@ -221,7 +224,7 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
             continue
         if n.landing_bytes == 0:
             w = n.inputs[0]
-            segs.append((w.file, w.start, w.nbytes, "arena", dst))
+            segs.extend((w.file, off, nb, "arena", dst + rel) for off, nb, rel in w.segments())
             if n.op == "convert":
                 kernels.append(_kernel(n, "arena", dst, None, dst))
             continue
@@ -233,7 +236,7 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
     for n, inp in sorted(((n, i) for n, _ in landed for i in n.inputs), key=lambda x: (x[1].file, x[1].start)):
         landing = _align(landing, max(1, DTYPES[inp.dtype].itemsize))
         where[(n.id, inp.role)] = landing
-        segs.append((inp.file, inp.start, inp.nbytes, "landing", landing))
+        segs.extend((inp.file, off, nb, "landing", landing + rel) for off, nb, rel in inp.segments())
         landing += inp.nbytes
     for n, dst in landed:
         kernels.append(_kernel(n, "landing", where[(n.id, "weight")], where.get((n.id, "scale")), dst))
@@ -249,7 +252,8 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
         host_bytes=host_bytes,
         read_bytes=sum(r.length for r in requests) + host_reads,
         payload_bytes=sum(n.read_bytes for n in parts),
-        requests_uncoalesced=sum(_alone_chunks(s, io.slot) for s in segs) + sum(len(p.inputs) for p in parts if p.path == "host"),
+        requests_uncoalesced=sum(_alone_chunks(s, io.slot) for s in segs) + sum(
+            i.count for p in parts if p.path == "host" for i in p.inputs),
         copies_uncoalesced=sum(_alone_chunks(s, io.slot) for s in segs) + sum(h.copies for h in host_parts),
     )
 

@@ -82,7 +82,21 @@ class Dequantize(_Model):
     @classmethod
     def _scale_template(cls, scale: str) -> str:
         _check_template(scale, {"name"}, "dequantize.scale")
+        if "{name}" not in scale:
+            raise ValueError(f"dequantize.scale {scale!r} must use {{name}}, or every weight would share one scale")
         return scale
+
+
+class Split(_Model):
+    dim: int = Field(ge=0)
+    """Dim of the loaded tensor to split across ranks: 0 is column parallel for a [out, in] weight, 1 row parallel."""
+    pad: bool = False
+    """Allow sizes not divisible by the number of ranks: each rank gets ceil(D / N); the last ranks are zero-padded."""
+
+
+class TensorParallel(_Model):
+    size: int = Field(1, ge=1, le=1024)
+    """Number of ranks; each rank's plan reads only its own bytes."""
 
 
 class Rule(_Model):
@@ -104,6 +118,8 @@ class Rule(_Model):
     """Dequantize FP8 weights with block scales to `dtype` (bfloat16 unless float16 is given)."""
     transpose: bool = False
     """Transpose 2-D tensors."""
+    split: Split | Literal["replicate"] = "replicate"
+    """Tensor parallel: `{dim: 0}` (column parallel), `{dim: 1}` (row parallel) or `replicate` (every rank loads it)."""
 
     @field_validator("source_dtype")
     @classmethod
@@ -123,6 +139,10 @@ class Rule(_Model):
             raise ValueError("transpose with fuse is not supported (fused parts would not be contiguous)")
         if self.dequantize and self.dtype == "float32":
             raise ValueError("dequantize produces bfloat16 or float16")
+        if self.dequantize and self.transpose:
+            raise ValueError("dequantize with transpose is not supported")
+        if self.skip and self.split != "replicate":
+            raise ValueError("a skip rule takes no split")
         found = _PLACEHOLDER.findall(self.match)
         twice = sorted({n for n in found if found.count(n) > 1})
         if twice:
@@ -157,6 +177,8 @@ class Spec(_Model):
     """Target device."""
     budget: Budget
     io: IO = IO()
+    tensor_parallel: TensorParallel = TensorParallel()
+    """Tensor parallelism: one plan per rank."""
     rules: list[Rule] = Field(min_length=1)
     """Ordered rules; the first whose match fits a tensor decides what happens to it."""
 

@@ -198,3 +198,19 @@ def test_python_dash_m_exit_codes(ckpt):
     assert r.stderr.strip().splitlines()[-1].endswith("[host-budget]")
     r = subprocess.run([sys.executable, "-m", "planc", "--version"], capture_output=True, text=True)
     assert (r.returncode, r.stdout) == (0, f"planc {__version__}\n")
+
+
+@pytest.mark.parametrize("extra", [("--shards", "0"), ("--shards", "100000")], ids=["zero", "too-many"])
+def test_synth_bad_shards_exits_2_with_one_line(capsys, tmp_path, extra):
+    rc, o, e = run(capsys, "synth", tmp_path / "ck", *extra)
+    assert rc == 2 and o == ""
+    assert "shards" in one_line_error(e) and e.strip().endswith("[usage]")
+
+
+def test_synth_into_folder_with_other_checkpoint_exits_2(capsys, tmp_path):
+    assert run(capsys, "synth", tmp_path)[0] == 0
+    rc, o, e = run(capsys, "synth", tmp_path, "--shards", "2")
+    assert rc == 2 and o == ""
+    line = one_line_error(e)
+    assert "model.safetensors" in line and "use an empty folder" in line and line.endswith("[usage]")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]

@@ -557,25 +557,120 @@ def test_index_path_escape(tmp_path):
     save_file({"a": np.ones(1, np.int8)}, str(tmp_path / "outside.safetensors"))
     save_file({"a": np.ones(1, np.int8)}, str(inside / "ok.safetensors"))
 
-    for target in ["../outside.safetensors", "sub/../../outside.safetensors",
-                   str(tmp_path / "outside.safetensors"), "/etc/passwd"]:
+    for target in ["../outside.safetensors", "sub/../../outside.safetensors", "./../outside.safetensors",
+                   "..\\outside.safetensors", "sub\\..\\..\\outside.safetensors",
+                   str(tmp_path / "outside.safetensors"), "/etc/passwd", "\\etc\\passwd"]:
         p = _index(inside, {"weight_map": {"a": target}})
-        expect(p, "path-escape", "model.safetensors.index.json", target)
+        expect(p, "path-escape", "model.safetensors.index.json", target.replace("\\", "\\\\"))
+        expect(inside, "path-escape", "model.safetensors.index.json")
 
-    (inside / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
-    p = _index(inside, {"weight_map": {"a": "link.safetensors"}})
-    expect(p, "path-escape", "link.safetensors", str(tmp_path / "outside.safetensors"))
+    # '..' that normalises away stays inside; the shard is recorded by its normalised name.
+    for target in ["sub/../ok.safetensors", "./ok.safetensors", "a/b/../../ok.safetensors"]:
+        _index(inside, {"weight_map": {"a": target}})
+        m = read_manifest(inside)
+        assert [s.path for s in m.shards] == ["ok.safetensors"] and m.has("a")
 
-    (inside / "dirlink").symlink_to(tmp_path)
-    p = _index(inside, {"weight_map": {"a": "dirlink/outside.safetensors"}})
-    expect(p, "path-escape", "dirlink/outside.safetensors")
-    expect(inside, "path-escape", "dirlink/outside.safetensors")
-
-    # A symlinked checkpoint folder is fine: escape is judged against the folder's real path.
-    (tmp_path / "ckpt-link").symlink_to(inside, target_is_directory=True)
+    # A symlinked checkpoint folder is fine: names are judged against the index's folder.
     _index(inside, {"weight_map": {"a": "ok.safetensors"}})
+    (tmp_path / "ckpt-link").symlink_to(inside, target_is_directory=True)
     m = read_manifest(tmp_path / "ckpt-link")
     assert m.root == str(tmp_path / "ckpt-link") and m.has("a")
+
+
+def test_index_names_symlinks_pointing_anywhere(tmp_path):
+    """The check is lexical: a name inside the folder may be a symlink to a file (or through a
+    folder) elsewhere, and the file it resolves to is read under the name the index gives."""
+    inside = tmp_path / "ckpt"
+    inside.mkdir()
+    save_file({"a": np.ones(3, np.int8)}, str(tmp_path / "outside.safetensors"))
+    (inside / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    p = _index(inside, {"weight_map": {"a": "link.safetensors"}})
+    m = read_manifest(p)
+    assert [s.path for s in m.shards] == ["link.safetensors"] and m.tensor("a").nbytes == 3
+    assert m.shards[0].size_bytes == os.path.getsize(tmp_path / "outside.safetensors")
+
+    (inside / "link.safetensors").unlink()
+    (inside / "dirlink").symlink_to(tmp_path, target_is_directory=True)
+    p = _index(inside, {"weight_map": {"a": "dirlink/outside.safetensors"}})
+    assert [s.path for s in read_manifest(p).shards] == ["dirlink/outside.safetensors"]
+    assert read_manifest(inside).tensors == read_manifest(p).tensors
+
+
+def test_index_symlinked_shard_loops_and_dangling(tmp_path):
+    save_file({"a": np.ones(1, np.int8)}, str(tmp_path / "s1.safetensors"))
+    (tmp_path / "s2.safetensors").symlink_to("s3.safetensors")
+    (tmp_path / "s3.safetensors").symlink_to("s2.safetensors")
+    p = _index(tmp_path, {"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})
+    expect(p, "symlink-loop", "s2.safetensors")
+    (tmp_path / "loopdir").symlink_to("loopdir")
+    p = _index(tmp_path, {"weight_map": {"a": "s1.safetensors", "b": "loopdir/x.safetensors"}})
+    expect(p, "symlink-loop", "loopdir")
+    (tmp_path / "blob").symlink_to(tmp_path / "blobs" / "gone")
+    p = _index(tmp_path, {"weight_map": {"a": "s1.safetensors", "b": "blob"}})
+    expect(p, "index-missing-shard", "'blob'")
+
+
+def _hf_cache(cache: Path, tensors: dict[str, dict[str, np.ndarray]], *, index: bool = True) -> Path:
+    """A Hugging Face hub cache entry: every file of snapshots/<rev>/ links to ../../blobs/<sha>."""
+    import hashlib
+
+    repo = cache / "models--org--tiny"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+
+    def put(name: str, path: Path) -> None:
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        path.rename(blobs / sha)
+        (snap / name).symlink_to(Path("..") / ".." / "blobs" / sha)
+
+    weight_map = {}
+    for name, arrays in tensors.items():
+        save_file(arrays, str(repo / "tmp"))
+        put(name, repo / "tmp")
+        weight_map.update({t: name for t in arrays})
+    if index:
+        (repo / "tmp").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        put("model.safetensors.index.json", repo / "tmp")
+    return snap
+
+
+def test_hugging_face_cache_snapshot(tmp_path):
+    shards = {
+        "model-00001-of-00002.safetensors": {"embed": np.arange(12, dtype=np.float32).reshape(3, 4)},
+        "model-00002-of-00002.safetensors": {"head": np.ones((2, 4), np.float16),
+                                             "norm": np.ones(4, np.float32)},
+    }
+    snap = _hf_cache(tmp_path, shards)
+    for f in snap.iterdir():
+        assert f.is_symlink() and os.readlink(f).startswith("../../blobs/")
+    by_folder = read_manifest(snap)
+    by_index = read_manifest(snap / "model.safetensors.index.json")
+    assert by_folder.tensors == by_index.tensors and by_folder.shards == by_index.shards
+    assert by_index.root == str(snap)
+    assert [s.path for s in by_index.shards] == sorted(shards)
+    assert {t.name: (t.dtype, t.shape, t.file) for t in by_index.tensors} == {
+        "embed": ("F32", (3, 4), "model-00001-of-00002.safetensors"),
+        "head": ("F16", (2, 4), "model-00002-of-00002.safetensors"),
+        "norm": ("F32", (4,), "model-00002-of-00002.safetensors"),
+    }
+    for s in by_index.shards:  # the fingerprint is the blob's, reached through the link
+        blob = os.stat(snap / s.path)
+        assert (s.size_bytes, s.mtime_ns) == (blob.st_size, blob.st_mtime_ns)
+    # The bytes at each tensor's offsets are the tensor's, read through the symlink.
+    t = by_index.tensor("embed")
+    with open(snap / t.file, "rb") as f:
+        f.seek(t.start)
+        assert f.read(t.nbytes) == shards[t.file]["embed"].tobytes()
+    check_layout(by_index)
+
+    # A single-file snapshot (no index) reads the same way.
+    single = _hf_cache(tmp_path / "one", {"model.safetensors": {"w": np.ones(5, np.int8)}}, index=False)
+    m = read_manifest(single)
+    assert [s.path for s in m.shards] == ["model.safetensors"] and m.tensor("w").nbytes == 5
+    assert read_manifest(single / "model.safetensors").tensors == m.tensors
 
 
 # --------------------------------------------------------------------------- fuzzing

@@ -80,11 +80,12 @@ def test_copies_without_merge_whole_plan(abcd):
         "checkpoint": {"source": str(tmp_path / f), "root": str(tmp_path),
                        "files": [{"path": f, "size_bytes": ds + 13312, "mtime_ns": st.st_mtime_ns}]},
         "device": "cuda:0",
+        "tensor_parallel": {"rank": 0, "size": 1},
         "budget": {"host_bytes": 2**30, "device_bytes": None},
         "io": {"workers": 16, "slot_bytes": 4096, "slots": 2, "run_bytes": 2**20, "direct": "auto",
                "merge_gap_bytes": 0},
         # ring = slots x slot; arena = a + c + d laid out in read order
-        "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0},
+        "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0, "zero": []},
         "tensors": [
             {"name": "a", "dtype": "F32", "shape": [1024], "offset_bytes": 0, "nbytes": 4096},
             {"name": "c", "dtype": "F32", "shape": [512], "offset_bytes": 4096, "nbytes": 2048},
@@ -218,7 +219,7 @@ def test_kernels_and_landing_regions(tmp_path):
     assert r2["kernels"] == []
     assert [(r["landing_region"], r["landing_bytes"]) for r in d["runs"]] == [(0, 4096), (1, 2072), (0, 0)]
     # device = arena 7192 + landing regions (even runs 4096, odd runs 2072)
-    assert d["layout"] == {"arena_bytes": 7192, "landing_region_bytes": [4096, 2072], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0}
+    assert d["layout"] == {"arena_bytes": 7192, "landing_region_bytes": [4096, 2072], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
     assert d["timeline"] == [
         {"run": 0, "host_bytes": 8192, "device_bytes": 13360, "ring_bytes": 8192, "host_inflight_bytes": 0,
          "landing_bytes": 4096, "resident_bytes": 2048},
@@ -263,7 +264,7 @@ def test_dequantize_lands_weight_and_scale(tmp_path):
     assert run["kernels"] == [{"part": 0, "op": "dequantize", "src_dtype": "F8_E4M3", "dst_dtype": "BF16",
                                "src_space": "landing", "src_offset": 8, "scale_offset": 0, "dst_offset": 0,
                                "numel": 650, "rows": 130, "cols": 5, "block": 128}]
-    assert d["layout"] == {"arena_bytes": 1300, "landing_region_bytes": [658, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0}
+    assert d["layout"] == {"arena_bytes": 1300, "landing_region_bytes": [658, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
     assert d["peak"] == {"host_bytes": 4096, "device_bytes": 1958}
     assert d["skipped"] == []
     assert [i["role"] for i in d["parts"][0]["inputs"]] == ["weight", "scale"]
@@ -308,7 +309,7 @@ def test_host_path_costs(host_ckpt):
     assert [(w["host_bytes"], w["host_inflight_bytes"]) for w in d["timeline"]] == [
         (4096 + 6144, 6144), (4096 + 6144 + 12288, 18432), (4096 + 12288, 12288)]
     assert d["peak"] == {"host_bytes": 22528, "device_bytes": 10240}
-    assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0}
+    assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
     t = d["totals"]
     assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (4, 4, 4, 4)
     assert (t["read_bytes"], t["payload_bytes"], t["kernels"]) == (4096 + 8192 + 8192, 16384, 0)
@@ -373,7 +374,7 @@ def test_nothing_placed_allocates_nothing(abcd):
     tmp_path, _ = abcd
     d = compile_doc(tmp_path, [{"match": "*", "skip": True}], io={"slot": 4096}, budget={"host": 0}).to_dict()
     assert d["fits"]
-    assert d["layout"] == {"arena_bytes": 0, "landing_region_bytes": [0, 0], "ring_bytes": 0, "staging_bytes": 0, "scatter_segments": 0}
+    assert d["layout"] == {"arena_bytes": 0, "landing_region_bytes": [0, 0], "ring_bytes": 0, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
     assert d["runs"] == [] and d["skipped"] == ["a", "b", "c", "d"]
     assert d["peak"] == {"host_bytes": 0, "device_bytes": 0}
 

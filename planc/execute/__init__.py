@@ -82,6 +82,7 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
     hwm_reset = reset_hwm()
     free_before = memory_info()
     loader = Loader(plan)
+    loader.device = dev
     bar = _progress(plan) if progress else None
     t0 = time.perf_counter()
     try:
@@ -170,7 +171,8 @@ def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_allo
         dev_used = free_before[0] - free_alloc[0]
     return {
         "simulator": sim,
-        "device": plan["device"],
+        "device": loader.device,
+        "tensor_parallel": dict(plan.doc.get("tensor_parallel") or {"rank": 0, "size": 1}),
         "wall_seconds": wall,
         "gb_per_s": payload / wall / 1e9 if wall > 0 else None,
         "payload_bytes": payload,

@@ -24,6 +24,14 @@ from .reader import Reader
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 
 
+def segments(inp: dict):
+    """(file offset, bytes, offset within the read bytes) of each segment of a plan input."""
+    count = inp.get("count", 1)
+    seg = inp["seg"] if count > 1 else inp["nbytes"]
+    for k in range(count):
+        yield inp["start"] + k * inp.get("stride", 0), seg, k * seg
+
+
 class _Slots(list):
     """The ring's slots (a list that can be weakly referenced, so tests can watch it go)."""
 
@@ -59,6 +67,8 @@ class Loader:
         from numba import cuda
 
         self.stream = cuda.stream()
+        if lay.get("zero"):
+            scatter.zero(self.arena, lay["zero"], self.stream)
         if lay.get("staging_bytes"):
             self.staging = device_bytes(lay["staging_bytes"])
             table, self.scatter_rows = scatter.build_table(self.plan)
@@ -235,9 +245,10 @@ class Loader:
         bufs = []
         for inp in p["inputs"]:
             buf = np.empty(inp["nbytes"], dtype=np.uint8)
-            if inp["nbytes"]:
-                self.reader.read_plain(inp["file"], inp["start"], buf)
-            self.counters["requests"] += 1
+            for off, n, rel in segments(inp):
+                if n:
+                    self.reader.read_plain(inp["file"], off, buf[rel:rel + n])
+                self.counters["requests"] += 1
             bufs.append(buf)
         out = _host_transform(p, bufs)
         del bufs

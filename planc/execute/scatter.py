@@ -65,3 +65,21 @@ def launch(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, s
     else:
         blocks, threads = min(nseg, 65535), _THREADS
     _scatter[blocks, threads, stream](src, dst, table_dev, first, last)
+
+
+@cuda.jit
+def _zero(dst, n):
+    i = cuda.grid(1)
+    s = cuda.gridsize(1)
+    while i < n:
+        dst[i] = 0
+        i += s
+
+
+def zero(arena_u8, regions, stream) -> None:
+    """Zero-fill (offset, bytes) regions of the arena: the padding of uneven tensor-parallel splits."""
+    for off, n in regions:
+        if n <= 0:
+            continue
+        blocks, threads = (2, _SIM_THREADS) if simulated() else (min(1024, -(-n // _THREADS)), _THREADS)
+        _zero[blocks, threads, stream](arena_u8[off:off + n], n)

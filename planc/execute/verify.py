@@ -18,16 +18,23 @@ CHUNK = 16 * 2**20
 
 
 def _read(root: str, inp: dict, off: int, n: int) -> np.ndarray:
+    """Bytes [off, off + n) of what the input reads (its segments laid end to end)."""
+    from .loader import segments
+
     buf = np.empty(n, dtype=np.uint8)
     fd = os.open(os.path.join(root, inp["file"]), os.O_RDONLY)
     try:
-        got = 0
-        mv = memoryview(buf)
-        while got < n:
-            k = os.preadv(fd, [mv[got:]], inp["start"] + off + got)
-            if k == 0:
-                raise OSError(f"{inp['file']}: short read while verifying")
-            got += k
+        for fo, size, rel in segments(inp):
+            lo, hi = max(off, rel), min(off + n, rel + size)
+            if lo >= hi:
+                continue
+            mv = memoryview(buf)[lo - off:hi - off]
+            got = 0
+            while got < len(mv):
+                k = os.preadv(fd, [mv[got:]], fo + (lo - rel) + got)
+                if k == 0:
+                    raise OSError(f"{inp['file']}: short read while verifying")
+                got += k
     finally:
         os.close(fd)
     return buf
@@ -39,6 +46,8 @@ def verify_model(plan, model) -> dict:
     mismatches, compared = [], 0
     for p in plan["parts"]:
         ok, n = _verify_part(root, p, arena)
+        if ok and p.get("zero_bytes"):
+            ok = not _device(arena, p["dst_offset"] + p["out_bytes"], p["zero_bytes"]).any()
         compared += n
         if not ok:
             mismatches.append(f"{p['tensor']}#{p['index']} ({p['inputs'][0]['tensor']})")
