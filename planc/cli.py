@@ -104,6 +104,9 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
           size: Optional[str] = typer.Option(None, help="Approximate size, e.g. 2GiB (default: tiny)."),
           shards: int = typer.Option(1, help="Number of shard files."),
           sparse: bool = typer.Option(False, help="Header plus a hole: size-only work, no disk."),
+          layers: Optional[int] = typer.Option(None, help="Number of layers (default: from --size, else 2)."),
+          experts: Optional[int] = typer.Option(None, help="Experts per layer (moe)."),
+          dtype: str = typer.Option("BF16", help="Dtype of the weights: BF16, F16 or F32 (dense, moe)."),
           seed: int = typer.Option(0),
           as_json: bool = typer.Option(False, "--json")):
     """Write a synthetic safetensors checkpoint (real files) for tests, demos and benchmarks."""
@@ -116,7 +119,8 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
     if family not in ("dense", "moe", "fp8"):
         raise _usage(f"--family must be dense, moe or fp8, got {family!r}")
     try:
-        res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed)
+        res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed,
+                               layers=layers, experts=experts, dtype=dtype)
     except ValueError as e:  # bad --shards, a folder holding another checkpoint, ...
         raise _usage(str(e)) from None
     doc = {"path": str(res.path), "files": [str(f) for f in res.files], "tensors": res.tensors,

@@ -16,9 +16,13 @@ DEFAULT_RESERVE = 256 * 2**20
 def reserve_bytes() -> int:
     v = os.environ.get("PLANC_HOST_RESERVE")
     if v:
+        from ..errors import SpecError
         from ..units import parse_bytes
 
-        return parse_bytes(v)
+        try:
+            return parse_bytes(v)
+        except ValueError as e:
+            raise SpecError(f"PLANC_HOST_RESERVE: {e}", code="bad-env") from None
     return DEFAULT_RESERVE
 
 
