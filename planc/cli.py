@@ -288,6 +288,8 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         device: Optional[str] = typer.Option(None, "--device",
                                              help="Device to load onto (default: cuda:$LOCAL_RANK when set, else the spec's)."),
         as_json: bool = typer.Option(False, "--json", help="Print the measured report as JSON (no progress bar)."),
+        report: Optional[str] = typer.Option(None, "--report",
+                                             help="Also write the JSON report to this file; `{rank}` is replaced by the rank."),
         verify: bool = typer.Option(False, "--verify", help="Compare every loaded tensor with the checkpoint, chunk by chunk.")):
     """Execute a plan on the GPU (or the CUDA simulator) and report measured against predicted."""
     from .errors import ExecuteError
@@ -302,6 +304,9 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     progress = not as_json and sys.stderr.isatty()
     model = execute(plan, progress=progress, verify=verify, device=device)
     try:
+        if report:
+            rank_no = model.report["tensor_parallel"]["rank"]
+            Path(report.replace("{rank}", str(rank_no))).write_text(json.dumps(model.report, indent=2, sort_keys=True))
         if as_json:
             _emit_json(model.report)
         else:
