@@ -52,6 +52,8 @@ def explain_doc(plan: Plan) -> dict:
         "io": d["io"],
         "totals": d["totals"],
         "paths": _paths(parts),
+        "tensor_parallel": d.get("tensor_parallel") or {"rank": 0, "size": 1},
+        "strided_reads": _strided(parts),
         "runs": runs,
         "top_contributors": _top(d),
         "skipped": len(d["skipped"]),
@@ -68,6 +70,19 @@ def _dominant(r: dict, parts: list, ring: int) -> str:
         if p["landing_bytes"] > size:
             best, size = f"landing:{p['tensor']}#{p['index']}", p["landing_bytes"]
     return best
+
+
+def _strided(parts: list) -> dict:
+    """Tensor-parallel slices of a later dim: how their segments are read (decided by io.merge_gap)."""
+    out: dict = {}
+    for p in parts:
+        for i in p["inputs"]:
+            if i.get("count", 1) > 1:
+                e = out.setdefault(i["read_as"], {"inputs": 0, "segments": 0, "bytes": 0})
+                e["inputs"] += 1
+                e["segments"] += i["count"]
+                e["bytes"] += i["nbytes"]
+    return dict(sorted(out.items()))
 
 
 def _paths(parts: list) -> dict:
@@ -97,7 +112,9 @@ def render(plan: Plan, console: Console) -> None:
     e = explain_doc(plan)
     b, pk, t = e["budget"], e["peak"], e["totals"]
     verdict = "[green]FITS[/green]" if e["fits"] else "[red]REFUSED[/red]"
-    console.print(f"[bold]planc explain[/bold]  {escape(e['spec'])}  ->  {escape(e['checkpoint'])}  on "
+    tp = e["tensor_parallel"]
+    rank = f" (rank {tp['rank']} of {tp['size']})" if tp["size"] > 1 else ""
+    console.print(f"[bold]planc explain[/bold]{rank}  {escape(e['spec'])}  ->  {escape(e['checkpoint'])}  on "
                   f"{escape(e['device'])}: {verdict}")
     tb = Table(title="budget", show_edge=False)
     for c in ("", "budget", "predicted peak", "headroom"):
@@ -119,15 +136,22 @@ def render(plan: Plan, console: Console) -> None:
     for c in ("path and reason", "parts", "bytes"):
         tp.add_column(c, justify="left" if c.startswith("path") else "right")
     for k, v in e["paths"].items():
-        tp.add_row(k, str(v["parts"]), fmt_bytes(v["bytes"]))
+        tp.add_row(escape(k), str(v["parts"]), fmt_bytes(v["bytes"]))
     console.print(tp)
+    if e["strided_reads"]:
+        ts = Table(title="strided reads (tensor-parallel slices of a later dim)", show_edge=False)
+        for c in ("read as", "inputs", "segments", "bytes needed"):
+            ts.add_column(c, justify="left" if c == "read as" else "right")
+        for k, v in e["strided_reads"].items():
+            ts.add_row(k, str(v["inputs"]), str(v["segments"]), fmt_bytes(v["bytes"]))
+        console.print(ts)
     tr = Table(title="runs", show_edge=False)
     for c in ("run", "tensors", "read", "requests", "copies", "kernels", "host peak", "device peak", "dominant step"):
         tr.add_column(c, justify="left" if c == "dominant step" else "right")
     shown = e["runs"] if len(e["runs"]) <= 24 else e["runs"][:12] + e["runs"][-12:]
     for r in shown:
         tr.add_row(str(r["index"]), str(r["tensors"]), fmt_bytes(r["read_bytes"]), str(r["requests"]), str(r["copies"]),
-                   str(r["kernels"]), fmt_bytes(r["host_peak_bytes"]), fmt_bytes(r["device_peak_bytes"]), r["dominant_step"])
+                   str(r["kernels"]), fmt_bytes(r["host_peak_bytes"]), fmt_bytes(r["device_peak_bytes"]), escape(r["dominant_step"]))
     console.print(tr)
     if len(e["runs"]) > 24:
         console.print(f"({len(e['runs']) - 24} runs not shown; --json lists all)")
@@ -135,7 +159,7 @@ def render(plan: Plan, console: Console) -> None:
     for c in ("what", "memory", "bytes"):
         tt.add_column(c, justify="right" if c == "bytes" else "left")
     for i in e["top_contributors"]:
-        tt.add_row(i["what"], i["memory"], fmt_bytes(i["bytes"]))
+        tt.add_row(escape(i["what"]), i["memory"], fmt_bytes(i["bytes"]))
     console.print(tt)
     if e["refusal"]:
         r = e["refusal"]
