@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS
 from .errors import BindError
@@ -25,8 +26,7 @@ from .split import Slice, rank_range
 _MAX_LISTED = 20
 
 
-@dataclass(frozen=True)
-class Part:
+class Part(NamedTuple):  # a tuple: there is one per source tensor, and it is built fast
     """One source tensor of a placement and where its output lands inside the placed tensor."""
 
     source: TensorEntry
@@ -76,26 +76,31 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
         raise BindError(f"rank {rank} is outside tensor_parallel.size {world} (ranks 0..{world - 1})", code="bad-rank")
     tp = _TP(world, rank)
     rules = list(spec.rules)
-    patterns = [r.pattern() for r in rules]
+    # What matching reads of each rule, looked up once rather than once per tensor.
+    tests = [(i, None if r.source_dtype is None else frozenset(r.source_dtype), r.pattern().match,
+              r.fuse.over if r.fuse else None, r.fuse.order if r.fuse else None) for i, r in enumerate(rules)]
+    dequantizes = [bool(r.dequantize) and not r.skip for r in rules]
 
     def first_rule(t: TensorEntry):
-        for i, (r, pat) in enumerate(zip(rules, patterns)):
-            if r.source_dtype is not None and t.dtype not in r.source_dtype:
+        dtype, name = t.dtype, t.name
+        for i, dtypes, match, over, order in tests:
+            if dtypes is not None and dtype not in dtypes:
                 continue
-            m = pat.match(t.name)
+            m = match(name)
             if not m:
                 continue
-            if r.fuse and m.group(r.fuse.over) not in r.fuse.order:
+            if over is not None and m.group(over) not in order:
                 continue
             return i, m
         return None, None
 
-    matched = {t.name: first_rule(t) for t in manifest.tensors}
+    matched = {}
     consumed: dict[str, str] = {}
+    scales: dict[str, TensorEntry] = {}  # weight name -> its checked scale tensor
     for t in manifest.tensors:
-        i, _ = matched[t.name]
-        if i is not None and rules[i].dequantize and not rules[i].skip:
-            scale = _scale_for(t, rules[i], i, manifest)
+        i, _ = matched[t.name] = first_rule(t)
+        if i is not None and dequantizes[i]:
+            scale = scales[t.name] = _scale_for(t, rules[i], i, manifest)
             consumed[scale.name] = t.name
     unmatched = sorted(n for n, (i, _) in matched.items() if i is None and n not in consumed)
     if unmatched:
@@ -116,8 +121,8 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
             key = (i, grp.into.format(**m.groupdict()))
             groups.setdefault(key, []).append((m.group(grp.over), t))
         else:
-            singles.append(_single(t, r, i, manifest, tp))
-    placements = singles + [_group(i, name, members, rules[i], manifest, tp) for (i, name), members in groups.items()]
+            singles.append(_single(t, r, i, scales, tp))
+    placements = singles + [_group(i, name, members, rules[i], scales, tp) for (i, name), members in groups.items()]
     placements.sort(key=lambda p: p.name)
     seen = set()
     for p in placements:
@@ -156,11 +161,11 @@ def _out_shape(t: TensorEntry, op: str) -> tuple[int, ...]:
     return (t.shape[1], t.shape[0]) if op == "transpose" else t.shape
 
 
-def _single(t: TensorEntry, r: Rule, i: int, manifest: Manifest, tp: _TP) -> Placement:
+def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP) -> Placement:
     target = _target(t, r, i)
     op = _op(t, r, i, target)
     shape = _out_shape(t, op)
-    scale = _scale_for(t, r, i, manifest) if op == "dequantize" else None
+    scale = scales[t.name] if op == "dequantize" else None
     block = r.dequantize.block if r.dequantize else 0
     sl, ssl, pad = None, None, 0
     if r.split != "replicate" and tp.world > 1:
@@ -195,7 +200,7 @@ def _scale_slice(t: TensorEntry, sl: Slice, block: int, i: int) -> Slice:
     return Slice(sl.dim, sl.start // block, -(-sl.stop // block))
 
 
-def _group(i: int, name: str, members: list, r: Rule, manifest: Manifest, tp: _TP) -> Placement:
+def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> Placement:
     grp = r.fuse or r.stack
     by_value = {}
     for value, t in members:
@@ -238,17 +243,18 @@ def _group(i: int, name: str, members: list, r: Rule, manifest: Manifest, tp: _T
         ts = ts[a:b]
         split = False
     parts, off, rows = [], 0, 0
+    out_type = DTYPES[target]
     for t in ts:
         pshape = _out_shape(t, op)
         sl = ssl = None
-        scale = _scale_for(t, r, i, manifest) if op == "dequantize" else None
+        scale = scales[t.name] if op == "dequantize" else None
         if split:
             pd = d - 1 if r.stack else d
             a, b, _ = rank_range(pshape[pd], tp.world, tp.rank, False, f"rules[{i}] splits {t.name} {list(pshape)}", pd)
             sl = Slice(1 - pd if op == "transpose" else pd, a, b)
             ssl = _scale_slice(t, sl, block, i) if scale is not None else None
             pshape = (*pshape[:pd], b - a, *pshape[pd + 1:])
-        out = DTYPES[target].nbytes(math.prod(pshape))
+        out = out_type.nbytes(math.prod(pshape))
         parts.append(Part(t, scale, off, out, sl, ssl))
         off += out
         rows += pshape[0] if pshape else 0

@@ -1,7 +1,7 @@
 """The `planc` command line (typer + rich).
 
 Exit codes, kept by every command: 0 success, 2 invalid input (spec, manifest, plan, changed file),
-3 refused by admission, 1 anything else. Errors print one line to stderr, never a traceback
+3 refused by admission, 130 interrupted, 1 anything else. Errors print one line to stderr, never a traceback
 (set PLANC_DEBUG=1 for one).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -16,10 +17,11 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .errors import PlancError
+from .errors import PlancError, printable
 from .units import fmt_bytes, parse_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -74,7 +76,7 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
     if as_json:
         _emit_json(doc)
         return
-    out.print(f"[bold]{m.source}[/bold]: {len(m.shards)} shard(s), {len(m.tensors)} tensors, "
+    out.print(f"[bold]{escape(printable(m.source))}[/bold]: {len(m.shards)} shard(s), {len(m.tensors)} tensors, "
               f"{fmt_bytes(m.total_bytes)} of data, {fmt_bytes(doc['header_bytes'])} of headers")
     t = Table(show_edge=False)
     for c in ("dtype", "tensors", "bytes"):
@@ -86,7 +88,7 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
     for c in ("name", "dtype", "shape", "bytes"):
         t.add_column(c, justify="right" if c == "bytes" else "left")
     for x in doc["largest"]:
-        t.add_row(x["name"], x["dtype"], str(x["shape"]), fmt_bytes(x["bytes"]))
+        t.add_row(escape(printable(x["name"])), x["dtype"], str(x["shape"]), fmt_bytes(x["bytes"]))
     out.print(t)
 
 
@@ -164,7 +166,7 @@ def _rank(opt: Optional[str], size: int, allow_all: bool = False):
 
 
 def _is_plan(path: Path) -> bool:
-    if path.suffix.lower() != ".json":
+    if path.suffix.lower() != ".json" or not path.is_file():  # a FIFO must not hang the read below
         return False
     try:
         head = json.loads(path.read_text())
@@ -224,7 +226,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         if refused:
             ref = refused[0].refusal
             k = refused[0]["tensor_parallel"]["rank"]
-            err.print(f"planc: rank {k}: {ref['message']} [{ref['code']}]", markup=False, highlight=False, soft_wrap=True)
+            _say(f"planc: rank {k}: {ref['message']} [{ref['code']}]")
             raise typer.Exit(3)
         return
     plan = compile_spec(spec, r)
@@ -241,8 +243,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
                   + (f" (rank {r} of {size})" if size > 1 else "")
                   + (f"; plan written to {output}" if output else ""))
     if not plan.fits:
-        err.print(f"planc: {plan.refusal['message']} [{plan.refusal['code']}]", markup=False, highlight=False,
-                  soft_wrap=True)
+        _say(f"planc: {plan.refusal['message']} [{plan.refusal['code']}]")
         raise typer.Exit(3)
 
 
@@ -292,7 +293,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
                                              help="Also write the JSON report to this file; `{rank}` is replaced by the rank."),
         verify: bool = typer.Option(False, "--verify", help="Compare every loaded tensor with the checkpoint, chunk by chunk.")):
     """Execute a plan on the GPU (or the CUDA simulator) and report measured against predicted."""
-    from .errors import ExecuteError
+    from .errors import ExecuteError, Interrupted
     from .execute import execute
     from .execute.report import render_report
 
@@ -302,7 +303,11 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if device is None and os.environ.get("LOCAL_RANK") is not None:
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     progress = not as_json and sys.stderr.isatty()
-    model = execute(plan, progress=progress, verify=verify, device=device)
+    with _SigintSeen() as sigint:
+        model = execute(plan, progress=progress, verify=verify, device=device)
+    if sigint.seen:  # the KeyboardInterrupt was raised where Python drops exceptions, and the load went on
+        model.free()
+        raise Interrupted("interrupted during the load; everything allocated was released")
     try:
         if report:
             rank_no = model.report["tensor_parallel"]["rank"]
@@ -317,6 +322,30 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if v is not None and not v["ok"]:
         raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
                            code="verify-mismatch")
+
+
+class _SigintSeen:
+    """Ctrl-C during a load raises KeyboardInterrupt, as by default, and is also remembered: Python drops
+    an exception raised inside a weakref callback or a `__del__`, and the load would otherwise end as if
+    never interrupted."""
+
+    seen = False
+
+    def __enter__(self):
+        try:
+            self._old = signal.signal(signal.SIGINT, self._on)
+        except ValueError:  # not the main thread: the process's signals are not ours
+            self._old = False
+        return self
+
+    def _on(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._old is not False:
+            signal.signal(signal.SIGINT, self._old if self._old is not None else signal.default_int_handler)
+        return False
 
 
 def _refused(plan):
@@ -336,12 +365,20 @@ def demo(workdir: Path = typer.Option(Path("demo"), help="Where the demo checkpo
     run_demo(workdir, spec, execute_plan, out)
 
 
+def _say(line: str) -> None:
+    """One line on stderr, whatever the message quotes: names from a checkpoint may hold newlines,
+    terminal escapes or unpaired surrogates, and are shown escaped."""
+    err.print(printable(line), markup=False, highlight=False, soft_wrap=True)
+
+
 def main(argv=None) -> int:
     try:
         rc = app(args=argv, prog_name="planc", standalone_mode=False)
+        if rc == 130:  # typer turns a KeyboardInterrupt inside a command into 130, without a word
+            _say("planc: interrupted")
         return rc if isinstance(rc, int) else 0  # a command's typer.Exit(n) comes back as n here
     except PlancError as e:
-        err.print(f"planc: {e.message} [{e.code}]", markup=False, highlight=False, soft_wrap=True)
+        _say(f"planc: {e.message} [{e.code}]")
         if os.environ.get("PLANC_DEBUG"):
             raise
         return e.exit_code
@@ -358,8 +395,7 @@ def main(argv=None) -> int:
             return 2
         if os.environ.get("PLANC_DEBUG"):
             raise
-        err.print(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)",
-                  markup=False, highlight=False, soft_wrap=True)
+        _say(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)")
         return 1
 
 

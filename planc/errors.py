@@ -1,10 +1,17 @@
 """Typed errors. Every stage raises a subclass of `PlancError` with a short `code`.
 
 Exit codes (kept by every command): 0 success, 2 invalid input, 3 refused by admission,
-1 anything else.
+130 interrupted (SIGINT), 1 anything else.
 """
 
 from __future__ import annotations
+
+
+def printable(text: str) -> str:
+    """`text` for one terminal line: characters that are not printable (newlines, terminal escapes,
+    unpaired surrogates from a hostile checkpoint's names) are shown as Python escapes."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
 
 
 class PlancError(Exception):
@@ -80,3 +87,10 @@ class ReadError(ExecuteError):
 
     exit_code = 2
     default_code = "read"
+
+
+class Interrupted(ExecuteError):
+    """The load was interrupted (SIGINT / KeyboardInterrupt); everything it allocated was released."""
+
+    exit_code = 130  # 128 + SIGINT, as shells report a process ended by Ctrl-C
+    default_code = "interrupted"

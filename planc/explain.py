@@ -9,14 +9,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .plan import Plan
+from .errors import printable
+from .plan import Plan, _thaw
 from .units import fmt_bytes
 
 TOP = 10
 
 
 def explain_doc(plan: Plan) -> dict:
-    d = plan.to_dict()
+    d = plan._plain()  # read in place; what is handed out below is copied
     windows = {w["run"]: w for w in d["timeline"]}
     parts = d["parts"]
     runs = []
@@ -42,22 +43,22 @@ def explain_doc(plan: Plan) -> dict:
         "spec": d["spec"]["path"],
         "checkpoint": d["checkpoint"]["source"],
         "device": d["device"],
-        "budget": budget,
-        "peak": peak,
+        "budget": _thaw(budget),
+        "peak": _thaw(peak),
         "headroom": {
             "host_bytes": budget["host_bytes"] - peak["host_bytes"],
             "device_bytes": None if budget["device_bytes"] is None else budget["device_bytes"] - peak["device_bytes"],
         },
-        "layout": d["layout"],
-        "io": d["io"],
-        "totals": d["totals"],
+        "layout": _thaw(d["layout"]),
+        "io": _thaw(d["io"]),
+        "totals": _thaw(d["totals"]),
         "paths": _paths(parts),
-        "tensor_parallel": d.get("tensor_parallel") or {"rank": 0, "size": 1},
+        "tensor_parallel": _thaw(d.get("tensor_parallel") or {"rank": 0, "size": 1}),
         "strided_reads": _strided(parts),
         "runs": runs,
         "top_contributors": _top(d),
         "skipped": len(d["skipped"]),
-        "refusal": d["refusal"],
+        "refusal": _thaw(d["refusal"]),
     }
 
 
@@ -136,7 +137,7 @@ def render(plan: Plan, console: Console) -> None:
     for c in ("path and reason", "parts", "bytes"):
         tp.add_column(c, justify="left" if c.startswith("path") else "right")
     for k, v in e["paths"].items():
-        tp.add_row(escape(k), str(v["parts"]), fmt_bytes(v["bytes"]))
+        tp.add_row(escape(printable(k)), str(v["parts"]), fmt_bytes(v["bytes"]))
     console.print(tp)
     if e["strided_reads"]:
         ts = Table(title="strided reads (tensor-parallel slices of a later dim)", show_edge=False)
@@ -151,7 +152,7 @@ def render(plan: Plan, console: Console) -> None:
     shown = e["runs"] if len(e["runs"]) <= 24 else e["runs"][:12] + e["runs"][-12:]
     for r in shown:
         tr.add_row(str(r["index"]), str(r["tensors"]), fmt_bytes(r["read_bytes"]), str(r["requests"]), str(r["copies"]),
-                   str(r["kernels"]), fmt_bytes(r["host_peak_bytes"]), fmt_bytes(r["device_peak_bytes"]), escape(r["dominant_step"]))
+                   str(r["kernels"]), fmt_bytes(r["host_peak_bytes"]), fmt_bytes(r["device_peak_bytes"]), escape(printable(r["dominant_step"])))
     console.print(tr)
     if len(e["runs"]) > 24:
         console.print(f"({len(e['runs']) - 24} runs not shown; --json lists all)")
@@ -159,7 +160,7 @@ def render(plan: Plan, console: Console) -> None:
     for c in ("what", "memory", "bytes"):
         tt.add_column(c, justify="right" if c == "bytes" else "left")
     for i in e["top_contributors"]:
-        tt.add_row(escape(i["what"]), i["memory"], fmt_bytes(i["bytes"]))
+        tt.add_row(escape(printable(i["what"])), i["memory"], fmt_bytes(i["bytes"]))
     console.print(tt)
     if e["refusal"]:
         r = e["refusal"]

@@ -8,25 +8,31 @@ Each part takes one of two paths:
 - host: the rule asks for `on: host` and there is work to do. The bytes are read into an owned
   buffer, transformed into host scratch, then staged through the ring.
 
-Steps per part (networkx DiGraph, acyclic): read (one per input: weight, scale), normalize
-(conversion or dequantization), pack (transpose, or fuse/stack placement by offset), stage.
+Steps per part, each listing the steps it waits for (acyclic: only steps emitted before it): read
+(one per input: weight, scale), normalize (conversion or dequantization), pack (transpose, or
+fuse/stack placement by offset), stage.
 On the direct path stage comes before normalize/pack (they run on the device); on the host path
 after. Costs: host bytes a step holds while its run is in flight, device bytes it holds.
+
+A step is a dict in the form the plan lists it: {id, kind, part, host_bytes, device_bytes, note,
+deps}, deps being the sorted ids of the steps it waits for. A plan has several steps per part
+(hundreds of thousands for a large MoE), so they are built once, in that form.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import networkx as nx
+from functools import cached_property, lru_cache
+from math import prod
+from operator import itemgetter
+from typing import NamedTuple
 
 from .bind import Binding, Part, Placement
 from .dtypes import DTYPES
 from .split import ranged
 
 
-@dataclass(frozen=True)
-class Input:
+class Input(NamedTuple):
     """The bytes read from a checkpoint file for a part: `count` segments of `seg` bytes, `stride` apart.
 
     A whole tensor, or a tensor-parallel slice of its leading dim, is one segment; a slice of a later
@@ -51,8 +57,7 @@ class Input:
             yield self.start + k * self.stride, seg, k * seg
 
 
-@dataclass(frozen=True)
-class PartNode:
+class PartNode(NamedTuple):
     id: int
     placement: str  # output tensor name
     index: int  # part index within the placement
@@ -79,52 +84,60 @@ class PartNode:
 
 
 @dataclass(frozen=True)
-class Step:
-    id: str
-    kind: str  # read | normalize | pack | stage
-    part: int
-    tensor: str
-    host_bytes: int
-    device_bytes: int
-    note: str
-
-
-@dataclass(frozen=True)
 class Graph:
     placements: tuple[Placement, ...]
     parts: tuple[PartNode, ...]  # in schedule order (file, offset)
-    steps: tuple[Step, ...]
-    dag: nx.DiGraph
+    steps: tuple[dict, ...]  # each after the steps it waits for (see the module docstring)
+
+    @cached_property
+    def dag(self):
+        """The steps as a networkx DiGraph (node attributes kind and part), built on first use."""
+        import networkx as nx
+
+        dag = nx.DiGraph()
+        for s in self.steps:
+            dag.add_node(s["id"], kind=s["kind"], part=s["part"])
+            dag.add_edges_from((d, s["id"]) for d in s["deps"])
+        return dag
 
 
 def build_graph(binding: Binding) -> Graph:
-    nodes = []
+    keyed = []
     for pl in binding.placements:
         for k, part in enumerate(pl.parts):
-            nodes.append(_part_node(pl, k, part))
-    nodes.sort(key=lambda n: n.sort_key)
-    nodes = [PartNode(**{**n.__dict__, "id": i}) for i, n in enumerate(nodes)]
-    steps, dag = [], nx.DiGraph()
+            inputs = _inputs(part)
+            keyed.append(((inputs[0].file, inputs[0].start, pl.name, k), pl, k, part, inputs))
+    keyed.sort(key=itemgetter(0))  # PartNode.sort_key
+    nodes = tuple(_part_node(i, pl, k, part, inputs) for i, (_, pl, k, part, inputs) in enumerate(keyed))
+    steps, seen = [], set()
     for n in nodes:
-        for s, deps in _steps(n):
+        for s in _steps(n):
+            # Every dependency is a step already emitted, so emission order is a topological
+            # order: the graph is acyclic by construction, checked in one pass.
+            sid = s["id"]
+            assert sid not in seen and seen.issuperset(s["deps"]), sid
+            seen.add(sid)
             steps.append(s)
-            dag.add_node(s.id, kind=s.kind, part=n.id)
-            for d in deps:
-                dag.add_edge(d, s.id)
-    assert nx.is_directed_acyclic_graph(dag)
-    return Graph(binding.placements, tuple(nodes), tuple(steps), dag)
+    return Graph(binding.placements, nodes, tuple(steps))
 
 
 def _input(role: str, t, sl) -> Input:
+    if sl is None:  # the whole tensor: what `ranged` gives, without building it
+        n = DTYPES[t.dtype].nbytes(prod(t.shape)) or 0
+        return Input(role, t.name, t.file, t.start, n, t.dtype, tuple(t.shape), n, n, 1)
     g = ranged(t.start, t.shape, t.dtype, sl)
     return Input(role, t.name, t.file, g.start, g.nbytes, t.dtype, g.shape, g.seg, g.stride, g.count)
 
 
-def _part_node(pl: Placement, k: int, part: Part) -> PartNode:
+def _inputs(part: Part) -> tuple[Input, ...]:
+    w = _input("weight", part.source, part.src_slice)
+    if part.scale is None:
+        return (w,)
+    return (w, _input("scale", part.scale, part.scale_slice))
+
+
+def _part_node(pid: int, pl: Placement, k: int, part: Part, inputs: tuple[Input, ...]) -> PartNode:
     src = part.source
-    inputs = [_input("weight", src, part.src_slice)]
-    if part.scale is not None:
-        inputs.append(_input("scale", part.scale, part.scale_slice))
     in_bytes = sum(i.nbytes for i in inputs)
     if pl.op == "copy":
         path, reason, landing, host = "direct", "pure copy into the final place", 0, 0
@@ -135,44 +148,47 @@ def _part_node(pl: Placement, k: int, part: Part) -> PartNode:
         path, reason, landing, host = "direct", "same-size conversion runs in place on the device", 0, 0
     else:
         path, reason, landing, host = "direct", f"{pl.op} on the device from a landing buffer", in_bytes, 0
-    return PartNode(0, pl.name, k, pl.op, path, reason, tuple(inputs), part.offset_bytes, part.out_bytes,
+    return PartNode(pid, pl.name, k, pl.op, path, reason, inputs, part.offset_bytes, part.out_bytes,
                     pl.dtype, landing, host, pl.block, part.zero_bytes)
 
 
-def _steps(n: PartNode):
+def _step(sid: str, kind: str, part: int, host_bytes: int, device_bytes: int, note: str, deps: tuple) -> dict:
+    return {"id": sid, "kind": kind, "part": part, "host_bytes": host_bytes, "device_bytes": device_bytes,
+            "note": note, "deps": deps}
+
+
+def _steps(n: PartNode) -> list[dict]:
     p = f"{n.placement}#{n.index}"
-    reads = []
-    for inp in n.inputs:
-        sid = f"read:{p}:{inp.role}"
-        hb = inp.nbytes if n.path == "host" else 0
-        reads.append(Step(sid, "read", n.id, n.placement, hb, 0, f"{inp.file}@{inp.start}+{inp.nbytes}"))
-    out = [(s, []) for s in reads]
-    read_ids = [s.id for s in reads]
-    transform = n.op in ("convert", "dequantize")
-    packs = n.op == "transpose" or n.index > 0 or n.offset_bytes > 0
-    stage = Step(f"stage:{p}", "stage", n.id, n.placement, 0, n.out_bytes, "pinned ring -> device")
-    if n.path == "host":
-        prev = read_ids
+    pid, op = n.id, n.op
+    host = n.path == "host"
+    out = [_step(f"read:{p}:{inp.role}", "read", pid, inp.nbytes if host else 0, 0,
+                 f"{inp.file}@{inp.start}+{inp.nbytes}", ()) for inp in n.inputs]
+    prev = (out[0]["id"],) if len(out) == 1 else tuple(sorted([s["id"] for s in out]))
+    transform = op in ("convert", "dequantize")
+    if host:
         if transform:
-            norm = Step(f"normalize:{p}", "normalize", n.id, n.placement, n.out_bytes, 0, f"{n.op} on host")
-            out.append((norm, prev))
-            prev = [norm.id]
-        if n.op == "transpose":
+            out.append(_step(f"normalize:{p}", "normalize", pid, n.out_bytes, 0, f"{op} on host", prev))
+            prev = (out[-1]["id"],)
+        if op == "transpose":
             extra = n.host_bytes - n.read_bytes - (n.out_bytes if transform else 0)
-            pack = Step(f"pack:{p}", "pack", n.id, n.placement, extra, 0, "transpose on host")
-            out.append((pack, prev))
-            prev = [pack.id]
-        out.append((stage, prev))
+            out.append(_step(f"pack:{p}", "pack", pid, extra, 0, "transpose on host", prev))
+            prev = (out[-1]["id"],)
+        out.append(_step(f"stage:{p}", "stage", pid, 0, n.out_bytes, "pinned ring -> device", prev))
         return out
-    out.append((stage, read_ids))
-    prev = [stage.id]
+    out.append(_step(f"stage:{p}", "stage", pid, 0, n.out_bytes, "pinned ring -> device", prev))
+    prev = (out[-1]["id"],)
     if transform:
-        where = "in place" if n.landing_bytes == 0 else "landing buffer"
-        norm = Step(f"normalize:{p}", "normalize", n.id, n.placement, 0, n.landing_bytes, f"{n.op} on device ({where})")
-        out.append((norm, prev))
-        prev = [norm.id]
-    if packs:
-        landing = n.landing_bytes if n.op == "transpose" else 0
-        note = "transpose on device" if n.op == "transpose" else "placed by offset (no scratch)"
-        out.append((Step(f"pack:{p}", "pack", n.id, n.placement, 0, landing, note), prev))
+        out.append(_step(f"normalize:{p}", "normalize", pid, 0, n.landing_bytes,
+                         _device_note(op, n.landing_bytes == 0), prev))
+        prev = (out[-1]["id"],)
+    if op == "transpose" or n.index > 0 or n.offset_bytes > 0:
+        landing = n.landing_bytes if op == "transpose" else 0
+        note = "transpose on device" if op == "transpose" else "placed by offset (no scratch)"
+        out.append(_step(f"pack:{p}", "pack", pid, 0, landing, note, prev))
     return out
+
+
+@lru_cache(maxsize=None)
+def _device_note(op: str, in_place: bool) -> str:
+    """One string shared by every such step (tens of thousands of them in a large plan)."""
+    return f"{op} on device ({'in place' if in_place else 'landing buffer'})"

@@ -9,7 +9,6 @@ Order never depends on hashing: lists are sorted or in schedule order; keys are 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -18,45 +17,97 @@ from .errors import PlanFormatError
 
 
 def _freeze(x):
-    if isinstance(x, dict):
+    t = type(x)
+    if t is dict or isinstance(x, dict):
         return MappingProxyType({k: _freeze(v) for k, v in x.items()})
-    if isinstance(x, list):
-        return tuple(_freeze(v) for v in x)
+    if t is list or isinstance(x, list):
+        return tuple([_freeze(v) for v in x])
+    if t is not tuple and isinstance(x, tuple):  # a named tuple of the compiler: a plain one
+        return tuple(x)
     return x
 
 
 def _thaw(x):
-    if isinstance(x, MappingProxyType):
+    t = type(x)
+    if t is dict or t is MappingProxyType or isinstance(x, dict):
         return {k: _thaw(v) for k, v in x.items()}
-    if isinstance(x, tuple):
+    if t is list or isinstance(x, (list, tuple)):
         return [_thaw(v) for v in x]
     return x
 
 
-@dataclass(frozen=True)
+_MISSING = object()
+
+
 class Plan:
-    doc: MappingProxyType
+    """A compiled (or loaded) plan: read it with `plan[key]`, `plan.doc`, `to_dict()` or `to_json()`.
+
+    The plan owns a JSON-ready dict that nothing changes (a compiled plan shares the compiler's
+    tuples where JSON wants arrays). The frozen form (`doc`: read-only mappings and tuples) is built
+    only when asked for: at 100k tensors it has millions of nodes, and compiling, explaining and
+    saving a plan never need it. `plan[key]` freezes that key's value alone.
+    """
+
+    __slots__ = ("_raw", "_doc", "_keys")
+
+    def __init__(self, doc: dict):
+        """Takes `doc` over: the caller must not change it afterwards (`from_doc` copies)."""
+        self._raw = doc
+        self._doc = None
+        self._keys: dict = {}
 
     @staticmethod
     def from_doc(doc: dict) -> "Plan":
-        return Plan(_freeze(doc))
+        return Plan(_thaw(doc))
+
+    @property
+    def doc(self) -> MappingProxyType:
+        if self._doc is None:
+            raw, keys = self._raw, self._keys
+            self._doc = MappingProxyType({k: keys[k] if k in keys else _freeze(v) for k, v in raw.items()})
+            # One form is enough from here on: the plain dict goes, the frozen one answers.
+            self._raw, self._keys = None, {}
+        return self._doc
+
+    def _plain(self) -> dict:
+        """The plan as dicts, lists and tuples, shared, not copied: to read, never to change."""
+        raw = self._raw
+        return raw if raw is not None else _thaw(self._doc)
 
     def to_dict(self) -> dict:
-        return _thaw(self.doc)
+        raw = self._raw
+        return _thaw(raw if raw is not None else self._doc)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")) + "\n"
+        return json.dumps(self._plain(), sort_keys=True, separators=(",", ":")) + "\n"
 
     def __getitem__(self, key):
-        return self.doc[key]
+        raw = self._raw
+        if raw is None:
+            return self._doc[key]
+        v = self._keys.get(key, _MISSING)
+        if v is _MISSING:
+            v = self._keys[key] = _freeze(raw[key])
+        return v
+
+    def __eq__(self, other):
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        d = self._raw if self._raw is not None else self._doc
+        return f"Plan({d['spec']['path']!r}, {len(d['parts'])} parts, fits={d['refusal'] is None})"
 
     @property
     def fits(self) -> bool:
-        return self.doc["refusal"] is None
+        return self["refusal"] is None
 
     @property
     def refusal(self):
-        return self.doc["refusal"]
+        return self["refusal"]
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
@@ -76,4 +127,4 @@ def load_plan(path: str | Path) -> Plan:
     if doc.get("format") != PLAN_FORMAT:
         raise PlanFormatError(f"{p}: plan format {doc.get('format')!r}, this planc reads format {PLAN_FORMAT}; "
                               f"compile the spec again", code="plan-version")
-    return Plan.from_doc(doc)
+    return Plan(doc)

@@ -24,26 +24,29 @@ alone. Had b started at 3000 and been adjacent to a in the arena, a and b's head
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import NamedTuple
 
 from .dtypes import DTYPES
 from .graph import Graph, PartNode
 from .spec import DIRECT_ALIGN, IO
+
+_FILE_START = itemgetter(0, 1)  # sort key of (file, start, ...) tuples
+_tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
 
 # A request whose bytes go to this many separate device places or more is copied whole into a
 # device staging slot and scattered by one kernel: one copy and one launch instead of many copies.
 SCATTER_MIN_COPIES = 4
 
 
-@dataclass(frozen=True)
-class Copy:
+class Copy(NamedTuple):
     slot_offset: int
     space: str  # arena | landing
     dst_offset: int
     nbytes: int
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     file: str
     offset: int  # 4 KiB aligned
     length: int  # <= slot; may reach past end of file (short read there is expected)
@@ -57,8 +60,7 @@ class Request:
         return 1 if self.scatter else len(self.copies)
 
 
-@dataclass(frozen=True)
-class Kernel:
+class Kernel(NamedTuple):
     part: int
     op: str  # convert | dequantize | transpose
     src_dtype: str
@@ -202,11 +204,12 @@ def _width(copies) -> int:
 def _cut_runs(parts, run_bytes: int) -> list[list[PartNode]]:
     runs, cur, cur_bytes = [], [], 0
     for n in parts:
-        if cur and cur_bytes + n.read_bytes > run_bytes:
+        nbytes = n.read_bytes
+        if cur and cur_bytes + nbytes > run_bytes:
             runs.append(cur)
             cur, cur_bytes = [], 0
         cur.append(n)
-        cur_bytes += n.read_bytes
+        cur_bytes += nbytes
     if cur:
         runs.append(cur)
     return runs
@@ -224,7 +227,10 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
             continue
         if n.landing_bytes == 0:
             w = n.inputs[0]
-            segs.extend((w.file, off, nb, "arena", dst + rel) for off, nb, rel in w.segments())
+            if w.count == 1:
+                segs.append((w.file, w.start, w.nbytes, "arena", dst))
+            else:
+                segs.extend((w.file, off, nb, "arena", dst + rel) for off, nb, rel in w.segments())
             if n.op == "convert":
                 kernels.append(_kernel(n, "arena", dst, None, dst))
             continue
@@ -233,14 +239,18 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
     # element size only, so that neighbours in the file stay neighbours in the landing region and
     # their copies coalesce.
     where = {}
-    for n, inp in sorted(((n, i) for n, _ in landed for i in n.inputs), key=lambda x: (x[1].file, x[1].start)):
+    order = sorted([(i.file, i.start, n, i) for n, _ in landed for i in n.inputs], key=_FILE_START)
+    for _, _, n, inp in order:
         landing = _align(landing, max(1, DTYPES[inp.dtype].itemsize))
         where[(n.id, inp.role)] = landing
-        segs.extend((inp.file, off, nb, "landing", landing + rel) for off, nb, rel in inp.segments())
+        if inp.count == 1:
+            segs.append((inp.file, inp.start, inp.nbytes, "landing", landing))
+        else:
+            segs.extend((inp.file, off, nb, "landing", landing + rel) for off, nb, rel in inp.segments())
         landing += inp.nbytes
     for n, dst in landed:
         kernels.append(_kernel(n, "landing", where[(n.id, "weight")], where.get((n.id, "scale")), dst))
-    requests = _requests(segs, io)
+    requests, alone = _requests(segs, io)
     return Run(
         index=k,
         parts=tuple(n.id for n in parts),
@@ -252,62 +262,53 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
         host_bytes=host_bytes,
         read_bytes=sum(r.length for r in requests) + host_reads,
         payload_bytes=sum(n.read_bytes for n in parts),
-        requests_uncoalesced=sum(_alone_chunks(s, io.slot) for s in segs) + sum(
-            i.count for p in parts if p.path == "host" for i in p.inputs),
-        copies_uncoalesced=sum(_alone_chunks(s, io.slot) for s in segs) + sum(h.copies for h in host_parts),
+        requests_uncoalesced=alone + sum(i.count for p in parts if p.path == "host" for i in p.inputs),
+        copies_uncoalesced=alone + sum(h.copies for h in host_parts),
     )
 
 
 def _kernel(n: PartNode, space: str, src: int, scale: int | None, dst: int) -> Kernel:
     w = n.inputs[0]
-    rows = w.shape[0] if len(w.shape) == 2 else 0
-    cols = w.shape[1] if len(w.shape) == 2 else 0
+    shape = w.shape
+    rows, cols = shape if len(shape) == 2 else (0, 0)
     numel = 1
-    for d in w.shape:
+    for d in shape:
         numel *= d
     return Kernel(n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block)
 
 
-def _alone_chunks(seg, slot: int) -> int:
-    _, start, nbytes, _, _ = seg
-    if nbytes == 0:
-        return 0
-    a = start // DIRECT_ALIGN * DIRECT_ALIGN
-    e = _align(start + nbytes, DIRECT_ALIGN)
-    return -(-(e - a) // slot)
-
-
-def _requests(segs, io: IO) -> tuple[Request, ...]:
+def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
     """Coalesce segments into extents, cut extents into slot-sized requests, map copies.
+
+    Returns the requests and how many requests the segments would take each read alone.
 
     A segment joins the extent before it only when the gap is at most `io.merge_gap` and joining
     costs no more requests and no more copies than reading it alone would: the extent's slot grid
     is fixed by its aligned start, so a gap can shift a neighbour across one more slot boundary.
     """
-    segs = sorted((s for s in segs if s[2] > 0), key=lambda s: (s[0], s[1]))
+    segs = sorted([s for s in segs if s[2] > 0], key=_FILE_START)
     extents = []  # [file, start, end, [segs], requests, copies]
+    slot, merge_gap, total_alone, ext = io.slot, io.merge_gap, 0, None
     for s in segs:
         f, start, nbytes = s[0], s[1], s[2]
-        alone = _alone_chunks(s, io.slot)
-        ext = extents[-1] if extents else None
-        if ext and ext[0] == f and start - ext[2] <= io.merge_gap:
-            reqs, copies = _joined_cost(ext, s, io.slot)
+        alone = -(-(_align(start + nbytes, DIRECT_ALIGN) - start // DIRECT_ALIGN * DIRECT_ALIGN) // slot)
+        total_alone += alone  # requests (and copies) of the segment read on its own
+        if ext and ext[0] == f and start - ext[2] <= merge_gap:
+            reqs, copies = _joined_cost(ext, s, slot)
             if reqs <= ext[4] + alone and copies <= ext[5] + alone:
                 ext[2] = max(ext[2], start + nbytes)
                 ext[3].append(s)
                 ext[4], ext[5] = reqs, copies
                 continue
-        extents.append([f, start, start + nbytes, [s], alone, alone])
+        ext = [f, start, start + nbytes, [s], alone, alone]
+        extents.append(ext)
     out = []
     for f, start, end, members, _, _ in extents:
         a = start // DIRECT_ALIGN * DIRECT_ALIGN
         e = _align(end, DIRECT_ALIGN)
-        off = a
-        while off < e:
-            length = min(io.slot, e - off)
-            out.append(Request(f, off, length, _copies(off, length, members)))
-            off += length
-    return tuple(out)
+        copies = _copies(a, e, slot, members)
+        out.extend(Request(f, off, min(slot, e - off), cs) for off, cs in zip(range(a, e, slot), copies))
+    return tuple(out), total_alone
 
 
 def _joined_cost(ext, seg, slot: int) -> tuple[int, int]:
@@ -323,16 +324,25 @@ def _joined_cost(ext, seg, slot: int) -> tuple[int, int]:
     return reqs, ext[5] + (last - first + 1) - (1 if joins else 0)
 
 
-def _copies(off: int, length: int, members) -> tuple[Copy, ...]:
-    copies: list[list] = []
+def _copies(a: int, e: int, slot: int, members) -> list[tuple[Copy, ...]]:
+    """The copies of each request [a + k * slot, ...) of extent [a, e), in one pass over its members.
+
+    Members are cut at slot boundaries; within a request, a piece contiguous with the copy before
+    it on both sides extends that copy.
+    """
+    per: list[list[list]] = [[] for _ in range(-(-(e - a) // slot))]
     for _, start, nbytes, space, dst in members:
-        lo, hi = max(start, off), min(start + nbytes, off + length)
-        if lo >= hi:
-            continue
-        slot_off, d = lo - off, dst + (lo - start)
-        last = copies[-1] if copies else None
-        if last and last[1] == space and last[0] + last[3] == slot_off and last[2] + last[3] == d:
-            last[3] += hi - lo
-        else:
-            copies.append([slot_off, space, d, hi - lo])
-    return tuple(Copy(*c) for c in copies)
+        pos, end = start, start + nbytes
+        while pos < end:
+            k = (pos - a) // slot
+            base = a + k * slot
+            hi = end if end < base + slot else base + slot
+            slot_off, d, n = pos - base, dst + (pos - start), hi - pos
+            copies = per[k]
+            last = copies[-1] if copies else None
+            if last and last[1] == space and last[0] + last[3] == slot_off and last[2] + last[3] == d:
+                last[3] += n
+            else:
+                copies.append([slot_off, space, d, n])
+            pos = hi
+    return [tuple([_tuple_new(Copy, c) for c in copies]) for copies in per]

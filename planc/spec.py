@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
+import stat
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -184,11 +187,20 @@ class Spec(_Model):
 
 
 def _check_template(template: str, names: set[str], field: str) -> None:
-    """`template` must format with `{X}` placeholders drawn from `names` only (bind calls str.format)."""
+    """`template` may hold bare `{X}` placeholders drawn from `names` only (bind calls str.format).
+
+    Indexing, attributes, conversions and format specs (`{X[0]}`, `{X.y}`, `{X!r}`, `{X:>4}`) are
+    refused here: they could fail at bind time on a tensor name the validation never saw.
+    """
     try:
-        template.format(**{n: "x" for n in names})
-    except (KeyError, IndexError, ValueError, AttributeError) as e:
-        raise ValueError(f"{field} {template!r} is not a name template with {{X}} placeholders ({e!r})") from None
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:  # unbalanced braces
+        raise ValueError(f"{field} {template!r} is not a name template with {{X}} placeholders ({e})") from None
+    for f, spec, conv in fields:
+        if f not in names or spec or conv:
+            shown = "{" + f + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"{field} {template!r} is not a name template with {{X}} placeholders: "
+                             f"{shown} is not one of {sorted('{' + n + '}' for n in names)}") from None
 
 
 def compile_match(glob: str) -> re.Pattern:
@@ -224,18 +236,57 @@ def load_spec(path: str | Path) -> LoadedSpec:
     import hashlib
 
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{p}: spec file not found", code="spec-missing") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+    text = _read_text(p)
     data, lines = _parse(text, p)
     spec = validate_spec(data, p, lines)
-    ckpt = Path(spec.checkpoint).expanduser()
-    if not ckpt.is_absolute():
-        ckpt = (p.resolve().parent / ckpt)
-    return LoadedSpec(spec, str(p), str(ckpt.resolve()), hashlib.sha256(text.encode()).hexdigest())
+    try:
+        ckpt = Path(spec.checkpoint).expanduser()
+        if not ckpt.is_absolute():
+            ckpt = (p.resolve().parent / ckpt)
+        ckpt = ckpt.resolve()
+    except (OSError, ValueError, RuntimeError) as e:  # NUL, lone surrogates, ~unknown-user
+        line = lines.get(("checkpoint",))
+        raise SpecError(f"{p}{f':{line}' if line else ''}: checkpoint: {_brief(spec.checkpoint)} is not a usable "
+                        f"path ({e})", code="spec-invalid") from None
+    return LoadedSpec(spec, str(p), str(ckpt), hashlib.sha256(text.encode()).hexdigest())
+
+
+SPEC_CAP = 16 * 2**20  # bytes; a spec is a page of rules, and a bigger file is refused before it is read
+NODE_CAP = 100_000  # YAML nodes once aliases are expanded; bounds the walk below and pydantic's
+DEPTH_CAP = 64  # YAML nesting; a spec needs five or six levels
+# libyaml when PyYAML has it: the pure-Python scanner takes a second to reach its recursion limit on
+# `[[[[...`, libyaml refuses deep nesting at once. Both resolve and construct the same safe types.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _read_text(p: Path) -> str:
+    """The spec's text, as `Path.read_text` gives it; FIFOs, devices and oversized files are refused."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not hang; it is refused by the fstat check that follows.
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise SpecError(f"{p}: spec file not found", code="spec-missing") from None
+    except (OSError, ValueError) as e:
+        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"{p}: cannot read spec: not a regular file", code="spec-unreadable")
+        if st.st_size > SPEC_CAP:
+            raise SpecError(f"{p}: spec is {st.st_size:,} bytes, over the {SPEC_CAP:,}-byte cap", code="spec-too-large")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(SPEC_CAP + 1)
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+    finally:
+        os.close(fd)
+    if len(raw) > SPEC_CAP:
+        raise SpecError(f"{p}: spec is over the {SPEC_CAP:,}-byte cap", code="spec-too-large")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text
 
 
 def validate_spec(data: Any, path: Path | str = "<spec>", lines: dict | None = None) -> Spec:
@@ -261,15 +312,34 @@ def _format_error(err: dict, path, lines: dict) -> str:
         msg = "required key is missing"
     got = err.get("input")
     if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)) and "got" not in msg:
-        msg += f" (got {got!r})"
+        msg += f" (got {_brief(got)})"
     return f"{where}: {field or '(top level)'}: {msg}"
 
 
 def _loc_str(loc) -> str:
     s = ""
     for x in loc:
-        s += f"[{x}]" if isinstance(x, int) else (f".{x}" if s else str(x))
+        if isinstance(x, int) and not isinstance(x, bool):
+            s += f"[{_brief(x)}]"
+        else:
+            x = x if isinstance(x, str) and len(x) <= 80 else _brief(x)
+            s += f".{x}" if s else x
     return s
+
+
+def _clip_text(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _brief(value, limit: int = 80) -> str:
+    """repr() for messages: clipped, and safe for ints past the interpreter's str-conversion limit."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"<{value.bit_length()}-bit integer>"
+    try:
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else repr(value)
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _line_for(loc, lines: dict) -> int | None:
@@ -286,30 +356,49 @@ def _parse(text: str, path: Path) -> tuple[Any, dict]:
             return json.loads(text), {}
         except json.JSONDecodeError as e:
             raise SpecError(f"{path}:{e.lineno}: not valid JSON: {e.msg}", code="spec-syntax") from None
+        except (ValueError, RecursionError) as e:  # ints past the str-conversion limit, deep nesting
+            raise SpecError(f"{path}: not valid JSON: {_clip_text(str(e) or type(e).__name__)}",
+                            code="spec-syntax") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=_YAML_LOADER)
+        lines: dict = {}
+        if node is not None:
+            _collect_lines(node, lines, path)  # before constructing: it refuses alias bombs
+        data = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         raise SpecError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', e)}", code="spec-syntax") from None
-    lines: dict = {}
-    if node is not None:
-        _collect_lines(node, (), lines)
+    except (ValueError, OverflowError, TypeError, RecursionError) as e:
+        # Scalars the YAML constructor fails on (a date like 2024-13-45, an int of 5000 digits), deep nesting.
+        raise SpecError(f"{path}: not valid YAML: {_clip_text(str(e) or type(e).__name__)}",
+                        code="spec-syntax") from None
     return data, lines
 
 
-def _collect_lines(node, loc, lines):
-    lines[loc] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            key = k.value
-            lines[loc + (key,)] = k.start_mark.line + 1
-            _collect_lines(v, loc + (key,), lines)
-            lines[loc + (key,)] = k.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            _collect_lines(v, loc + (i,), lines)
+def _collect_lines(root, lines: dict, path) -> None:
+    """Field path -> line, for error messages. Walks the node tree as aliases expand it, at most NODE_CAP nodes
+    and DEPTH_CAP levels: `&a [*b, *b, ...]` nested a few levels deep expands to billions of nodes, and an alias
+    inside its own anchor never ends."""
+    todo, seen = [(root, ())], 0
+    while todo:
+        node, loc = todo.pop()
+        seen += 1
+        if seen > NODE_CAP or len(loc) > DEPTH_CAP:
+            what = (f"expands to more than {NODE_CAP:,} YAML nodes (aliases repeating aliases?)" if seen > NODE_CAP
+                    else f"nests more than {DEPTH_CAP} levels deep (an alias inside itself?)")
+            raise SpecError(f"{path}:{node.start_mark.line + 1}: the spec {what}; write it out plainly",
+                            code="spec-too-large")
+        lines.setdefault(loc, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else None
+                if key is None:
+                    continue  # a complex key: refused by the constructor
+                lines[loc + (key,)] = k.start_mark.line + 1
+                todo.append((v, loc + (key,)))
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend((v, loc + (i,)) for i, v in enumerate(node.value))
 
 
 def json_schema() -> dict:

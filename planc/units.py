@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _UNITS = {
     "": 1, "b": 1,
@@ -10,6 +11,7 @@ _UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
+MAX_BYTES = 2**63 - 1  # what the plan's figures, file offsets and int64 fields can hold
 _RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -19,18 +21,35 @@ def parse_bytes(value) -> int:
         raise ValueError(f"expected a byte size like 64MiB, 8GiB, 1.5GB or an integer, got {value!r}")
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"a byte size cannot be negative, got {value!r}")
-        return value
+            raise ValueError(f"a byte size cannot be negative, got {_clip(value)}")
+        return _bounded(value, value)
     if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
+        return _bounded(int(value), value)
     if isinstance(value, str):
         m = _RE.match(value)
         if m and m.group(2).lower() in _UNITS:
-            n = float(m.group(1)) * _UNITS[m.group(2).lower()]
-            if n == int(n):
-                return int(n)
+            if len(m.group(1)) > 40:  # past any byte count; Fraction would also refuse a few thousand digits
+                raise ValueError(f"a byte size is at most 2**63 - 1 ({MAX_BYTES}), got {_clip(value)}")
+            # Exact arithmetic: a float would lose digits past 2**53 and overflow to infinity.
+            n = Fraction(m.group(1)) * _UNITS[m.group(2).lower()]
+            if n.denominator == 1:
+                return _bounded(int(n), value)
             raise ValueError(f"byte size {value!r} is not a whole number of bytes")
-    raise ValueError(f"expected a byte size like 64MiB, 8GiB, 1.5GB or an integer, got {value!r}")
+    raise ValueError(f"expected a byte size like 64MiB, 8GiB, 1.5GB or an integer, got {_clip(value)}")
+
+
+def _bounded(n: int, value) -> int:
+    if n > MAX_BYTES:
+        raise ValueError(f"a byte size is at most 2**63 - 1 ({MAX_BYTES}), got {_clip(value)}")
+    return n
+
+
+def _clip(value, limit: int = 60) -> str:
+    """repr() for messages: short, and safe for ints past the interpreter's str-conversion limit."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"<{value.bit_length()}-bit integer>"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def fmt_bytes(n: int | None) -> str:

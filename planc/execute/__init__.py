@@ -18,7 +18,7 @@ import numpy as _np
 if not hasattr(_np, "row_stack"):  # numba-cuda's kernel compiler still calls numpy.row_stack (gone in numpy 2.5)
     _np.row_stack = _np.vstack
 
-from ..errors import AdmissionError, ExecuteError, FingerprintError, PlancError
+from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError
 from ..units import gib
 
 __all__ = ["execute"]
@@ -109,7 +109,7 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
         _drop_frames(e)
         loader.free()
         loader.drop_arena()
-        raise ExecuteError("interrupted during the load; everything allocated was released", code="interrupted")
+        raise Interrupted("interrupted during the load; everything allocated was released") from None
     except Exception as e:  # noqa: BLE001 - any device or runtime failure: release, then a typed error
         _drop_frames(e)
         loader.free()

@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import posixpath
+import re
 import stat
 import struct
 
@@ -168,6 +169,7 @@ def _load_index(index_path: str) -> dict[str, str]:
             raise ManifestError(
                 f"{index_path}: tensor {tensor!r} maps to {shard!r}, not a file name", code="index-bad"
             )
+    _check_unicode(index_path, raw, [*weight_map, *weight_map.values()], "index-bad")
     return weight_map
 
 
@@ -325,6 +327,9 @@ def _parse_header(path: str, raw: bytes) -> dict:
         raise ManifestError(
             f"{path}: header is a JSON {_json_kind(header)}, not an object", code="header-not-object"
         )
+    meta = header.get(METADATA_KEY)
+    meta = [*meta, *(v for v in meta.values() if isinstance(v, str))] if isinstance(meta, dict) else []
+    _check_unicode(path, raw, [*header, *meta], "header-not-utf8")
     return header
 
 
@@ -449,6 +454,24 @@ def _open(path: str, *, missing_code: str) -> int:
         raise ManifestError(f"{path!r}: not a usable path ({exc})", code="bad-path") from None
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _check_unicode(path: str, raw: bytes, names, code: str) -> None:
+    """JSON can escape half of a UTF-16 surrogate pair (`\\ud800`) with no other half: the string that
+    comes out is not Unicode text, cannot be encoded to a file name or printed, and the reference
+    safetensors parser refuses it. Only names (tensors, shards, metadata) survive the reader, so only
+    they are checked, and only when the raw text holds such an escape at all."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    for name in names:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ManifestError(f"{path}: name {_clip(name)} holds an unpaired UTF-16 surrogate escape; "
+                                "it is not Unicode text", code=code) from None
+
+
 def _exists(path: str, index_path: str, shard: str) -> bool:
     """False when the file (or a symlink's target) is absent; loops and other errors raise."""
     try:
@@ -460,6 +483,9 @@ def _exists(path: str, index_path: str, shard: str) -> bool:
         return False
     except OSError as exc:
         raise _os_error(path, exc, "index-missing-shard") from None
+    except ValueError as exc:
+        raise ManifestError(f"{index_path}: shard {_clip(shard)} is not a usable path ({exc})",
+                            code="bad-path") from None
 
 
 def _os_error(path: str, exc: OSError, missing_code: str) -> ManifestError:

@@ -1,0 +1,1 @@
+"""Hostile inputs for planc: checkpoints and specs that must end in a named, typed error."""
