@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from string import Formatter
 from typing import NamedTuple
 
 from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS
@@ -80,6 +81,8 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
     tests = [(i, None if r.source_dtype is None else frozenset(r.source_dtype), r.pattern().match,
               r.fuse.over if r.fuse else None, r.fuse.order if r.fuse else None) for i, r in enumerate(rules)]
     dequantizes = [bool(r.dequantize) and not r.skip for r in rules]
+    into_names = [tuple(f for _, f, _, _ in Formatter().parse((r.fuse or r.stack).into) if f)
+                  if r.fuse or r.stack else () for r in rules]
 
     def first_rule(t: TensorEntry):
         dtype, name = t.dtype, t.name
@@ -108,7 +111,7 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
         raise BindError(f"{len(unmatched)} tensor(s) match no rule: {shown}; add a rule for them or a catch-all `match: \"*\"`",
                         code="unmatched")
 
-    singles, groups, skipped = [], {}, []
+    singles, groups, skipped, intos = [], {}, [], {}
     for t in manifest.tensors:
         if t.name in consumed:
             continue
@@ -118,8 +121,13 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
             skipped.append(t.name)
         elif r.fuse or r.stack:
             grp = r.fuse or r.stack
-            key = (i, grp.into.format(**m.groupdict()))
-            groups.setdefault(key, []).append((m.group(grp.over), t))
+            # The name built depends only on the placeholders `into` uses: format it once per value.
+            names = into_names[i]
+            key = (i, m.group(*names) if names else ())
+            into = intos.get(key)
+            if into is None:
+                into = intos[key] = grp.into.format(**m.groupdict())
+            groups.setdefault((i, into), []).append((m.group(grp.over), t))
         else:
             singles.append(_single(t, r, i, scales, tp))
     placements = singles + [_group(i, name, members, rules[i], scales, tp) for (i, name), members in groups.items()]

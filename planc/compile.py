@@ -62,13 +62,17 @@ def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0) -> Pla
     graph = build_graph(binding)
     sched = schedule(graph, spec.io)
     tl = admit(spec, sched, graph)
-    return Plan(plan_doc(loaded, manifest, graph, sched, tl, rank))  # a fresh doc: the plan takes it over
+    # A fresh doc: the plan takes it over. The step list (several per part) is built when the plan
+    # is first saved, frozen or asked for it; explaining a plan never is.
+    return Plan(plan_doc(loaded, manifest, graph, sched, tl, rank, steps=False),
+                later={"steps": lambda: list(graph.steps)})
 
 
 def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedule, tl: Timeline,
-             rank: int = 0) -> dict:
+             rank: int = 0, steps: bool = True) -> dict:
     """The plan as a JSON-ready dict. Shapes, step deps and copies are the compiler's own tuples,
-    not list copies of them: JSON writes both as arrays, and a plan has hundreds of thousands."""
+    not list copies of them: JSON writes both as arrays, and a plan has hundreds of thousands.
+    With `steps` false, "steps" holds None, for the caller to fill in."""
     spec = loaded.spec
     io = spec.io
     runs = [_run_doc(r, graph) for r in sched.runs]
@@ -98,7 +102,7 @@ def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedu
         "tensors": [{"name": t.name, "dtype": t.dtype, "shape": t.shape, "offset_bytes": t.offset_bytes,
                      "nbytes": t.nbytes} for t in sched.tensors],
         "parts": _part_docs(graph.parts, sched.part_offsets, io.merge_gap),
-        "steps": list(graph.steps),  # already in the plan's form
+        "steps": list(graph.steps) if steps else None,  # already in the plan's form
         "runs": runs,
         "timeline": [{"run": w.run, "host_bytes": w.host_bytes, "device_bytes": w.device_bytes,
                       "ring_bytes": w.ring_bytes, "host_inflight_bytes": w.host_inflight_bytes,
@@ -107,7 +111,7 @@ def plan_doc(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedu
         "totals": {
             "tensors": len(sched.tensors),
             "source_tensors": len(graph.parts),
-            "payload_bytes": sum(n.read_bytes for n in graph.parts),
+            "payload_bytes": sum(r.payload_bytes for r in sched.runs),  # the runs hold every part once
             "read_bytes": sum(r["read_bytes"] for r in runs),
             "requests": requests,
             "requests_uncoalesced": sum(r.requests_uncoalesced for r in sched.runs),
@@ -169,7 +173,7 @@ def _run_doc(r, graph: Graph) -> dict:
         "landing_bytes": r.landing_bytes,
         "landing_region": r.landing_region,
         "requests": [{"file": q.file, "offset": q.offset, "length": q.length,
-                      "copies": q.copies,  # each Copy is (slot_offset, space, dst_offset, nbytes)
+                      "copies": list(q.copies),  # each Copy is (slot_offset, space, dst_offset, nbytes)
                       **({"scatter": {"staging": q.staging, "width": q.width}} if q.scatter else {})}
                      for q in r.requests],
         "kernels": [{"part": k.part, "op": k.op, "src_dtype": k.src_dtype, "dst_dtype": k.dst_dtype,

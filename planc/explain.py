@@ -16,8 +16,14 @@ from .units import fmt_bytes
 TOP = 10
 
 
+# The plan keys explain reads, in place (what it hands out is copied). It never reads the step
+# list, so a compiled plan's deferred steps are not built for it.
+_READS = ("spec", "checkpoint", "device", "tensor_parallel", "budget", "io", "layout", "tensors", "parts", "runs",
+          "timeline", "skipped", "totals", "peak", "fits", "refusal")
+
+
 def explain_doc(plan: Plan) -> dict:
-    d = plan._plain()  # read in place; what is handed out below is copied
+    d = {k: plan._read(k) for k in _READS}
     windows = {w["run"]: w for w in d["timeline"]}
     parts = d["parts"]
     runs = []

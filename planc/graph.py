@@ -16,7 +16,8 @@ after. Costs: host bytes a step holds while its run is in flight, device bytes i
 
 A step is a dict in the form the plan lists it: {id, kind, part, host_bytes, device_bytes, note,
 deps}, deps being the sorted ids of the steps it waits for. A plan has several steps per part
-(hundreds of thousands for a large MoE), so they are built once, in that form.
+(hundreds of thousands for a large MoE), so they are built once, in that form, and only when first
+asked for: scheduling and admission need the parts, not the steps.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class PartNode(NamedTuple):
 
     @property
     def read_bytes(self) -> int:
-        return sum(i.nbytes for i in self.inputs)
+        inputs = self.inputs
+        return inputs[0].nbytes if len(inputs) == 1 else sum(i.nbytes for i in inputs)
 
     @property
     def sort_key(self):
@@ -87,7 +89,22 @@ class PartNode(NamedTuple):
 class Graph:
     placements: tuple[Placement, ...]
     parts: tuple[PartNode, ...]  # in schedule order (file, offset)
-    steps: tuple[dict, ...]  # each after the steps it waits for (see the module docstring)
+
+    @cached_property
+    def steps(self) -> tuple[dict, ...]:
+        """Every part's steps, in part order; each after the steps it waits for."""
+        steps = []
+        for n in self.parts:
+            ps = _steps(n)
+            # A step waits only for steps of its own part emitted before it, so emission order is a
+            # topological order: the graph is acyclic by construction, checked here in passing.
+            done = []
+            for s in ps:
+                for d in s["deps"]:
+                    assert d in done, s["id"]
+                done.append(s["id"])
+            steps += ps
+        return tuple(steps)
 
     @cached_property
     def dag(self):
@@ -109,16 +126,7 @@ def build_graph(binding: Binding) -> Graph:
             keyed.append(((inputs[0].file, inputs[0].start, pl.name, k), pl, k, part, inputs))
     keyed.sort(key=itemgetter(0))  # PartNode.sort_key
     nodes = tuple(_part_node(i, pl, k, part, inputs) for i, (_, pl, k, part, inputs) in enumerate(keyed))
-    steps, seen = [], set()
-    for n in nodes:
-        for s in _steps(n):
-            # Every dependency is a step already emitted, so emission order is a topological
-            # order: the graph is acyclic by construction, checked in one pass.
-            sid = s["id"]
-            assert sid not in seen and seen.issuperset(s["deps"]), sid
-            seen.add(sid)
-            steps.append(s)
-    return Graph(binding.placements, nodes, tuple(steps))
+    return Graph(binding.placements, nodes)
 
 
 def _input(role: str, t, sl) -> Input:
@@ -138,16 +146,16 @@ def _inputs(part: Part) -> tuple[Input, ...]:
 
 def _part_node(pid: int, pl: Placement, k: int, part: Part, inputs: tuple[Input, ...]) -> PartNode:
     src = part.source
-    in_bytes = sum(i.nbytes for i in inputs)
+    in_bytes = inputs[0].nbytes if len(inputs) == 1 else sum(i.nbytes for i in inputs)
     if pl.op == "copy":
         path, reason, landing, host = "direct", "pure copy into the final place", 0, 0
     elif pl.on == "host":
-        path, reason, landing = "host", f"rules[{pl.rule}] asks for on: host", 0
+        path, reason, landing = "host", _reason("host", pl.rule), 0
         host = in_bytes + part.out_bytes * (2 if pl.op == "transpose" and src.dtype != pl.dtype else 1)
     elif pl.op == "convert" and DTYPES[src.dtype].bits == DTYPES[pl.dtype].bits:
         path, reason, landing, host = "direct", "same-size conversion runs in place on the device", 0, 0
     else:
-        path, reason, landing, host = "direct", f"{pl.op} on the device from a landing buffer", in_bytes, 0
+        path, reason, landing, host = "direct", _reason("landing", pl.op), in_bytes, 0
     return PartNode(pid, pl.name, k, pl.op, path, reason, inputs, part.offset_bytes, part.out_bytes,
                     pl.dtype, landing, host, pl.block, part.zero_bytes)
 
@@ -188,7 +196,12 @@ def _steps(n: PartNode) -> list[dict]:
     return out
 
 
+# Notes and reasons repeat across tens of thousands of steps and parts: one string each.
 @lru_cache(maxsize=None)
 def _device_note(op: str, in_place: bool) -> str:
-    """One string shared by every such step (tens of thousands of them in a large plan)."""
     return f"{op} on device ({'in place' if in_place else 'landing buffer'})"
+
+
+@lru_cache(maxsize=None)
+def _reason(path: str, what) -> str:
+    return f"rules[{what}] asks for on: host" if path == "host" else f"{what} on the device from a landing buffer"

@@ -9,6 +9,7 @@ Order never depends on hashing: lists are sorted or in schedule order; keys are 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from types import MappingProxyType
 
@@ -46,23 +47,40 @@ class Plan:
     tuples where JSON wants arrays). The frozen form (`doc`: read-only mappings and tuples) is built
     only when asked for: at 100k tensors it has millions of nodes, and compiling, explaining and
     saving a plan never need it. `plan[key]` freezes that key's value alone.
+
+    A key may also be built later, on its first read: `later` maps it (present in `doc` with a None
+    placeholder, so that key order is kept) to the function that builds its value. The compiler
+    defers the step list that way; `explain` never reads it, saving or freezing the plan does.
     """
 
-    __slots__ = ("_raw", "_doc", "_keys")
+    __slots__ = ("_raw", "_doc", "_keys", "_later", "_lock")
 
-    def __init__(self, doc: dict):
+    def __init__(self, doc: dict, later: dict | None = None):
         """Takes `doc` over: the caller must not change it afterwards (`from_doc` copies)."""
         self._raw = doc
         self._doc = None
         self._keys: dict = {}
+        self._later = dict(later or {})
+        self._lock = threading.Lock()
 
     @staticmethod
     def from_doc(doc: dict) -> "Plan":
         return Plan(_thaw(doc))
 
+    def _fill(self, keys=None) -> None:
+        """Build the deferred values of `keys` (default: all) into the plain dict."""
+        if not self._later:
+            return
+        with self._lock:
+            for k in list(self._later) if keys is None else keys:
+                make = self._later.pop(k, None)
+                if make is not None:
+                    self._raw[k] = make()
+
     @property
     def doc(self) -> MappingProxyType:
         if self._doc is None:
+            self._fill()
             raw, keys = self._raw, self._keys
             self._doc = MappingProxyType({k: keys[k] if k in keys else _freeze(v) for k, v in raw.items()})
             # One form is enough from here on: the plain dict goes, the frozen one answers.
@@ -70,11 +88,22 @@ class Plan:
         return self._doc
 
     def _plain(self) -> dict:
-        """The plan as dicts, lists and tuples, shared, not copied: to read, never to change."""
+        """The whole plan as dicts, lists and tuples, shared, not copied: to read, never to change."""
+        self._fill()
         raw = self._raw
         return raw if raw is not None else _thaw(self._doc)
 
+    def _read(self, key, default=None):
+        """One key's value as `_plain` holds it (shared: to read, never to change), or `default`
+        when the plan has no such key; builds no other deferred key."""
+        raw = self._raw
+        if raw is None:
+            return _thaw(self._doc.get(key, default))
+        self._fill((key,))
+        return raw.get(key, default)
+
     def to_dict(self) -> dict:
+        self._fill()
         raw = self._raw
         return _thaw(raw if raw is not None else self._doc)
 
@@ -87,6 +116,7 @@ class Plan:
             return self._doc[key]
         v = self._keys.get(key, _MISSING)
         if v is _MISSING:
+            self._fill((key,))
             v = self._keys[key] = _freeze(raw[key])
         return v
 

@@ -217,13 +217,14 @@ def _cut_runs(parts, run_bytes: int) -> list[list[PartNode]]:
 
 def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
     segs, kernels, host_parts, landed, landing = [], [], [], [], 0
-    host_bytes = host_reads = 0
+    host_bytes = host_reads = host_segments = 0
     for n in parts:
         dst = offsets[n.placement] + n.offset_bytes
         if n.path == "host":
             host_parts.append(HostPart(n.id, dst, -(-n.out_bytes // io.slot) if n.out_bytes else 0))
             host_bytes += n.host_bytes
             host_reads += n.read_bytes
+            host_segments += sum(i.count for i in n.inputs)
             continue
         if n.landing_bytes == 0:
             w = n.inputs[0]
@@ -253,7 +254,7 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
     requests, alone = _requests(segs, io)
     return Run(
         index=k,
-        parts=tuple(n.id for n in parts),
+        parts=tuple([n.id for n in parts]),
         requests=requests,
         kernels=tuple(kernels),
         host_parts=tuple(host_parts),
@@ -262,7 +263,7 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
         host_bytes=host_bytes,
         read_bytes=sum(r.length for r in requests) + host_reads,
         payload_bytes=sum(n.read_bytes for n in parts),
-        requests_uncoalesced=alone + sum(i.count for p in parts if p.path == "host" for i in p.inputs),
+        requests_uncoalesced=alone + host_segments,
         copies_uncoalesced=alone + sum(h.copies for h in host_parts),
     )
 
@@ -287,7 +288,7 @@ def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
     is fixed by its aligned start, so a gap can shift a neighbour across one more slot boundary.
     """
     segs = sorted([s for s in segs if s[2] > 0], key=_FILE_START)
-    extents = []  # [file, start, end, [segs], requests, copies]
+    extents = []  # [file, start, end, [segs], requests, copies, start aligned down]
     slot, merge_gap, total_alone, ext = io.slot, io.merge_gap, 0, None
     for s in segs:
         f, start, nbytes = s[0], s[1], s[2]
@@ -296,15 +297,15 @@ def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
         if ext and ext[0] == f and start - ext[2] <= merge_gap:
             reqs, copies = _joined_cost(ext, s, slot)
             if reqs <= ext[4] + alone and copies <= ext[5] + alone:
-                ext[2] = max(ext[2], start + nbytes)
+                if start + nbytes > ext[2]:
+                    ext[2] = start + nbytes
                 ext[3].append(s)
                 ext[4], ext[5] = reqs, copies
                 continue
-        ext = [f, start, start + nbytes, [s], alone, alone]
+        ext = [f, start, start + nbytes, [s], alone, alone, start // DIRECT_ALIGN * DIRECT_ALIGN]
         extents.append(ext)
     out = []
-    for f, start, end, members, _, _ in extents:
-        a = start // DIRECT_ALIGN * DIRECT_ALIGN
+    for f, _, end, members, _, _, a in extents:
         e = _align(end, DIRECT_ALIGN)
         copies = _copies(a, e, slot, members)
         out.extend(Request(f, off, min(slot, e - off), cs) for off, cs in zip(range(a, e, slot), copies))
@@ -314,9 +315,9 @@ def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
 def _joined_cost(ext, seg, slot: int) -> tuple[int, int]:
     """(requests, copies) of extent `ext` once `seg` (starting at or after its members) joins it."""
     _, start, nbytes, space, dst = seg
-    a = ext[1] // DIRECT_ALIGN * DIRECT_ALIGN
-    end = max(ext[2], start + nbytes)
-    reqs = -(-(_align(end, DIRECT_ALIGN) - a) // slot)
+    a = ext[6]
+    end = start + nbytes if start + nbytes > ext[2] else ext[2]
+    reqs = -(-(-(-end // DIRECT_ALIGN) * DIRECT_ALIGN - a) // slot)
     first, last = (start - a) // slot, (start + nbytes - 1 - a) // slot
     _, p_start, p_nbytes, p_space, p_dst = ext[3][-1]
     joins = (p_start + p_nbytes == start and p_space == space and p_dst + p_nbytes == dst
