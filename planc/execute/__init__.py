@@ -91,7 +91,7 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
             free_alloc = memory_info()
             if bar:
                 bar[0].start()
-                loader.progress = lambda n: bar[0].advance(bar[1], n)
+                loader.progress = bar[2]
             loader.run()
         finally:
             if bar:
@@ -155,10 +155,18 @@ def _progress(plan):
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    p = Progress(TextColumn("loading"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+    total_parts = len(plan["parts"])
+    p = Progress(TextColumn("loading"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                 TextColumn("{task.fields[parts]}/" + str(total_parts) + " tensor parts"), TimeRemainingColumn(),
                  console=Console(file=sys.stderr), transient=True)
-    task = p.add_task("load", total=plan["totals"]["payload_bytes"])
-    return p, task
+    task = p.add_task("load", total=plan["totals"]["payload_bytes"], parts=0)
+    done = [0]
+
+    def advance(nbytes: int, parts: int = 0) -> None:
+        done[0] += parts
+        p.update(task, advance=nbytes, parts=done[0])
+
+    return p, task, advance
 
 
 def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, sim) -> dict:

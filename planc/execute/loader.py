@@ -220,6 +220,8 @@ class Loader:
         for k in r["kernels"]:
             self._kernel(r, k)
             self.counters["kernels"] += 1
+        if self.progress:
+            self.progress(0, len(r["parts"]) - len(r["host_parts"]))
 
     def _kernel(self, r, k) -> None:
         from ..dtypes import DTYPES
@@ -266,7 +268,7 @@ class Loader:
             off += n
         self.counters["host_parts"] += 1
         if self.progress:
-            self.progress(p["out_bytes"])
+            self.progress(p["out_bytes"], 1)
 
 
 def _host_transform(p: dict, bufs: list) -> np.ndarray:
