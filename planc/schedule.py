@@ -155,7 +155,6 @@ def layout(graph: Graph) -> tuple[dict, int]:
 def schedule(graph: Graph, io: IO) -> Schedule:
     offsets, arena = layout(graph)
     runs_parts = _cut_runs(graph.parts, io.run)
-    staged = any(True for _ in graph.parts)
     runs = []
     for k, parts in enumerate(runs_parts):
         runs.append(_run(k, parts, offsets, io))
@@ -163,7 +162,7 @@ def schedule(graph: Graph, io: IO) -> Schedule:
                max((r.landing_bytes for r in runs if r.index % 2 == 1), default=0))
     # The ring never has more slots than the plan has requests and host staging copies to fill them.
     users = sum(len(r.requests) + sum(h.copies for h in r.host_parts) for r in runs)
-    ring = min(io.slots, users) * io.slot if staged else 0
+    ring = min(io.slots, users) * io.slot
     tensors = tuple(TensorLayout(p.name, p.dtype, tuple(p.shape), offsets[p.name], p.nbytes)
                     for p in sorted(graph.placements, key=lambda p: p.name))
     part_offsets = {n.id: offsets[n.placement] + n.offset_bytes for n in graph.parts}

@@ -9,6 +9,9 @@ never with the executor's own host reference (`planc.execute.refconv`).
 
 from __future__ import annotations
 
+import errno
+import os
+
 import ml_dtypes
 import numpy as np
 import yaml
@@ -169,3 +172,16 @@ def load_checked(spec_path, models: list, **kw):
     for k in ("requests", "copies", "kernels"):
         assert rep[k]["issued"] == tot[k] == rep[k]["predicted"], (k, rep[k], tot[k])
     return plan, model
+
+
+def refuse_direct_open(monkeypatch) -> None:
+    """A file system that refuses O_DIRECT at open (EINVAL), with the page cache seen as cold."""
+    real_open = os.open
+
+    def fake_open(p, flags, *a, **k):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(p, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr("planc.execute.reader.page_cache_fraction", lambda path, size: 0.0)

@@ -32,7 +32,7 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
                 allow_module_level=True)
 
 import planc.execute.loader as loader_mod  # noqa: E402
-from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, assert_model, cast,  # noqa: E402
+from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, assert_model, cast, refuse_direct_open,  # noqa: E402
                              convert_source, dequantized, fp8_rules, fused, handmade, load_checked, spec_file,
                              stacked, synth)
 from planc import cli  # noqa: E402
@@ -516,21 +516,9 @@ def test_direct_auto_reports_its_choice(tmp_path, load, dense):
     assert_model(model, want)
 
 
-def _refuse_direct_open(monkeypatch):
-    real_open = os.open
-
-    def fake_open(p, flags, *a, **k):
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(p, flags, *a, **k)
-
-    monkeypatch.setattr(os, "open", fake_open)
-    monkeypatch.setattr("planc.execute.reader._mincore_libc_safe", lambda path, size: 0.0)  # cache "cold"
-
-
 def test_direct_auto_falls_back_when_the_file_system_refuses(tmp_path, load, dense, monkeypatch):
     path, want = dense
-    _refuse_direct_open(monkeypatch)
+    refuse_direct_open(monkeypatch)
     plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="auto")))
     assert model.report["files"]["model.safetensors"] == {"direct": False, "why": "file system refuses O_DIRECT"}
     assert_model(model, want)
@@ -538,7 +526,7 @@ def test_direct_auto_falls_back_when_the_file_system_refuses(tmp_path, load, den
 
 def test_direct_on_refused_by_the_file_system(tmp_path, dense, monkeypatch):
     path, _ = dense
-    _refuse_direct_open(monkeypatch)
+    refuse_direct_open(monkeypatch)
     plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="on")))
     with pytest.raises(ReadError) as ei:
         execute(plan)
@@ -554,7 +542,7 @@ def _refuse_direct_reads(monkeypatch):
         return real_preadv(fd, bufs, offset, *a)
 
     monkeypatch.setattr(os, "preadv", fake_preadv)
-    monkeypatch.setattr("planc.execute.reader._mincore_libc_safe", lambda path, size: 0.0)
+    monkeypatch.setattr("planc.execute.reader.page_cache_fraction", lambda path, size: 0.0)
 
 
 def test_direct_auto_falls_back_when_a_direct_read_is_refused(tmp_path, load, dense, monkeypatch):

@@ -42,7 +42,7 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
                 allow_module_level=True)
 
 import planc.execute.loader as loader_mod  # noqa: E402
-from execute_support import SMALL_IO, handmade, spec_file, synth  # noqa: E402
+from execute_support import SMALL_IO, handmade, refuse_direct_open, spec_file, synth  # noqa: E402
 from hostile.corpus import CHECKPOINTS, SPECS, VALID, Case, ent, st_bytes, table, u8_shard  # noqa: E402
 from planc import cli  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
@@ -531,15 +531,7 @@ def test_file_system_refusing_o_direct(tmp_path, capsys, dense, monkeypatch):
     """io.direct: on asks for O_DIRECT; a file system that refuses it (EINVAL at open) gets buffered reads
     under `auto`, said so in the report, and a named refusal under `on`."""
     path, _ = dense
-    real_open = os.open
-
-    def open_(p, flags, *a, **k):
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(p, flags, *a, **k)
-
-    monkeypatch.setattr(os, "open", open_)
-    monkeypatch.setattr("planc.execute.reader._mincore_libc_safe", lambda path, size: 0.0)  # a cold cache
+    refuse_direct_open(monkeypatch)  # and a cold cache
     auto = spec_file(tmp_path, path, [{"match": "*"}], io=dict(SMALL_IO, direct="auto"), name="auto.yaml")
     rc, out, err = cli_run(capsys, "run", auto)
     assert rc == 0 and "reads: file system refuses O_DIRECT: 1 file(s)" in out

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import AdmissionError, ExecuteError, PlancError
+from ..errors import AdmissionError, ExecuteError
 from ..units import gib
 from . import kernels, scatter
 from .alloc import device_bytes, event, pinned_ring, release
@@ -45,8 +45,11 @@ class Loader:
         self.progress = progress
         self.counters = {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
         self.timings = {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "issue": 0.0, "final_sync": 0.0}
-        self.staging = self.table = None
+        self.staging = self.table = self.stream = None
         self.warmer = None
+        self.free_slots: deque = deque()
+        self.copying: deque = deque()  # (slot, event)
+        self.pending: deque = deque()  # (run, request index, request, slot, future)
         self.arena = self.landing = self.ring_owner = self.ring = None
         self.reader: Reader | None = None
         self.pool: ThreadPoolExecutor | None = None
@@ -78,10 +81,7 @@ class Loader:
         for f in self.plan["checkpoint"]["files"]:
             self.reader.open(f["path"], f["size_bytes"])
         self.pool = ThreadPoolExecutor(max_workers=self.io["workers"], thread_name_prefix="planc-read")
-        nslots = lay["ring_bytes"] // self.slot
-        self.free_slots = deque(range(nslots))
-        self.copying: deque = deque()  # (slot, event)
-        self.pending: deque = deque()  # (run, request, slot, future)
+        self.free_slots.extend(range(lay["ring_bytes"] // self.slot))
         self.timings["allocate"] = time.perf_counter() - t0
 
     def free(self) -> None:
@@ -91,12 +91,12 @@ class Loader:
         if self.reader is not None:
             self.reader.close()
         try:
-            if getattr(self, "stream", None) is not None:
+            if self.stream is not None:
                 self.stream.synchronize()
         except Exception:  # noqa: BLE001 - the device may already be in error; still drop what we hold
             pass
-        self.copying.clear() if hasattr(self, "copying") else None
-        self.pending.clear() if hasattr(self, "pending") else None
+        self.copying.clear()
+        self.pending.clear()
         self.landing = self.ring = self.ring_owner = self.staging = self.table = None
         release()
 
@@ -341,5 +341,3 @@ def _warm(dev: int, need) -> None:
     except Exception:  # noqa: BLE001 - warming is an optimization; the real launch reports errors
         pass
 
-
-__all__ = ["Loader", "PlancError"]

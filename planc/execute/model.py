@@ -82,7 +82,7 @@ class DeviceTensor:
 class LoadedModel:
     """The loaded tensors (a mapping) and the measured report. `free()` releases the device memory."""
 
-    def __init__(self, tensors: dict, report: dict, arena, landing_freed: bool = True):
+    def __init__(self, tensors: dict, report: dict, arena):
         self.tensors = tensors
         self.report = report
         self._arena = arena

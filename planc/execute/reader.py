@@ -21,29 +21,51 @@ ALIGN = 4096
 _libc = None
 
 
-def _mincore_libc(path: str, size: int, sample_pages: int) -> float | None:
-    libc = _libc
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    fd = os.open(path, os.O_RDONLY)
+def page_cache_fraction(path: str, size: int, sample_pages: int = 4096) -> float | None:
+    """Fraction of sampled pages of `path` resident in the page cache (mincore), or None when unknown."""
+    global _libc
     try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.mmap.restype = ctypes.c_void_p
+            _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_long]
+            _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        fd = os.open(path, os.O_RDONLY)
+    except (OSError, AttributeError, ValueError):
+        return None
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr in (None, ctypes.c_void_p(-1).value):
             return None
         try:
             pages = -(-size // mmap.PAGESIZE)
             vec = (ctypes.c_ubyte * pages)()
-            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+            if _libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
                 return None
-            step = max(1, pages // sample_pages)
-            seen = sum(1 for i in range(0, pages, step) if vec[i] & 1)
-            return seen / len(range(0, pages, step))
+            sampled = range(0, pages, max(1, pages // sample_pages))
+            return sum(1 for i in sampled if vec[i] & 1) / len(sampled)
         finally:
-            libc.munmap(ctypes.c_void_p(addr), size)
+            _libc.munmap(ctypes.c_void_p(addr), size)
     finally:
         os.close(fd)
+
+
+def pread_exact(fd: int, buf, offset: int, path: str) -> None:
+    """Read exactly len(buf) bytes at `offset`; a failed or short read is a typed ReadError naming `path`."""
+    mv = memoryview(buf)
+    got = 0
+    while got < len(mv):
+        try:
+            n = os.preadv(fd, [mv[got:]], offset + got)
+        except OSError as e:
+            raise ReadError(f"{path}: read of {len(mv)} bytes at offset {offset} failed: {e.strerror}",
+                            code="read-failed") from None
+        if n == 0:
+            raise ReadError(f"{path}: file ended at {offset + got} bytes, {len(mv) - got} bytes short of the "
+                            f"planned read at offset {offset} (was it truncated after compile?)", code="read-short")
+        got += n
 
 
 @dataclass
@@ -66,6 +88,7 @@ class Reader:
     retries: int = 0
     bytes_read: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _plain: dict = field(default_factory=dict)  # buffered fds for host-path reads, opened once per file
     _retired: list = field(default_factory=list)  # fds given up by a fallback; other readers may still use them
 
     def open(self, rel: str, size: int) -> OpenFile:
@@ -91,7 +114,7 @@ class Reader:
             return False, "io.direct is off" if self.direct == "off" else "no O_DIRECT on this system"
         if self.direct == "on":
             return True, "io.direct is on"
-        frac = _mincore_libc_safe(path, size)
+        frac = page_cache_fraction(path, size)
         if frac is not None and frac >= 0.5:
             return False, f"page cache warm ({frac:.0%} resident): buffered"
         return True, "page cache cold: O_DIRECT" if frac is not None else "O_DIRECT (cache state unknown)"
@@ -139,12 +162,27 @@ class Reader:
             self._retired.append(f.fd)  # closed with the reader: a concurrent read may still be using it
             self.files[rel] = OpenFile(f.path, fd, False, "O_DIRECT read refused: buffered", f.size)
 
+    def read_plain(self, rel: str, offset: int, buf) -> None:
+        """Buffered read of exactly len(buf) bytes (host path: owned, unaligned buffers)."""
+        path = os.path.join(self.root, rel)
+        with self._lock:
+            fd = self._plain.get(rel)
+            if fd is None:
+                try:
+                    fd = self._plain[rel] = os.open(path, os.O_RDONLY)
+                except OSError as e:
+                    raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code="read-open") from None
+        pread_exact(fd, buf, offset, path)
+        with self._lock:
+            self.bytes_read += len(buf)
+
     def modes(self) -> dict:
         return {rel: {"direct": f.direct, "why": f.why} for rel, f in sorted(self.files.items())}
 
     def close(self) -> None:
         """Close every file; the modes stay for the report."""
-        fds, self._retired = [f.fd for f in self.files.values()] + self._retired, []
+        fds, self._retired = [f.fd for f in self.files.values()] + self._retired + list(self._plain.values()), []
+        self._plain = {}
         for f in self.files.values():
             f.fd = -1
         for fd in fds:
@@ -154,41 +192,3 @@ class Reader:
                 os.close(fd)
             except OSError:
                 pass
-
-
-def _mincore_libc_safe(path: str, size: int) -> float | None:
-    global _libc
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        return _mincore_libc(path, size, 4096)
-    except (OSError, AttributeError, ValueError):
-        return None
-
-
-def _read_plain(self: Reader, rel: str, offset: int, buf) -> None:
-    """Buffered read of exactly len(buf) bytes (host path: owned, unaligned buffers)."""
-    import os as _os
-
-    path = _os.path.join(self.root, rel)
-    mv = memoryview(buf)
-    fd = _os.open(path, _os.O_RDONLY)
-    try:
-        got = 0
-        while got < len(mv):
-            try:
-                n = _os.preadv(fd, [mv[got:]], offset + got)
-            except OSError as e:
-                raise ReadError(f"{path}: read of {len(mv)} bytes at offset {offset} failed: {e.strerror}",
-                                code="read-failed") from None
-            if n == 0:
-                raise ReadError(f"{path}: file ended at {offset + got} bytes, {len(mv) - got} bytes short of the "
-                                f"planned read at offset {offset} (was it truncated after compile?)", code="read-short")
-            got += n
-    finally:
-        _os.close(fd)
-    with self._lock:
-        self.bytes_read += len(mv)
-
-
-Reader.read_plain = _read_plain

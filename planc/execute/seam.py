@@ -7,12 +7,7 @@ the same code in both places. Importing this module imports numba.cuda.
 
 from __future__ import annotations
 
-import numpy as np
-
-if not hasattr(np, "row_stack"):  # numba-cuda's kernel compiler still calls numpy.row_stack (removed in numpy 2.5)
-    np.row_stack = np.vstack
-
-from numba import config, cuda  # noqa: E402
+from numba import config, cuda  # the numpy.row_stack alias numba-cuda needs is set by planc.execute
 
 
 def simulated() -> bool:

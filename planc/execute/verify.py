@@ -20,21 +20,16 @@ CHUNK = 16 * 2**20
 def _read(root: str, inp: dict, off: int, n: int) -> np.ndarray:
     """Bytes [off, off + n) of what the input reads (its segments laid end to end)."""
     from .loader import segments
+    from .reader import pread_exact
 
     buf = np.empty(n, dtype=np.uint8)
-    fd = os.open(os.path.join(root, inp["file"]), os.O_RDONLY)
+    path = os.path.join(root, inp["file"])
+    fd = os.open(path, os.O_RDONLY)
     try:
         for fo, size, rel in segments(inp):
             lo, hi = max(off, rel), min(off + n, rel + size)
-            if lo >= hi:
-                continue
-            mv = memoryview(buf)[lo - off:hi - off]
-            got = 0
-            while got < len(mv):
-                k = os.preadv(fd, [mv[got:]], fo + (lo - rel) + got)
-                if k == 0:
-                    raise OSError(f"{inp['file']}: short read while verifying")
-                got += k
+            if lo < hi:
+                pread_exact(fd, buf[lo - off:hi - off], fo + (lo - rel), path)
     finally:
         os.close(fd)
     return buf
