@@ -28,6 +28,7 @@ blocks and the grid-stride loops cover the rest.
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from types import SimpleNamespace
@@ -66,6 +67,28 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 def simulated() -> bool:
     """True when numba.cuda is the CUDA simulator."""
     return bool(numba.config.ENABLE_CUDASIM)
+
+
+def _cache_writable() -> bool:
+    """numba's on-disk kernel cache needs a writable folder: beside this file, NUMBA_CACHE_DIR, or ~/.cache.
+
+    With the cache, a process after the first loads each kernel's compiled code from disk instead of
+    compiling it again (about 0.5-1 s per kernel). Without a writable folder, kernels compile per process.
+    """
+    if os.environ.get("PLANC_KERNEL_CACHE", "1") == "0":
+        return False
+    places = [os.environ.get("NUMBA_CACHE_DIR"), os.path.join(os.path.dirname(__file__), "__pycache__"),
+              os.path.join(os.path.expanduser("~"), ".cache")]
+    for d in places:
+        if not d:
+            continue
+        probe = d if os.path.isdir(d) else os.path.dirname(d)
+        if os.path.isdir(probe) and os.access(probe, os.W_OK):
+            return True
+    return False
+
+
+CACHE = _cache_writable()
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,7 +188,7 @@ _ops = _scalar_ops(cuda.jit(device=True))
 def _map_kernel(fn):
     """dst[i] = fn(src[i]) for i < n, grid-stride."""
 
-    @cuda.jit
+    @cuda.jit(cache=CACHE)
     def kernel(src, dst, n):
         i = cuda.grid(1)
         s = cuda.gridsize(1)
@@ -196,7 +219,7 @@ def _dequant_kernel(fn):
     columns instead of divided out for each element.
     """
 
-    @cuda.jit
+    @cuda.jit(cache=CACHE)
     def kernel(w, scale, table, out, rows, cols, block, scols):
         x0, y0 = cuda.grid(2)
         sx, sy = cuda.gridsize(2)
@@ -275,7 +298,7 @@ def _dequant_kernel(fn):
 def _transpose_kernel(nbtype):
     """dst[c, r] = src[r, c] through a padded 32 x 33 shared tile; tiles are grid-strided."""
 
-    @cuda.jit
+    @cuda.jit(cache=CACHE)
     def kernel(src, dst, rows, cols):
         tile = cuda.shared.array((_TILE, _TILE_PAD), nbtype)
         tx = cuda.threadIdx.x

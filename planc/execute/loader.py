@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import AdmissionError, ExecuteError
 from ..units import gib
-from . import kernels, scatter
+from . import kernels, scatter, seam
 from .alloc import device_bytes, event, pinned_ring, release
 from .memory import live_room
 from .reader import Reader
@@ -53,6 +53,8 @@ class Loader:
         self.arena = self.landing = self.ring_owner = self.ring = None
         self.reader: Reader | None = None
         self.pool: ThreadPoolExecutor | None = None
+        self.events: list = []
+        self.raw = None  # on a GPU: (stream handle, arena pointer, landing pointers, staging pointer)
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self) -> None:
@@ -67,6 +69,7 @@ class Loader:
         # bytes, and slot k's pinning then overlaps the reads already in flight in slots < k.
         self.ring = _Slots([None] * (lay["ring_bytes"] // self.slot))
         self.ring_owner = _Slots([None] * len(self.ring))
+        self.events = [None] * len(self.ring)
         from numba import cuda
 
         self.stream = cuda.stream()
@@ -77,6 +80,10 @@ class Loader:
             table, self.scatter_rows = scatter.build_table(self.plan)
             self.table = cuda.to_device(table, stream=self.stream)
             self.counters["copies"] += 1
+        if not seam.simulated():
+            self.raw = (seam.stream_handle(self.stream), seam.device_pointer(self.arena),
+                        [seam.device_pointer(x) if x is not None else 0 for x in self.landing],
+                        seam.device_pointer(self.staging) if self.staging is not None else 0)
         self.reader = Reader(self.plan["checkpoint"]["root"], self.io["direct"])
         for f in self.plan["checkpoint"]["files"]:
             self.reader.open(f["path"], f["size_bytes"])
@@ -97,7 +104,7 @@ class Loader:
             pass
         self.copying.clear()
         self.pending.clear()
-        self.landing = self.ring = self.ring_owner = self.staging = self.table = None
+        self.landing = self.ring = self.ring_owner = self.staging = self.table = self.raw = self.events = None
         release()
 
     def drop_arena(self) -> None:
@@ -158,6 +165,14 @@ class Loader:
             self.ring_owner[k], self.ring[k] = pinned_ring(self.slot)
         return k
 
+    def _fence(self, slot: int) -> None:
+        """Record the slot's event after its copies; the slot is refilled only once the event completes."""
+        ev = self.events[slot]
+        if ev is None:
+            ev = self.events[slot] = event()
+        ev.record(self.stream)
+        self.copying.append((slot, ev))
+
     def _acquire_slot(self) -> int:
         while not self.free_slots:
             if self.pending and (self.pending[0][4].done() or not self.copying):
@@ -186,21 +201,30 @@ class Loader:
             needed = max(c[0] + c[3] for c in req["copies"])
             base = sc["staging"] * self.slot
             stage = self.staging[base:base + needed]
-            stage.copy_to_device(buf[:needed], stream=self.stream)
+            if self.raw:
+                seam.copy_h2d(self.raw[3] + base, buf.ctypes.data, needed, self.raw[0])
+            else:
+                stage.copy_to_device(buf[:needed], stream=self.stream)
             first, last = self.scatter_rows[(r["index"], qi)]
             scatter.launch(stage, self.arena, self.table, first, last, sc["width"], self.stream)
             self.counters["copies"] += 1
             self.counters["kernels"] += 1
             moved = sum(c[3] for c in req["copies"])
+        elif self.raw:
+            stream_h, arena_p, landing_p, _ = self.raw
+            host = buf.ctypes.data
+            for slot_off, space, dst, n in req["copies"]:
+                base = arena_p if space == "arena" else landing_p[r["landing_region"]]
+                seam.copy_h2d(base + dst, host + slot_off, n, stream_h)
+                moved += n
+            self.counters["copies"] += len(req["copies"])
         else:
             for slot_off, space, dst, n in req["copies"]:
                 self._dst(space, r, dst, n).copy_to_device(buf[slot_off:slot_off + n], stream=self.stream)
                 self.counters["copies"] += 1
                 moved += n
         self.timings["issue"] += time.perf_counter() - t1
-        ev = event()
-        ev.record(self.stream)
-        self.copying.append((slot, ev))
+        self._fence(slot)
         self.remaining[r["index"]] -= 1
         if self.remaining[r["index"]] == 0:
             self._launch_kernels(r)
@@ -262,9 +286,7 @@ class Loader:
             buf[:] = out[off:off + n]
             self.arena[h["dst_offset"] + off:h["dst_offset"] + off + n].copy_to_device(buf, stream=self.stream)
             self.counters["copies"] += 1
-            ev = event()
-            ev.record(self.stream)
-            self.copying.append((slot, ev))
+            self._fence(slot)
             off += n
         self.counters["host_parts"] += 1
         if self.progress:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .kernels import CACHE
 from .seam import simulated
 
 _THREADS = 256
 _SIM_THREADS = 32
 
 
-@cuda.jit
+@cuda.jit(cache=CACHE)
 def _scatter(src, dst, table, first, last):
     seg = first + cuda.blockIdx.x
     while seg < last:
@@ -67,7 +68,7 @@ def launch(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, s
     _scatter[blocks, threads, stream](src, dst, table_dev, first, last)
 
 
-@cuda.jit
+@cuda.jit(cache=CACHE)
 def _zero(dst, n):
     i = cuda.grid(1)
     s = cuda.gridsize(1)
