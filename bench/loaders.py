@@ -200,10 +200,13 @@ def _planc_setup(files, spec):
 def planc_run(files, plan):
     from planc.execute import execute
 
+    t0 = time.perf_counter()
     m = execute(plan)
+    t1 = time.perf_counter()
     rep = m.report
     m.free()
-    return {"bytes": rep["payload_bytes"], "requests": rep["requests"], "copies": rep["copies"],
+    t2 = time.perf_counter()
+    return {"execute_seconds": t1 - t0, "free_seconds": t2 - t1,"bytes": rep["payload_bytes"], "requests": rep["requests"], "copies": rep["copies"],
             "kernels": rep["kernels"], "files": rep["files"], "inner_seconds": rep["wall_seconds"],
             "planc_growth_bytes": rep["host"]["growth_bytes"], "pinned_bytes": rep["host"]["pinned_bytes"],
             "timings": rep.get("timings"),

@@ -44,9 +44,11 @@ class Loader:
         self.slot = self.io["slot_bytes"]
         self.progress = progress
         self.counters = {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
-        self.timings = {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "issue": 0.0, "final_sync": 0.0}
+        self.timings = {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "wait_pin": 0.0, "issue": 0.0,
+                        "admit": 0.0, "final_sync": 0.0}
         self.staging = self.table = self.stream = None
         self.warmer = None
+        self.pinner: _Pinner | None = None
         self.free_slots: deque = deque()
         self.copying: deque = deque()  # (slot, event)
         self.pending: deque = deque()  # (run, request index, request, slot, future)
@@ -65,11 +67,13 @@ class Loader:
         # One allocation per landing region (even runs, odd runs): each starts aligned for any element
         # type, which a region placed right after the other (its size unrounded) would not be.
         self.landing = [device_bytes(n) if n else None for n in lay["landing_region_bytes"]]
-        # Ring slots are pinned one by one on first use: pinning costs time in proportion to the
-        # bytes, and slot k's pinning then overlaps the reads already in flight in slots < k.
+        # Ring slots are pinned one by one, in order, by a thread of their own: pinning costs time in
+        # proportion to the bytes (about 1-2 GB/s here), so slot k's pinning overlaps the reads and
+        # copies already running in slots < k instead of stalling the thread that issues them.
         self.ring = _Slots([None] * (lay["ring_bytes"] // self.slot))
         self.ring_owner = _Slots([None] * len(self.ring))
         self.events = [None] * len(self.ring)
+        self.pinner = _Pinner(self.ring, self.ring_owner, self.slot)
         from numba import cuda
 
         self.stream = cuda.stream()
@@ -92,6 +96,10 @@ class Loader:
         self.timings["allocate"] = time.perf_counter() - t0
 
     def free(self) -> None:
+        if self.pinner is not None:
+            self.pinner.stop()
+            self.pinner = None
+        self._join_warmer()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
@@ -139,7 +147,9 @@ class Loader:
         need = r["host_bytes"]
         if not need:
             return
+        t0 = time.perf_counter()
         room = live_room()
+        self.timings["admit"] += time.perf_counter() - t0
         if need <= room["room_bytes"]:
             return
         self.counters["run_waits"] += 1
@@ -162,7 +172,9 @@ class Loader:
 
     def _slot(self, k: int) -> int:
         if self.ring[k] is None:
-            self.ring_owner[k], self.ring[k] = pinned_ring(self.slot)
+            t0 = time.perf_counter()
+            self.pinner.wait(k)
+            self.timings["wait_pin"] += time.perf_counter() - t0
         return k
 
     def _fence(self, slot: int) -> None:
@@ -206,6 +218,7 @@ class Loader:
             else:
                 stage.copy_to_device(buf[:needed], stream=self.stream)
             first, last = self.scatter_rows[(r["index"], qi)]
+            self._join_warmer()
             scatter.launch(stage, self.arena, self.table, first, last, sc["width"], self.stream)
             self.counters["copies"] += 1
             self.counters["kernels"] += 1
@@ -240,7 +253,21 @@ class Loader:
             return self.arena[off:off + n]
         return self.landing[r["landing_region"]][off:off + n]
 
+    def _join_warmer(self) -> None:
+        """Wait for the kernel-warming thread before the first launch.
+
+        Two threads loading the same kernel's module at once (the warmer and the first real launch)
+        can load it twice; numba-cuda then finds the module handle already registered.
+        """
+        if self.warmer is not None:
+            t0 = time.perf_counter()
+            self.warmer.join()
+            self.warmer = None
+            self.timings["wait_warm"] = time.perf_counter() - t0
+
     def _launch_kernels(self, r) -> None:
+        if r["kernels"]:
+            self._join_warmer()
         for k in r["kernels"]:
             self._kernel(r, k)
             self.counters["kernels"] += 1
@@ -291,6 +318,57 @@ class Loader:
         self.counters["host_parts"] += 1
         if self.progress:
             self.progress(p["out_bytes"], 1)
+
+
+class _Pinner:
+    """Pins the ring's slots in order on a thread of its own; `wait(k)` returns once slot k is pinned.
+
+    The thread uses the load's device (a new thread's current device is device 0) and stops between
+    slots when asked; an error while pinning is raised by the next `wait`.
+    """
+
+    def __init__(self, ring: list, owners: list, nbytes: int):
+        import threading
+
+        self.ring, self.owners, self.nbytes = ring, owners, nbytes
+        self.cond = threading.Condition()
+        self.done = 0
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.dev = None if seam.simulated() else seam.current_device()
+        self.thread = threading.Thread(target=self._pin, name="planc-pin", daemon=True)
+        self.thread.start()
+
+    def _pin(self) -> None:
+        try:
+            if self.dev is not None:
+                seam.select(f"cuda:{self.dev}")
+            for k in range(len(self.ring)):
+                if self.stopping:
+                    return
+                owner, view = pinned_ring(self.nbytes)
+                with self.cond:
+                    if self.stopping:
+                        return
+                    self.owners[k], self.ring[k] = owner, view
+                    self.done = k + 1
+                    self.cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the loader's thread by wait()
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def wait(self, k: int) -> None:
+        with self.cond:
+            while self.done <= k and self.error is None:
+                self.cond.wait()
+            if self.done <= k:
+                raise self.error
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+        self.thread.join()
 
 
 def _host_transform(p: dict, bufs: list) -> np.ndarray:

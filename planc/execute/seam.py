@@ -24,6 +24,11 @@ def select(device: str) -> int:
     return idx
 
 
+def current_device() -> int:
+    """The id of this thread's current device (a new thread's is device 0 until it selects one)."""
+    return int(cuda.get_current_device().id)
+
+
 def memory_info() -> tuple[int, int] | None:
     """(free, total) device bytes, or None under the simulator (which has no real device memory)."""
     if simulated():
