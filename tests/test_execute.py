@@ -632,3 +632,45 @@ def test_cli_run_exit_codes(tmp_path, capsys, dense):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     assert cli.main(["run", str(tmp_path / "plan.json"), "--json"]) == 2
     assert "changed since the plan was compiled" in capsys.readouterr().err
+
+
+class _CompilingWarmer:
+    """Stands in for the kernel warmer's thread: still compiling until the loader joins it."""
+
+    def __init__(self):
+        self.joins = 0
+
+    def is_alive(self):
+        return self.joins == 0
+
+    def join(self):
+        self.joins += 1
+
+
+@pytest.mark.parametrize("case", ["convert", "dequantize"])
+def test_kernels_deferred_while_the_warmer_compiles(tmp_path, load, dense, monkeypatch, case):
+    """Kernels of runs loaded while the warmer still compiles are launched later, on the same stream;
+    a run that reuses a landing region its deferred kernels read launches them first."""
+    warmers = []
+    monkeypatch.setattr(loader_mod, "warm_kernels", lambda plan: warmers.append(_CompilingWarmer()) or warmers[-1])
+    if case == "convert":
+        path, want = dense
+        rules = [{"match": "model.layers.0.self_attn.*", "dtype": "float32"},
+                 {"match": "model.layers.0.*layernorm.weight", "dtype": "float16"}, {"match": "*"}]
+        plan, model = load(spec_file(tmp_path, path, rules,
+                                      io={"slot": 4096, "slots": 3, "run": "8KiB", "merge_gap": 0}))
+        for name in want:
+            if ".self_attn." in name:
+                want[name] = cast(want[name], "F32")
+            elif "layernorm" in name:
+                want[name] = cast(want[name], "F16")
+    else:
+        path, want = synth(tmp_path, "fp8", layers=1)
+        rules = fp8_rules("bfloat16", "device", match="*.self_attn.*")
+        plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 4, "run": "12KiB"}))
+        want = dequantized(want, "BF16", lambda n: ".self_attn." in n)
+    with_kernels = [r for r in plan["runs"] if r["kernels"]]
+    assert len(with_kernels) >= 2
+    assert warmers and warmers[0].joins == 1
+    assert "wait_warm" in model.report["timings"]
+    assert_model(model, want)

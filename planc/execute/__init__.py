@@ -73,6 +73,7 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
     if not plan.fits:
         r = plan.refusal
         raise AdmissionError(r["message"], code=r["code"], refusal=dict(r))
+    t_prep = time.perf_counter()
     check_fingerprints(plan)
     dev = device or plan["device"]
     idx = select(dev)
@@ -83,23 +84,26 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
     free_before = memory_info()
     loader = Loader(plan)
     loader.device = dev
+    loader.timings["prepare"] = time.perf_counter() - t_prep
     bar = _progress(plan) if progress else None
     t0 = time.perf_counter()
     try:
         try:
             loader.allocate()
-            free_alloc = memory_info()
             if bar:
                 bar[0].start()
                 loader.progress = bar[2]
             loader.run()
+            free_alloc = memory_info()  # arena, landing and staging all still held
         finally:
             if bar:
                 bar[0].stop()
         wall = time.perf_counter() - t0
         arena = loader.arena
         loader.arena = None
-        loader.free()
+        t_free = time.perf_counter()
+        loader.free(full=False)
+        loader.timings["free"] = time.perf_counter() - t_free
     except PlancError as e:
         _drop_frames(e)
         loader.free()
@@ -121,7 +125,9 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
                                        arena, idx) for t in plan["tensors"]}
     report = _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, simulated())
     model = LoadedModel(tensors, report, arena)
-    release()
+    t_rel = time.perf_counter()
+    release(full=False)
+    report["timings"]["release"] = round(time.perf_counter() - t_rel, 6)
     report["host"]["rss_after_bytes"] = rss_bytes()
     if verify:
         from .verify import verify_model

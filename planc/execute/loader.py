@@ -49,6 +49,8 @@ class Loader:
         self.staging = self.table = self.stream = None
         self.warmer = None
         self.pinner: _Pinner | None = None
+        self.device_job: _Background | None = None
+        self.deferred: list = []  # runs whose kernels wait for the kernel warmer
         self.free_slots: deque = deque()
         self.copying: deque = deque()  # (slot, event)
         self.pending: deque = deque()  # (run, request index, request, slot, future)
@@ -60,13 +62,20 @@ class Loader:
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self) -> None:
+        """Start everything the load needs; the device allocations are made by a thread of their own.
+
+        The reads need only the pinned ring, so they start at once; the arena (one allocation the size
+        of the model, tens of milliseconds to map) is allocated meanwhile and waited for before the
+        first copy (`_device`).
+        """
         t0 = time.perf_counter()
-        self.warmer = warm_kernels(self.plan)
+        if self.warmer is None:
+            self.warmer = warm_kernels(self.plan)
         lay = self.plan["layout"]
-        self.arena = device_bytes(lay["arena_bytes"])
-        # One allocation per landing region (even runs, odd runs): each starts aligned for any element
-        # type, which a region placed right after the other (its size unrounded) would not be.
-        self.landing = [device_bytes(n) if n else None for n in lay["landing_region_bytes"]]
+        from numba import cuda
+
+        self.stream = cuda.stream()
+        self.device_job = _Background(self._allocate_device, "planc-alloc")
         # Ring slots are pinned one by one, in order, by a thread of their own: pinning costs time in
         # proportion to the bytes (about 1-2 GB/s here), so slot k's pinning overlaps the reads and
         # copies already running in slots < k instead of stalling the thread that issues them.
@@ -74,20 +83,6 @@ class Loader:
         self.ring_owner = _Slots([None] * len(self.ring))
         self.events = [None] * len(self.ring)
         self.pinner = _Pinner(self.ring, self.ring_owner, self.slot)
-        from numba import cuda
-
-        self.stream = cuda.stream()
-        if lay.get("zero"):
-            scatter.zero(self.arena, lay["zero"], self.stream)
-        if lay.get("staging_bytes"):
-            self.staging = device_bytes(lay["staging_bytes"])
-            table, self.scatter_rows = scatter.build_table(self.plan)
-            self.table = cuda.to_device(table, stream=self.stream)
-            self.counters["copies"] += 1
-        if not seam.simulated():
-            self.raw = (seam.stream_handle(self.stream), seam.device_pointer(self.arena),
-                        [seam.device_pointer(x) if x is not None else 0 for x in self.landing],
-                        seam.device_pointer(self.staging) if self.staging is not None else 0)
         self.reader = Reader(self.plan["checkpoint"]["root"], self.io["direct"])
         for f in self.plan["checkpoint"]["files"]:
             self.reader.open(f["path"], f["size_bytes"])
@@ -95,7 +90,44 @@ class Loader:
         self.free_slots.extend(range(lay["ring_bytes"] // self.slot))
         self.timings["allocate"] = time.perf_counter() - t0
 
-    def free(self) -> None:
+    def _allocate_device(self) -> None:
+        lay = self.plan["layout"]
+        self.arena = device_bytes(lay["arena_bytes"])
+        # One allocation per landing region (even runs, odd runs): each starts aligned for any element
+        # type, which a region placed right after the other (its size unrounded) would not be.
+        self.landing = [device_bytes(n) if n else None for n in lay["landing_region_bytes"]]
+        if lay.get("staging_bytes"):
+            from numba import cuda
+
+            self.staging = device_bytes(lay["staging_bytes"])
+            table, self.scatter_rows = scatter.build_table(self.plan)
+            self.table = cuda.to_device(table)
+            self.counters["copies"] += 1
+        if not seam.simulated():
+            self.raw = (seam.stream_handle(self.stream), seam.device_pointer(self.arena),
+                        [seam.device_pointer(x) if x is not None else 0 for x in self.landing],
+                        seam.device_pointer(self.staging) if self.staging is not None else 0)
+
+    def _device(self) -> None:
+        """Wait for the device allocations (once); zero-fill the padding before any copy lands."""
+        job = self.device_job
+        if job is None:
+            return
+        t0 = time.perf_counter()
+        self.device_job = None
+        job.wait()
+        lay = self.plan["layout"]
+        if lay.get("zero"):
+            scatter.zero(self.arena, lay["zero"], self.stream)
+        self.timings["wait_device"] = time.perf_counter() - t0
+
+    def free(self, full: bool = True) -> None:
+        if self.device_job is not None:
+            try:
+                self.device_job.wait()
+            except BaseException:  # noqa: BLE001 - freeing: what was allocated is dropped below
+                pass
+            self.device_job = None
         if self.pinner is not None:
             self.pinner.stop()
             self.pinner = None
@@ -113,7 +145,7 @@ class Loader:
         self.copying.clear()
         self.pending.clear()
         self.landing = self.ring = self.ring_owner = self.staging = self.table = self.raw = self.events = None
-        release()
+        release(full)
 
     def drop_arena(self) -> None:
         self.arena = None
@@ -139,11 +171,16 @@ class Loader:
             if not r["requests"]:
                 self._launch_kernels(r)
         self._drain()
+        self._device()
+        self._flush_deferred()
         t0 = time.perf_counter()
         self.stream.synchronize()
         self.timings["final_sync"] = time.perf_counter() - t0
 
     def _admit_run(self, r) -> None:
+        region = r.get("landing_region")
+        if any(d.get("landing_region") == region and _reads_landing(d) for d in self.deferred):
+            self._flush_deferred()
         need = r["host_bytes"]
         if not need:
             return
@@ -203,6 +240,7 @@ class Loader:
         r, qi, req, slot, fut = self.pending.popleft()
         t0 = time.perf_counter()
         fut.result()  # re-raises the reader's typed error
+        self._device()
         t1 = time.perf_counter()
         self.timings["wait_reads"] += t1 - t0
         self.counters["requests"] += 1
@@ -266,8 +304,28 @@ class Loader:
             self.timings["wait_warm"] = time.perf_counter() - t0
 
     def _launch_kernels(self, r) -> None:
+        """Launch run r's kernels, or defer them while the kernel warmer is still compiling.
+
+        Deferred kernels are launched later on the same stream, so they still follow their run's
+        copies; the arena ranges they touch are the run's own. A run that reuses a landing region
+        flushes the deferred kernels first (`_admit_run`), since they may still read it.
+        """
+        self._device()
         if r["kernels"]:
+            if self.warmer is not None and self.warmer.is_alive():
+                self.deferred.append(r)
+                return
+            self._flush_deferred()
+        self._kernels_of(r)
+
+    def _flush_deferred(self) -> None:
+        if self.deferred or self.warmer is not None:
             self._join_warmer()
+        runs, self.deferred = self.deferred, []
+        for r in runs:
+            self._kernels_of(r)
+
+    def _kernels_of(self, r) -> None:
         for k in r["kernels"]:
             self._kernel(r, k)
             self.counters["kernels"] += 1
@@ -294,6 +352,7 @@ class Loader:
             raise ExecuteError(f"plan names an unknown kernel op {k['op']!r} (part {k['part']})", code="plan-op")
 
     def _host_part(self, h) -> None:
+        self._device()
         p = self.plan["parts"][h["part"]]
         bufs = []
         for inp in p["inputs"]:
@@ -318,6 +377,38 @@ class Loader:
         self.counters["host_parts"] += 1
         if self.progress:
             self.progress(p["out_bytes"], 1)
+
+
+def _reads_landing(r) -> bool:
+    """Whether run r's kernels read its landing region (sources or FP8 scales placed there)."""
+    return any(k["src_space"] != "arena" or k["op"] == "dequantize" for k in r["kernels"])
+
+
+class _Background:
+    """Run `fn` on a thread of its own (on the caller's device); `wait()` returns or re-raises its error."""
+
+    def __init__(self, fn, name: str):
+        import threading
+
+        self.fn = fn
+        self.error: BaseException | None = None
+        self.dev = None if seam.simulated() else seam.current_device()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self.dev is not None:
+                seam.select(f"cuda:{self.dev}")
+            self.fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            self.error = e
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
 
 
 class _Pinner:
