@@ -83,7 +83,11 @@ from planc.synth import write_checkpoint  # noqa: E402
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]
 
 MIB = 2**20
-DEVICE_SLACK = 2 * MIB  # device free memory may differ by this much from before the load
+# Device free memory after a fault may sit up to this much below the baseline (arena: 16 MiB, so
+# a leaked arena or landing region still fails). Seen on the H200: steps of 2 MiB the first time
+# a new code path runs (driver-side reservations); `test_repeated_faults_hold_no_device_memory`
+# shows that repeating a fault does not grow it.
+DEVICE_SLACK = 4 * MIB
 ROOT = Path(__file__).resolve().parent.parent
 
 # 16 MiB in two shards: 73 requests through an 8-slot ring, 45 kernels (fuse, BF16 -> F16 in place,
@@ -494,6 +498,36 @@ def test_read_failing_mid_load(tmp_path, capsys, dense16, watch, monkeypatch):
     rc, out, err = cli_run(capsys, "run", plan_path, "--json")
     assert rc == 2 and out == "" and one_line(err).endswith("[read-failed]")
     watch.check("cli", pinned_used=True)
+
+
+def test_repeated_faults_hold_no_device_memory(tmp_path, dense16, monkeypatch):
+    """Twenty failed loads in a row (EIO half way): from the 2nd to the 20th, device free memory,
+    pinned bytes and RSS stay where they were."""
+    path, _ = dense16
+    _, plan = _plan_file(tmp_path, path)
+    fail_at = plan["totals"]["requests"] // 2
+    execute(plan).free()
+    real, calls = os.preadv, []
+
+    def preadv(fd, bufs, offset, *a):
+        calls.append(offset)
+        if len(calls) == fail_at:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, bufs, offset, *a)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    marks = {}
+    for i in range(1, 21):
+        calls.clear()
+        with pytest.raises(ReadError):
+            execute(plan)
+        if i in (2, 20):
+            marks[i] = snapshot()
+    growth = _delta(marks[2], marks[20])
+    record("test_repeated_faults_hold_no_device_memory", fault2=marks[2], fault20=marks[20], growth=growth)
+    assert -growth["device_free"] <= 0, f"device free memory fell {-growth['device_free']:,} bytes over 18 faults"
+    assert growth["pinned"] <= 0 and marks[20]["pinned"] == 0
+    assert growth["rss"] <= 8 * MIB
 
 
 def test_interrupt_during_the_load_in_process(tmp_path, capsys, dense16, watch, monkeypatch):
