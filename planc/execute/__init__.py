@@ -62,6 +62,25 @@ def admit_live(plan) -> dict:
             "device_total_bytes": None if info is None else info[1]}
 
 
+class PlainView:
+    """A plan read through `Plan.plain`: plain, shared values instead of frozen copies (cheap at any size)."""
+
+    __slots__ = ("_plan",)
+
+    def __init__(self, plan):
+        self._plan = plan
+
+    def __getitem__(self, key):
+        return self._plan.plain(key)
+
+    def get(self, key, default=None):
+        return self._plan.plain(key, default)
+
+    @property
+    def plan(self):
+        return self._plan
+
+
 def execute(plan, *, progress: bool = False, verify: bool = False, device: str | None = None):
     """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure."""
     from .alloc import release
@@ -75,6 +94,7 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
         raise AdmissionError(r["message"], code=r["code"], refusal=dict(r))
     t_prep = time.perf_counter()
     check_fingerprints(plan)
+    plan = PlainView(plan)
     dev = device or plan["device"]
     idx = select(dev)
     warm_up()
@@ -186,7 +206,7 @@ def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_allo
     return {
         "simulator": sim,
         "device": loader.device,
-        "tensor_parallel": dict(plan.doc.get("tensor_parallel") or {"rank": 0, "size": 1}),
+        "tensor_parallel": dict(plan.get("tensor_parallel") or {"rank": 0, "size": 1}),
         "wall_seconds": wall,
         "gb_per_s": payload / wall / 1e9 if wall > 0 else None,
         "payload_bytes": payload,

@@ -38,9 +38,8 @@ class _Slots(list):
 
 class Loader:
     def __init__(self, plan, progress=None):
-        d = plan.doc
         self.plan = plan
-        self.io = d["io"]
+        self.io = plan["io"]
         self.slot = self.io["slot_bytes"]
         self.progress = progress
         self.counters = {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
