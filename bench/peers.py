@@ -36,6 +36,7 @@ CASES = {  # case -> (family, size divisor, planc rules, peers run?)
     "dense_fp16": ("dense", 1, "fp16", False),
     "moe": ("moe", 4, "copy", True),
     "fp8": ("fp8", 2, "fp8", False),
+    "fp8_copy": ("fp8", 2, "copy", False),  # the same bytes as fp8, loaded as they are: its reference
 }
 
 

@@ -256,3 +256,27 @@ def test_cli_run_json_verify(tmp_path, capsys, dense32):
     assert rep["verify"]["ok"] is True and rep["simulator"] is False
     for k in ("requests", "copies", "kernels"):
         assert rep[k]["issued"] == rep[k]["predicted"]
+
+
+def test_kernels_launch_from_their_cubin_after_the_first_load(tmp_path, load, dense32):
+    """The first load compiles through numba and writes each kernel's cubin; the second launches
+    them through the driver (planc.execute.launch) and gives the same bits."""
+    from planc.execute import launch
+
+    assert launch.enabled()
+    path, want = dense32
+    rules = [QKV, {"match": "*.mlp.*", "dtype": "float16"}, {"match": "*layernorm.weight", "dtype": "float32"},
+             {"match": "*"}]
+    spec = spec_file(tmp_path, path, rules, io=GPU_IO, host="1GiB")
+    layers = sum(1 for k in want if k.endswith(".self_attn.q_proj.weight"))
+    out = fused(want, layers)
+    for k in out:
+        if ".mlp." in k:
+            out[k] = cast(out[k], "F16")
+        elif k.endswith("layernorm.weight"):
+            out[k] = cast(out[k], "F32")
+    for _ in range(2):
+        plan, model = load(spec)
+        assert_model(model, out)
+    names = {k[0] for k, fn in launch._functions.items() if fn}
+    assert {"bf16_to_f16", "bf16_to_f32"} <= names, names

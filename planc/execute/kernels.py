@@ -38,6 +38,7 @@ import numpy as np
 from numba import cuda
 
 from planc.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
+from planc.execute import launch
 from planc.execute.refconv import fp8_table
 
 # Launch geometry.
@@ -352,6 +353,11 @@ _k_transpose = {
     4: _transpose_kernel(numba.uint32),
 }
 
+# Stable names of the kernels (the on-disk cubins of planc.execute.launch are keyed by them).
+_NAMES = {id(k): n for n, k in (("copy", _k_copy), ("f32_to_bf16", _k_f32_to_bf16), ("f32_to_f16", _k_f32_to_f16),
+                                ("bf16_to_f32", _k_bf16_to_f32), ("f16_to_f32", _k_f16_to_f32),
+                                ("bf16_to_f16", _k_bf16_to_f16), ("f16_to_bf16", _k_f16_to_bf16))}
+
 # (src dtype, dst dtype) -> kernel; identical dtypes copy.
 _CONVERT_KERNELS = {
     ("F32", "BF16"): _k_f32_to_bf16,
@@ -409,7 +415,7 @@ def _launch_map(kernel, src, dst, n: int, stream=0) -> None:
     if n <= 0:
         return
     blocks, threads = grid_1d(n)
-    kernel[blocks, threads, stream](src, dst, n)
+    launch.go(kernel, _NAMES[id(kernel)], blocks, threads, stream, src, dst, n)
 
 
 def launch_f32_to_bf16(src_u32, dst_u16, n: int, stream=0) -> None:
@@ -454,9 +460,8 @@ def launch_dequant_fp8(
         threads = _BLOCK_2D
         grid = grid_2d(rows, cols, (_BLOCK_2D[0], _BLOCK_2D[1] * 4))  # 4 rows a thread
     scols = _cdiv(cols, block)
-    _k_dequant[out_dtype][grid, threads, stream](
-        w_u8, scale_f32, table_f32, out, rows, cols, block, scols
-    )
+    launch.go(_k_dequant[out_dtype], f"dequant_{out_dtype}", grid, threads, stream,
+              w_u8, scale_f32, table_f32, out, rows, cols, block, scols)
 
 
 def launch_transpose(src, dst, rows: int, cols: int, stream=0) -> None:
@@ -472,7 +477,8 @@ def launch_transpose(src, dst, rows: int, cols: int, stream=0) -> None:
     else:
         threads = _BLOCK_2D
         grid = grid_2d(rows, cols, (_TILE, _TILE))
-    _k_transpose[np.dtype(src.dtype).itemsize][grid, threads, stream](src, dst, rows, cols)
+    size = np.dtype(src.dtype).itemsize
+    launch.go(_k_transpose[size], f"transpose_{size}", grid, threads, stream, src, dst, rows, cols)
 
 
 # --------------------------------------------------------------------------------------------

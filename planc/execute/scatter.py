@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from . import launch as driver_launch
 from .kernels import CACHE
 from .seam import simulated
 
@@ -65,7 +66,7 @@ def launch(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, s
         blocks, threads = min(2, nseg), _SIM_THREADS
     else:
         blocks, threads = min(nseg, 65535), _THREADS
-    _scatter[blocks, threads, stream](src, dst, table_dev, first, last)
+    driver_launch.go(_scatter, f"scatter_{width}", blocks, threads, stream, src, dst, table_dev, first, last)
 
 
 @cuda.jit(cache=CACHE)
@@ -83,4 +84,4 @@ def zero(arena_u8, regions, stream) -> None:
         if n <= 0:
             continue
         blocks, threads = (2, _SIM_THREADS) if simulated() else (min(1024, -(-n // _THREADS)), _THREADS)
-        _zero[blocks, threads, stream](arena_u8[off:off + n], n)
+        driver_launch.go(_zero, "zero", blocks, threads, stream, arena_u8[off:off + n], n)

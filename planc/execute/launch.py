@@ -1,0 +1,224 @@
+"""Kernel launches through the driver, once a kernel's machine code is on disk.
+
+numba's first launch of a kernel in a process costs 0.5-1 s even when its on-disk cache hits:
+typing the arguments, setting up the CUDA target, rebuilding the cached library. In a load of a
+few seconds that is most of the difference from a pure copy. So the first time a kernel runs
+with a given argument signature, numba compiles it as usual and its cubin is written to
+`~/.cache/planc/kernels` (or `PLANC_KERNEL_DIR`); every later launch, in this process or the next,
+loads that cubin with `cuModuleLoadData` and calls `cuLaunchKernel` with the arguments packed as
+numba's kernel ABI lays them out:
+
+* an array is (meminfo, parent, nitems, itemsize, data, shape[ndim], strides[ndim]), each 8 bytes;
+* an int64 scalar is 8 bytes.
+
+The cubin's file name hashes the kernel's name and signature, the device's compute capability,
+the numba-cuda version and the source of the kernel modules, so a changed kernel is compiled anew.
+Under the simulator, with `PLANC_RAW_LAUNCH=0`, or when no cache folder is writable, every launch
+goes through numba.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from . import seam
+
+_lock = threading.Lock()
+_functions: dict = {}  # (name, signature, device) -> CUfunction handle (int), or None: not on disk
+_modules: list = []  # loaded modules stay for the process (a few KiB each)
+_dir: Path | None = None
+_salt: str | None = None
+
+
+def enabled() -> bool:
+    return os.environ.get("PLANC_RAW_LAUNCH", "1") != "0" and not seam.simulated() and _cache_dir() is not None
+
+
+def _cache_dir() -> Path | None:
+    global _dir
+    if _dir is None:
+        d = Path(os.environ.get("PLANC_KERNEL_DIR") or Path.home() / ".cache" / "planc" / "kernels")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if not os.access(d, os.W_OK):
+                return None
+        except OSError:
+            return None
+        _dir = d
+    return _dir
+
+
+def _source_salt() -> str:
+    """What the compiled code depends on besides the signature: the kernel sources and numba-cuda."""
+    global _salt
+    if _salt is None:
+        h = hashlib.sha256()
+        here = Path(__file__).resolve().parent
+        for name in ("kernels.py", "scatter.py", "launch.py"):
+            h.update((here / name).read_bytes())
+        try:
+            from importlib.metadata import version
+
+            h.update(version("numba-cuda").encode() + version("numba").encode())
+        except Exception:  # noqa: BLE001 - unknown version: the sources alone
+            pass
+        _salt = h.hexdigest()[:16]
+    return _salt
+
+
+def signature(args) -> tuple | None:
+    """The argument signature: ('a', dtype, ndim) per C-contiguous device array, ('i',) per integer;
+    None when an argument is anything else (that launch goes through numba)."""
+    sig = []
+    for a in args:
+        if isinstance(a, (int, np.integer)) and not isinstance(a, bool):
+            sig.append(("i",))
+        elif hasattr(a, "device_ctypes_pointer") and getattr(a, "is_c_contiguous", lambda: False)():
+            sig.append(("a", np.dtype(a.dtype).str, a.ndim))
+        else:
+            return None
+    return tuple(sig)
+
+
+def pack(args) -> list[int]:
+    """numba's kernel ABI, each value 8 bytes (see the module docstring)."""
+    vals: list[int] = []
+    for a in args:
+        if isinstance(a, (int, np.integer)):
+            vals.append(int(a))
+        else:
+            item = np.dtype(a.dtype).itemsize
+            vals += [0, 0, int(a.size), item, int(a.device_ctypes_pointer.value or 0)]
+            vals += [int(s) for s in a.shape]
+            vals += [int(s) for s in a.strides]
+    return vals
+
+
+def _dims(x) -> tuple[int, int, int]:
+    t = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    t = tuple(int(v) for v in t) + (1,) * (3 - len(t))
+    return t[0], t[1], t[2]
+
+
+def _file(name: str, sig: tuple, cc: tuple) -> Path:
+    key = json.dumps([name, sig, list(cc), _source_salt()])
+    return _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".cubin")
+
+
+def _device() -> tuple[int, tuple]:
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    return int(dev.id), tuple(dev.compute_capability)
+
+
+def _context() -> int:
+    """This thread's current CUDA context: loaded modules belong to it."""
+    ctx = ctypes.c_void_p()
+    seam._check(seam._driver().cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    return int(ctx.value or 0)
+
+
+def _load(name: str, sig: tuple) -> int | None:
+    _, cc = _device()
+    key = (name, sig, _context())
+    with _lock:
+        if key in _functions:
+            return _functions[key]
+        path = _file(name, sig, cc)
+        fn = None
+        try:
+            meta = json.loads(path.with_suffix(".json").read_text())
+            image = path.read_bytes()
+        except (OSError, ValueError):
+            meta = None
+        if meta is not None:
+            cu = seam._driver()
+            mod = ctypes.c_void_p()
+            seam._check(cu.cuModuleLoadData(ctypes.byref(mod), image), f"cuModuleLoadData({path.name})")
+            f = ctypes.c_void_p()
+            seam._check(cu.cuModuleGetFunction(ctypes.byref(f), mod, meta["entry"].encode()),
+                        f"cuModuleGetFunction({meta['entry']})")
+            _modules.append(mod)
+            fn = int(f.value)
+            _functions[key] = fn
+        return fn
+
+
+def _save(kernel, name: str, sig: tuple) -> None:
+    """After numba launched `kernel`, write its cubin for `sig` (best effort: a failure only means
+    the next process goes through numba too)."""
+    try:
+        _, cc = _device()
+        for types, ov in list(kernel.overloads.items()):
+            if _matches(types, sig):
+                lib = ov._codelibrary
+                if getattr(lib, "_setup_functions", None) or getattr(lib, "_teardown_functions", None):
+                    return
+                obj = lib.get_cubin(cc=cc)  # bytes, or a cuda.core ObjectCode holding them
+                image = getattr(obj, "code", obj)
+                if not isinstance(image, (bytes, bytearray)):
+                    return
+                entry = lib._entry_name
+                entry = (getattr(obj, "symbol_mapping", None) or {}).get(entry, entry)
+                path = _file(name, sig, cc)
+                ident = f".{os.getpid()}.{threading.get_ident()}.tmp"
+                tmp = path.with_suffix(ident)
+                tmp.write_bytes(bytes(image))
+                os.replace(tmp, path)
+                meta = path.with_suffix(".json")
+                tmp = meta.with_suffix(ident)
+                tmp.write_text(json.dumps({"entry": entry, "name": name, "signature": sig}))
+                os.replace(tmp, meta)
+                return
+    except Exception:  # noqa: BLE001 - the cache is an optimization
+        return
+
+
+def _matches(types, sig: tuple) -> bool:
+    from numba.core import types as nt
+
+    if len(types) != len(sig):
+        return False
+    for t, s in zip(types, sig):
+        if s[0] == "i":
+            if t != nt.int64:
+                return False
+        elif not (isinstance(t, nt.Array) and t.layout == "C" and t.ndim == s[2]
+                  and np.dtype(str(t.dtype)).str == s[1]):
+            return False
+    return True
+
+
+def _raw_launch(fn: int, grid, block, stream, args) -> None:
+    vals = pack(args)
+    n = len(vals)
+    buf = (ctypes.c_uint64 * n)(*[v & 0xFFFFFFFFFFFFFFFF for v in vals])
+    base = ctypes.addressof(buf)
+    params = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+    gx, gy, gz = _dims(grid)
+    bx, by, bz = _dims(block)
+    h = 0 if isinstance(stream, int) else seam.stream_handle(stream)
+    seam._check(seam._driver().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
+
+
+def go(kernel, name: str, grid, block, stream, *args) -> None:
+    """Launch `kernel` (a numba CUDA kernel) named `name` with `args` on `stream`."""
+    if enabled():
+        sig = signature(args)
+        if sig is not None:
+            fn = _load(name, sig)
+            if fn is not None:
+                _raw_launch(fn, grid, block, stream, args)
+                return
+            kernel[grid, block, stream](*args)
+            _save(kernel, name, sig)
+            return
+    kernel[grid, block, stream](*args)
