@@ -674,3 +674,27 @@ def test_kernels_deferred_while_the_warmer_compiles(tmp_path, load, dense, monke
     assert warmers and warmers[0].joins == 1
     assert "wait_warm" in model.report["timings"]
     assert_model(model, want)
+
+
+def test_page_cache_fraction_sees_resident_and_evicted_pages(tmp_path):
+    """The O_DIRECT choice rests on this probe: a file just written is resident; after fsync and
+    POSIX_FADV_DONTNEED it is not (a file larger than the sampled pages, so windows are sampled)."""
+    from planc.execute.reader import page_cache_fraction
+
+    mounts = [line.split()[1:3] for line in open("/proc/mounts")]
+    fs = max((m for m in mounts if str(tmp_path).startswith(m[0])), key=lambda m: len(m[0]))[1]
+    if fs in ("tmpfs", "ramfs", "overlay"):
+        pytest.skip(f"{fs} keeps its pages: nothing to evict")
+    path = tmp_path / "big.bin"
+    size = 64 << 20
+    with open(path, "wb") as f:
+        f.write(os.urandom(1 << 20) * 64)
+    assert page_cache_fraction(str(path), size) > 0.9
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert page_cache_fraction(str(path), size) < 0.5
+    assert page_cache_fraction(str(tmp_path / "missing.bin"), size) is None
