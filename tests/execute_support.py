@@ -185,3 +185,71 @@ def refuse_direct_open(monkeypatch) -> None:
 
     monkeypatch.setattr(os, "open", fake_open)
     monkeypatch.setattr("planc.execute.reader.page_cache_fraction", lambda path, size: 0.0)
+
+
+# ------------------------------------------------------------------------------------------
+# faults shared by the simulator and GPU fault tests
+
+
+def fail_read_at(monkeypatch, n: int) -> list:
+    """`os.preadv` raises EIO on its n-th call from now; returns the list of calls (clear it to re-arm)."""
+    real, calls = os.preadv, []
+
+    def preadv(fd, bufs, offset, *a):
+        calls.append(offset)
+        if len(calls) == n:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, bufs, offset, *a)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    return calls
+
+
+def live_room_by_call(monkeypatch, rooms) -> list:
+    """The loader's per-run live room: `rooms(call number)` bytes; returns the list of calls."""
+    import planc.execute.loader as loader_mod
+
+    calls = []
+
+    def live_room():
+        calls.append(1)
+        n = rooms(len(calls))
+        return {"available_bytes": n, "cgroup_room_bytes": None, "reserve_bytes": 0, "room_bytes": n}
+
+    monkeypatch.setattr(loader_mod, "live_room", live_room)
+    return calls
+
+
+def holds_open(pid: int, paths) -> bool:
+    """Whether process `pid` has one of `paths` (a path or a set of them) open."""
+    paths = {paths} if isinstance(paths, str) else set(paths)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in paths:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def one_line(err: str) -> str:
+    """The one `planc: ...` line a failed command writes to stderr (no traceback)."""
+    lines = err.strip("\n").splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("planc: ")
+    return lines[0]
+
+
+def cli_run(capsys, *args) -> tuple[int, str, str]:
+    """`planc ARGS` in process: (exit code, stdout, stderr) of that command alone."""
+    from planc import cli
+
+    capsys.readouterr()
+    rc = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -33,8 +33,8 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
 
 import planc.execute.loader as loader_mod  # noqa: E402
 from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, assert_model, cast, refuse_direct_open,  # noqa: E402
-                             convert_source, dequantized, fp8_rules, fused, handmade, load_checked, spec_file,
-                             stacked, synth)
+                             convert_source, dequantized, fp8_rules, fused, handmade, live_room_by_call,
+                             load_checked, spec_file, stacked, synth)
 from planc import cli  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import AdmissionError, FingerprintError, PlancError, ReadError  # noqa: E402
@@ -353,22 +353,9 @@ def _host_path_plan(tmp_path, dense):
     return plan
 
 
-def _live_room(monkeypatch, rooms):
-    """The loader's per-run live room: `rooms(call number)` bytes."""
-    calls = []
-
-    def live_room():
-        calls.append(1)
-        n = rooms(len(calls))
-        return {"available_bytes": n, "cgroup_room_bytes": None, "reserve_bytes": 0, "room_bytes": n}
-
-    monkeypatch.setattr(loader_mod, "live_room", live_room)
-    return calls
-
-
 def test_run_waits_for_live_room(tmp_path, load, dense, monkeypatch):
     plan = _host_path_plan(tmp_path, dense)
-    calls = _live_room(monkeypatch, lambda k: 0 if k == 1 else 2**40)  # short of room once, then plenty
+    calls = live_room_by_call(monkeypatch, lambda k: 0 if k == 1 else 2**40)  # short of room once, then plenty
     model = execute(plan, verify=True)
     try:
         assert model.report["verify"]["ok"] and model.report["run_waits"] == 1 and len(calls) >= 2
@@ -379,7 +366,7 @@ def test_run_waits_for_live_room(tmp_path, load, dense, monkeypatch):
 def test_run_refused_by_live_room_mid_load(tmp_path, dense, monkeypatch):
     plan = _host_path_plan(tmp_path, dense)
     first = next(r for r in plan["runs"] if r["host_bytes"])
-    _live_room(monkeypatch, lambda k: 0)
+    live_room_by_call(monkeypatch, lambda k: 0)
     seen = _watch_allocations(monkeypatch)
     with pytest.raises(AdmissionError) as ei:
         execute(plan)

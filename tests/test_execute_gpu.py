@@ -77,12 +77,12 @@ def _no_allocation(monkeypatch):
 # loads
 
 
-def test_dense_fuse_and_convert(tmp_path, load, dense32):
-    path, want = dense32
-    rules = [QKV, {"match": "*.mlp.*", "dtype": "float16"}, {"match": "*layernorm.weight", "dtype": "float32"},
-             {"match": "*"}]
-    plan, model = load(spec_file(tmp_path, path, rules, io=GPU_IO, host="1GiB"))
-    assert plan["totals"]["runs"] > 2 and plan["totals"]["kernels"] > 0
+FUSE_CONVERT = [QKV, {"match": "*.mlp.*", "dtype": "float16"}, {"match": "*layernorm.weight", "dtype": "float32"},
+                {"match": "*"}]
+
+
+def _fused_and_converted(want: dict) -> dict:
+    """What FUSE_CONVERT makes of the dense checkpoint's arrays."""
     layers = sum(1 for k in want if k.endswith(".self_attn.q_proj.weight"))
     out = fused(want, layers)
     for k in out:
@@ -90,7 +90,14 @@ def test_dense_fuse_and_convert(tmp_path, load, dense32):
             out[k] = cast(out[k], "F16")
         elif k.endswith("layernorm.weight"):
             out[k] = cast(out[k], "F32")
-    assert_model(model, out)
+    return out
+
+
+def test_dense_fuse_and_convert(tmp_path, load, dense32):
+    path, want = dense32
+    plan, model = load(spec_file(tmp_path, path, FUSE_CONVERT, io=GPU_IO, host="1GiB"))
+    assert plan["totals"]["runs"] > 2 and plan["totals"]["kernels"] > 0
+    assert_model(model, _fused_and_converted(want))
     rep = model.report
     assert rep["simulator"] is False and rep["gb_per_s"] > 0
     assert rep["device_memory"]["measured_allocated_bytes"] >= plan["layout"]["arena_bytes"]
@@ -265,16 +272,8 @@ def test_kernels_launch_from_their_cubin_after_the_first_load(tmp_path, load, de
 
     assert launch.enabled()
     path, want = dense32
-    rules = [QKV, {"match": "*.mlp.*", "dtype": "float16"}, {"match": "*layernorm.weight", "dtype": "float32"},
-             {"match": "*"}]
-    spec = spec_file(tmp_path, path, rules, io=GPU_IO, host="1GiB")
-    layers = sum(1 for k in want if k.endswith(".self_attn.q_proj.weight"))
-    out = fused(want, layers)
-    for k in out:
-        if ".mlp." in k:
-            out[k] = cast(out[k], "F16")
-        elif k.endswith("layernorm.weight"):
-            out[k] = cast(out[k], "F32")
+    spec = spec_file(tmp_path, path, FUSE_CONVERT, io=GPU_IO, host="1GiB")
+    out = _fused_and_converted(want)
     for _ in range(2):
         plan, model = load(spec)
         assert_model(model, out)

@@ -52,7 +52,6 @@ if numba.config.ENABLE_CUDASIM or not cuda.is_available():
     pytest.skip("no CUDA GPU here", allow_module_level=True)
 
 import ctypes  # noqa: E402
-import errno  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
@@ -64,12 +63,11 @@ import weakref  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from execute_support import (QKV, STACK, assert_model, cast, fused, load_checked, refuse_direct_open,  # noqa: E402
-                             spec_file, stacked, synth)
+from execute_support import (QKV, STACK, assert_model, cast, cli_run, fail_read_at, fused, holds_open, one_line,  # noqa: E402
+                             live_room_by_call, load_checked, refuse_direct_open, spec_file, stacked, synth)
 
 import planc.execute as planc_execute  # noqa: E402
 import planc.execute.loader as loader_mod  # noqa: E402
-from planc import cli  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import AdmissionError, FingerprintError, Interrupted, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
@@ -369,21 +367,6 @@ def watch(request, monkeypatch, tmp_path):
 # helpers
 
 
-def one_line(err: str) -> str:
-    lines = err.strip("\n").splitlines()
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    assert lines[0].startswith("planc: ")
-    return lines[0]
-
-
-def cli_run(capsys, *args) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 @pytest.fixture
 def dense16(tmp_path):
     """A ~16 MiB dense BF16 checkpoint in two shards, per test (some tests change its files)."""
@@ -480,15 +463,7 @@ def test_read_failing_mid_load(tmp_path, capsys, dense16, watch, monkeypatch):
     fail_at = plan["totals"]["requests"] // 2
     assert fail_at > 8  # past the ring's first round: slots pinned, copies and kernels in flight
     watch.start(plan)
-    real, calls = os.preadv, []
-
-    def preadv(fd, bufs, offset, *a):
-        calls.append(offset)
-        if len(calls) == fail_at:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(fd, bufs, offset, *a)
-
-    monkeypatch.setattr(os, "preadv", preadv)
+    calls = fail_read_at(monkeypatch, fail_at)
     with pytest.raises(ReadError) as ei:
         execute(plan)
     assert ei.value.code == "read-failed" and ei.value.exit_code == 2 and "Input/output error" in ei.value.message
@@ -507,15 +482,7 @@ def test_repeated_faults_hold_no_device_memory(tmp_path, dense16, monkeypatch):
     _, plan = _plan_file(tmp_path, path)
     fail_at = plan["totals"]["requests"] // 2
     execute(plan).free()
-    real, calls = os.preadv, []
-
-    def preadv(fd, bufs, offset, *a):
-        calls.append(offset)
-        if len(calls) == fail_at:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(fd, bufs, offset, *a)
-
-    monkeypatch.setattr(os, "preadv", preadv)
+    calls = fail_read_at(monkeypatch, fail_at)
     marks = {}
     for i in range(1, 21):
         calls.clear()
@@ -564,14 +531,7 @@ def test_live_room_shrinks_below_a_run(tmp_path, capsys, dense16, watch, monkeyp
     host_runs = [r for r in plan["runs"] if r["host_bytes"]]
     assert len(host_runs) >= 2
     watch.start(plan)
-    calls = []
-
-    def live_room():
-        calls.append(1)
-        n = 2**40 if len(calls) == 1 else 0
-        return {"available_bytes": n, "cgroup_room_bytes": None, "reserve_bytes": 0, "room_bytes": n}
-
-    monkeypatch.setattr(loader_mod, "live_room", live_room)
+    calls = live_room_by_call(monkeypatch, lambda k: 2**40 if k == 1 else 0)
     with pytest.raises(AdmissionError) as ei:
         execute(plan)
     second = host_runs[1]
@@ -625,20 +585,6 @@ def test_file_system_refusing_o_direct(tmp_path, capsys, dense16, watch, monkeyp
 # 2. SIGINT to `planc run`
 
 
-def _holds_open(pid: int, paths: set[str]) -> bool:
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in paths:
-                return True
-        except OSError:
-            pass
-    return False
-
-
 def test_sigint_during_the_load(tmp_path, request):
     """`planc run --json` gets SIGINT while it loads 1.5 GiB: exit 130, one line on stderr.
 
@@ -656,7 +602,7 @@ def test_sigint_during_the_load(tmp_path, request):
     shards = {os.path.realpath(f) for f in res.files}
     t0 = time.monotonic()
     try:
-        while not _holds_open(proc.pid, shards):
+        while not holds_open(proc.pid, shards):
             assert proc.poll() is None, f"planc run ended before it was interrupted: {proc.communicate()}"
             assert time.monotonic() - t0 < 180, "the load never started"
             time.sleep(0.01)

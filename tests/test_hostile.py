@@ -18,7 +18,6 @@ import os
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
-import errno  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
@@ -42,9 +41,9 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
                 allow_module_level=True)
 
 import planc.execute.loader as loader_mod  # noqa: E402
-from execute_support import SMALL_IO, handmade, refuse_direct_open, spec_file, synth  # noqa: E402
+from execute_support import (SMALL_IO, cli_run, fail_read_at, handmade, holds_open, live_room_by_call, one_line,  # noqa: E402
+                             refuse_direct_open, spec_file, synth)
 from hostile.corpus import CHECKPOINTS, SPECS, VALID, Case, ent, st_bytes, table, u8_shard  # noqa: E402
-from planc import cli  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import (AdmissionError, FingerprintError, Interrupted, PlancError, ReadError,  # noqa: E402
                           SpecError)
@@ -56,20 +55,6 @@ from planc.spec import load_spec, validate_spec  # noqa: E402
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.function_scoped_fixture])
-
-
-def one_line(err: str) -> str:
-    lines = err.strip("\n").splitlines()
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    assert lines[0].startswith("planc: ")
-    return lines[0]
-
-
-def cli_run(capsys, *args) -> tuple[int, str, str]:
-    rc = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 # ------------------------------------------------------------------------------------------
@@ -352,15 +337,7 @@ def test_read_failing_mid_load(tmp_path, capsys, dense, released, monkeypatch):
     path, _ = dense
     plan_path, plan = _plan_file(tmp_path, path, io={"slot": 4096, "slots": 2, "workers": 2, "direct": "off"})
     assert plan["totals"]["requests"] > 5
-    real, calls = os.preadv, []
-
-    def preadv(fd, bufs, offset, *a):
-        calls.append(offset)
-        if len(calls) == 5:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(fd, bufs, offset, *a)
-
-    monkeypatch.setattr(os, "preadv", preadv)
+    calls = fail_read_at(monkeypatch, 5)
     with pytest.raises(ReadError) as ei:
         execute(plan)
     assert ei.value.code == "read-failed" and ei.value.exit_code == 2 and "Input/output error" in ei.value.message
@@ -411,20 +388,6 @@ def _start(plan_path: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _holds_open(pid: int, path: str) -> bool:
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
-                return True
-        except OSError:
-            pass
-    return False
-
-
 def _interrupt(proc: subprocess.Popen) -> tuple[int, str, str]:
     proc.send_signal(signal.SIGINT)
     try:
@@ -441,7 +404,7 @@ def test_sigint_during_the_load(tmp_path):
     plan_path, path = _slow_plan(tmp_path)
     proc = _start(plan_path)
     deadline = time.monotonic() + 30
-    while not _holds_open(proc.pid, path):
+    while not holds_open(proc.pid, path):
         assert proc.poll() is None, f"planc run ended before it was interrupted: {proc.communicate()}"
         assert time.monotonic() < deadline, "the load never started"
         time.sleep(0.02)
@@ -504,14 +467,7 @@ def _host_path_plan(tmp_path, dense):
 def test_live_room_shrinks_below_a_run(tmp_path, capsys, dense, released, monkeypatch):
     """Room for the first host-path run, none after: the second waits for in-flight runs, then is refused."""
     plan_path, plan, host_runs = _host_path_plan(tmp_path, dense)
-    calls = []
-
-    def live_room():
-        calls.append(1)
-        n = 2**40 if len(calls) == 1 else 0
-        return {"available_bytes": n, "cgroup_room_bytes": None, "reserve_bytes": 0, "room_bytes": n}
-
-    monkeypatch.setattr(loader_mod, "live_room", live_room)
+    calls = live_room_by_call(monkeypatch, lambda k: 2**40 if k == 1 else 0)
     with pytest.raises(AdmissionError) as ei:
         execute(plan)
     second = next(r for r in plan["runs"] if r["index"] == host_runs[1])
