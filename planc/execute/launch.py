@@ -33,6 +33,7 @@ from . import seam
 _lock = threading.Lock()
 _functions: dict = {}  # (name, signature, device) -> CUfunction handle (int), or None: not on disk
 _modules: list = []  # loaded modules stay for the process (a few KiB each)
+_given_up: set = set()  # (name, signature) whose cubin could not be written
 _dir: Path | None = None
 _salt: str | None = None
 
@@ -152,20 +153,20 @@ def _load(name: str, sig: tuple) -> int | None:
         return fn
 
 
-def _save(kernel, name: str, sig: tuple) -> None:
-    """After numba launched `kernel`, write its cubin for `sig` (best effort: a failure only means
-    the next process goes through numba too)."""
+def _save(kernel, name: str, sig: tuple) -> bool:
+    """After numba launched `kernel`, write its cubin for `sig`; False when it could not (best
+    effort: a failure only means that launches of it go through numba)."""
     try:
         _, cc = _device()
         for types, ov in list(kernel.overloads.items()):
             if _matches(types, sig):
                 lib = ov._codelibrary
                 if getattr(lib, "_setup_functions", None) or getattr(lib, "_teardown_functions", None):
-                    return
+                    return False
                 obj = lib.get_cubin(cc=cc)  # bytes, or a cuda.core ObjectCode holding them
                 image = getattr(obj, "code", obj)
                 if not isinstance(image, (bytes, bytearray)):
-                    return
+                    return False
                 entry = lib._entry_name
                 entry = (getattr(obj, "symbol_mapping", None) or {}).get(entry, entry)
                 path = _file(name, sig, cc)
@@ -177,9 +178,10 @@ def _save(kernel, name: str, sig: tuple) -> None:
                 tmp = meta.with_suffix(ident)
                 tmp.write_text(json.dumps({"entry": entry, "name": name, "signature": sig}))
                 os.replace(tmp, meta)
-                return
+                return True
     except Exception:  # noqa: BLE001 - the cache is an optimization
-        return
+        return False
+    return False
 
 
 def _matches(types, sig: tuple) -> bool:
@@ -213,12 +215,13 @@ def go(kernel, name: str, grid, block, stream, *args) -> None:
     """Launch `kernel` (a numba CUDA kernel) named `name` with `args` on `stream`."""
     if enabled():
         sig = signature(args)
-        if sig is not None:
+        if sig is not None and (name, sig) not in _given_up:
             fn = _load(name, sig)
             if fn is not None:
                 _raw_launch(fn, grid, block, stream, args)
                 return
             kernel[grid, block, stream](*args)
-            _save(kernel, name, sig)
+            if not _save(kernel, name, sig):
+                _given_up.add((name, sig))  # numba launches this one from now on, without asking the disk
             return
     kernel[grid, block, stream](*args)
