@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call on the GPU machine that checks the executor and measures the headline cells:
+#   GPU suites (execute, tensor parallel, faults), then dense / fp16 / fp8 / MoE warm loads (n=3).
+# Usage, from the repository root on the GPU machine (carry .whl): bash bench/gpu_validate.sh OUT_DIR
+# About 2 minutes on the H200 once the checkpoints exist (writing them adds about 30 s).
+set -u
+OUT=${1:?OUT_DIR}
+mkdir -p "$OUT"
+source bench/device_env.sh || exit 1
+DATA=${PLANC_BENCH_DATA:-/tmp/data}
+T0=$(date +%s)
+el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from pathlib import Path
+from common import ensure_checkpoint
+for fam, size in (('dense', 15 << 30), ('fp8', (15 << 30) // 2), ('moe', (15 << 30) // 4)):
+    print(ensure_checkpoint(Path('$DATA'), fam, size, 4))" > "$OUT/write.log" 2>&1 &
+W=$!
+python3 -m pytest -m gpu -p no:cacheprovider -o addopts="" -q tests/test_execute_gpu.py 2>&1 | tail -3
+NUMBA_ENABLE_CUDASIM=0 python3 -m pytest -p no:cacheprovider -o addopts="" -q tests/test_tp.py 2>&1 | tail -1
+PLANC_FAULTS_LOG="$OUT/faults_gpu.jsonl" python3 -m pytest -m gpu -p no:cacheprovider -o addopts="" -q \
+    tests/test_faults_gpu.py 2>&1 | tail -3
+el tests
+wait $W
+el checkpoints
+python3 bench/peers.py "$DATA" "$OUT/peers" --cases dense --modes warm --repeat 3 \
+    --loaders planc,fastsafetensors,plain_warm,pinned_copy 2>&1 | grep -v "^\["
+python3 bench/peers.py "$DATA" "$OUT/peers" --cases dense_fp16,fp8,fp8_copy,moe --modes warm --repeat 3 \
+    --loaders planc 2>&1 | grep "planc "
+el done
