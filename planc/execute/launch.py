@@ -142,11 +142,16 @@ def _load(name: str, sig: tuple) -> int | None:
             meta = None
         if meta is not None:
             cu = seam._driver()
-            mod = ctypes.c_void_p()
-            seam._check(cu.cuModuleLoadData(ctypes.byref(mod), image), f"cuModuleLoadData({path.name})")
-            f = ctypes.c_void_p()
-            seam._check(cu.cuModuleGetFunction(ctypes.byref(f), mod, meta["entry"].encode()),
-                        f"cuModuleGetFunction({meta['entry']})")
+            mod, f = ctypes.c_void_p(), ctypes.c_void_p()
+            if (cu.cuModuleLoadData(ctypes.byref(mod), image) != 0
+                    or cu.cuModuleGetFunction(ctypes.byref(f), mod, str(meta.get("entry", "")).encode()) != 0):
+                # A damaged or foreign file: dropped, so that numba compiles the kernel and writes it anew.
+                for p in (path, path.with_suffix(".json")):
+                    try:
+                        p.unlink()
+                    except OSError:
+                        pass
+                return None
             _modules.append(mod)
             fn = int(f.value)
             _functions[key] = fn
