@@ -253,3 +253,20 @@ def cli_run(capsys, *args) -> tuple[int, str, str]:
     rc = cli.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def interrupt_at(monkeypatch, n: int) -> list:
+    """The loader's n-th `_complete_oldest` from now raises KeyboardInterrupt (Ctrl-C in the middle of
+    the pipeline); returns the list of calls (clear it to re-arm)."""
+    import planc.execute.loader as loader_mod
+
+    real, calls = loader_mod.Loader._complete_oldest, []
+
+    def complete_oldest(self):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(loader_mod.Loader, "_complete_oldest", complete_oldest)
+    return calls

@@ -63,7 +63,8 @@ import weakref  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from execute_support import (QKV, STACK, assert_model, cast, cli_run, fail_read_at, fused, holds_open, one_line,  # noqa: E402
+from execute_support import (QKV, STACK, assert_model, cast, cli_run, fail_read_at, fused, holds_open,  # noqa: E402
+                             interrupt_at, one_line,
                              live_room_by_call, load_checked, refuse_direct_open, spec_file, stacked, synth)
 
 import planc.execute as planc_execute  # noqa: E402
@@ -503,15 +504,7 @@ def test_interrupt_during_the_load_in_process(tmp_path, capsys, dense16, watch, 
     plan_path, plan = _plan_file(tmp_path, path)
     at = plan["totals"]["requests"] // 2
     watch.start(plan)
-    real, calls = loader_mod.Loader._complete_oldest, []
-
-    def complete_oldest(self):
-        calls.append(1)
-        if len(calls) == at:
-            raise KeyboardInterrupt
-        return real(self)
-
-    monkeypatch.setattr(loader_mod.Loader, "_complete_oldest", complete_oldest)
+    calls = interrupt_at(monkeypatch, at)
     with pytest.raises(Interrupted) as ei:
         execute(plan)
     assert ei.value.code == "interrupted" and ei.value.exit_code == 130

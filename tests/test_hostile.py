@@ -41,8 +41,8 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
                 allow_module_level=True)
 
 import planc.execute.loader as loader_mod  # noqa: E402
-from execute_support import (SMALL_IO, cli_run, fail_read_at, handmade, holds_open, live_room_by_call, one_line,  # noqa: E402
-                             refuse_direct_open, spec_file, synth)
+from execute_support import (SMALL_IO, cli_run, fail_read_at, handmade, holds_open, interrupt_at,  # noqa: E402
+                             live_room_by_call, one_line, refuse_direct_open, spec_file, synth)
 from hostile.corpus import CHECKPOINTS, SPECS, VALID, Case, ent, st_bytes, table, u8_shard  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import (AdmissionError, FingerprintError, Interrupted, PlancError, ReadError,  # noqa: E402
@@ -353,15 +353,7 @@ def test_interrupt_during_the_load_in_process(tmp_path, capsys, dense, released,
     """KeyboardInterrupt in the middle of the pipeline: Interrupted (exit 130), everything released."""
     path, _ = dense
     plan_path, plan = _plan_file(tmp_path, path, io={"slot": 4096, "slots": 2, "workers": 2, "direct": "off"})
-    real, calls = loader_mod.Loader._complete_oldest, []
-
-    def complete_oldest(self):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(self)
-
-    monkeypatch.setattr(loader_mod.Loader, "_complete_oldest", complete_oldest)
+    calls = interrupt_at(monkeypatch, 3)
     with pytest.raises(Interrupted) as ei:
         execute(plan)
     assert ei.value.code == "interrupted" and ei.value.exit_code == 130

@@ -113,11 +113,10 @@ def _file(name: str, sig: tuple, cc: tuple) -> Path:
     return _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".cubin")
 
 
-def _device() -> tuple[int, tuple]:
+def _compute_capability() -> tuple:
     from numba import cuda
 
-    dev = cuda.get_current_device()
-    return int(dev.id), tuple(dev.compute_capability)
+    return tuple(cuda.get_current_device().compute_capability)
 
 
 def _context() -> int:
@@ -128,12 +127,14 @@ def _context() -> int:
 
 
 def _load(name: str, sig: tuple) -> int | None:
-    _, cc = _device()
     key = (name, sig, _context())
+    fn = _functions.get(key)
+    if fn is not None:
+        return fn
     with _lock:
         if key in _functions:
             return _functions[key]
-        path = _file(name, sig, cc)
+        path = _file(name, sig, _compute_capability())
         fn = None
         try:
             meta = json.loads(path.with_suffix(".json").read_text())
@@ -162,7 +163,7 @@ def _save(kernel, name: str, sig: tuple) -> bool:
     """After numba launched `kernel`, write its cubin for `sig`; False when it could not (best
     effort: a failure only means that launches of it go through numba)."""
     try:
-        _, cc = _device()
+        cc = _compute_capability()
         for types, ov in list(kernel.overloads.items()):
             if _matches(types, sig):
                 lib = ov._codelibrary

@@ -384,12 +384,13 @@ def _reads_landing(r) -> bool:
 
 
 class _Background:
-    """Run `fn` on a thread of its own (on the caller's device); `wait()` returns or re-raises its error."""
+    """Run `fn` on a thread of its own, on the caller's device (a new thread's current device is
+    device 0); `wait()` returns or re-raises its error, which `on_error` also receives at once."""
 
-    def __init__(self, fn, name: str):
+    def __init__(self, fn, name: str, on_error=None):
         import threading
 
-        self.fn = fn
+        self.fn, self.on_error = fn, on_error
         self.error: BaseException | None = None
         self.dev = None if seam.simulated() else seam.current_device()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -402,6 +403,8 @@ class _Background:
             self.fn()
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
             self.error = e
+            if self.on_error is not None:
+                self.on_error(e)
 
     def wait(self) -> None:
         self.thread.join()
@@ -413,8 +416,7 @@ class _Background:
 class _Pinner:
     """Pins the ring's slots in order on a thread of its own; `wait(k)` returns once slot k is pinned.
 
-    The thread uses the load's device (a new thread's current device is device 0) and stops between
-    slots when asked; an error while pinning is raised by the next `wait`.
+    The thread stops between slots when asked; an error while pinning is raised by the next `wait`.
     """
 
     def __init__(self, ring: list, owners: list, nbytes: int):
@@ -425,28 +427,24 @@ class _Pinner:
         self.done = 0
         self.error: BaseException | None = None
         self.stopping = False
-        self.dev = None if seam.simulated() else seam.current_device()
-        self.thread = threading.Thread(target=self._pin, name="planc-pin", daemon=True)
-        self.thread.start()
+        self.job = _Background(self._pin, "planc-pin", on_error=self._failed)
 
     def _pin(self) -> None:
-        try:
-            if self.dev is not None:
-                seam.select(f"cuda:{self.dev}")
-            for k in range(len(self.ring)):
+        for k in range(len(self.ring)):
+            if self.stopping:
+                return
+            owner, view = pinned_ring(self.nbytes)
+            with self.cond:
                 if self.stopping:
                     return
-                owner, view = pinned_ring(self.nbytes)
-                with self.cond:
-                    if self.stopping:
-                        return
-                    self.owners[k], self.ring[k] = owner, view
-                    self.done = k + 1
-                    self.cond.notify_all()
-        except BaseException as e:  # noqa: BLE001 - handed to the loader's thread by wait()
-            with self.cond:
-                self.error = e
+                self.owners[k], self.ring[k] = owner, view
+                self.done = k + 1
                 self.cond.notify_all()
+
+    def _failed(self, e: BaseException) -> None:
+        with self.cond:
+            self.error = e
+            self.cond.notify_all()
 
     def wait(self, k: int) -> None:
         with self.cond:
@@ -458,7 +456,7 @@ class _Pinner:
     def stop(self) -> None:
         with self.cond:
             self.stopping = True
-        self.thread.join()
+        self.job.thread.join()
 
 
 def _host_transform(p: dict, bufs: list) -> np.ndarray:
