@@ -102,12 +102,12 @@ def plan_figures(spec: Path) -> dict:
     plan = compile_spec(spec)
     if not plan.fits:
         raise SystemExit(f"{spec}: refused at compile time: {plan.refusal['message']}")
-    host_runs = [r["host_bytes"] for r in plan["runs"] if r["host_bytes"]]
-    return {"spec": str(spec), "host_peak_bytes": plan["peak"]["host_bytes"],
-            "device_peak_bytes": plan["peak"]["device_bytes"], "ring_bytes": plan["layout"]["ring_bytes"],
-            "runs": len(plan["runs"]), "host_runs": len(host_runs), "run_host_bytes_min": min(host_runs),
-            "run_host_bytes_max": max(host_runs), "files": [os.path.join(plan["checkpoint"]["root"], f["path"])
-                                                            for f in plan["checkpoint"]["files"]]}
+    host_runs = [r["host_bytes"] for r in plan.to_dict()["runs"] if r["host_bytes"]]
+    return {"spec": str(spec), "host_peak_bytes": plan.peak.host_bytes,
+            "device_peak_bytes": plan.peak.device_bytes, "ring_bytes": plan.layout.ring_bytes,
+            "runs": len(plan.to_dict()["runs"]), "host_runs": len(host_runs), "run_host_bytes_min": min(host_runs),
+            "run_host_bytes_max": max(host_runs), "files": [os.path.join(plan.to_dict()["checkpoint"]["root"], f["path"])
+                                                            for f in plan.to_dict()["checkpoint"]["files"]]}
 
 
 # ------------------------------------------------------------------------------------------

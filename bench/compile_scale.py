@@ -205,7 +205,7 @@ def worker(spec: str) -> None:
         "compile_explain_cpu_s": c3 - c1,
         "peak_rss_bytes": _vm("VmHWM"), "plan_bytes": len(text),
         "plan_sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "parts": len(plan["parts"]), "steps": len(plan["steps"]), "fits": plan.fits,
+        "parts": len(plan.to_dict()["parts"]), "steps": len(plan.to_dict()["steps"]), "fits": plan.fits,
     }))
 
 

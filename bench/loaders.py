@@ -192,7 +192,7 @@ def _planc_setup(files, spec):
     from planc.execute import seam
 
     plan = compile_spec(spec)
-    seam.select(plan["device"])
+    seam.select(plan.to_dict()["device"])
     seam.warm_up()
     return plan
 

@@ -4,4 +4,4 @@ checkpoint manifest + placement spec -> admitted load plan -> explained -> execu
 """
 
 __version__ = "0.1.0"
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2  # the plan file format (planc.plan.FORMAT)

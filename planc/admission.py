@@ -1,80 +1,107 @@
-"""admit: Schedule + Graph + budgets -> `Timeline` (a window per run) and the verdict.
+"""admit: Plan -> `Timeline` (one window per run) and the verdict, by replaying the step DAG.
 
-Window k is the moment run k starts: runs k-1 and k are in flight (at most two runs are).
-  host(k)   = ring + host_bytes(run k-1) + host_bytes(run k)
-  device(k) = arena + landing regions (both allocated once, before the first read)
+The replay walks the plan in the executor's order and acquires and releases each buffer where the
+executor does:
+- `alloc:ring` (the pinned ring) and `alloc:device` (arena + landing + staging) are acquired before
+  the first read and held to the end;
+- runs go in order; a run's ring requests hold no host bytes beyond the ring;
+- a run's host-path parts go one at a time, after the run's reads are drained: each part's read
+  steps acquire its owned buffers, its normalize and pack steps acquire their scratch, and its
+  stage step releases all of them once the output sits in the ring.
+Window k is run k: host = ring + the run's host-path peak; device = the regions allocated up front;
+resident = the arena bytes staged once run k is done.
+
+Direct-path steps hold no host bytes and stage into regions already allocated, so they are
+replayed in aggregate (their stage bytes summed per run); `replay_steps` walks every step one by
+one and gives the same timeline (a test holds them equal).
+
 The plan is admitted when every window fits `budget.host` and, when set, `budget.device`.
-Otherwise the refusal is the first window in plan order that does not fit; it names the run,
-the step that contributes most to it, the bytes needed and allowed, and the knob that would help.
-`explain` reads this same timeline, so the explanation cannot drift from the decision.
+Otherwise the refusal is the first window in plan order that does not fit; it names the run, the
+step that holds the most (a step id of the plan), the bytes needed and allowed, and the knob that
+would help. Compile-time admission, re-admission of a saved plan and `explain` all call `admit`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .graph import Graph
-from .schedule import Schedule
-from .spec import Spec
+from .ir import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal, Timeline, Window, part_steps
 from .units import gib
 
 
-@dataclass(frozen=True)
-class Window:
-    run: int
-    host_bytes: int
-    device_bytes: int
-    ring_bytes: int
-    host_inflight_bytes: int  # host-path buffers of runs k-1 and k
-    landing_bytes: int  # landing bytes used by runs k-1 and k
-    resident_bytes: int  # arena bytes filled once run k is done
+def host_part_peak(part) -> tuple[int, str, int]:
+    """(peak bytes held, largest step id, its bytes) of one host-path part, by its steps."""
+    held = peak = big = 0
+    big_id = ""
+    for s in part_steps(part):
+        if s.kind == "stage":
+            held = 0  # releases the part's buffers
+            continue
+        held += s.host_bytes
+        if held > peak:
+            peak = held
+        if s.host_bytes > big:
+            big, big_id = s.host_bytes, s.id
+    return peak, big_id, big
 
 
-@dataclass(frozen=True)
-class Refusal:
-    code: str
-    run: int
-    step: str
-    needed_bytes: int
-    allowed_bytes: int
-    message: str
-
-    def as_dict(self) -> dict:
-        return dict(code=self.code, run=self.run, step=self.step, needed_bytes=self.needed_bytes,
-                    allowed_bytes=self.allowed_bytes, message=self.message)
+def run_host_bytes(plan: Plan, run) -> int:
+    """Host bytes beyond the ring while `run` goes: its largest host-path part (one at a time)."""
+    parts = plan.parts
+    return max((host_part_peak(parts[h.part])[0] for h in run.host_parts), default=0)
 
 
-@dataclass(frozen=True)
-class Timeline:
-    windows: tuple[Window, ...]
-    host_peak_bytes: int
-    device_peak_bytes: int
-    refusal: Refusal | None
-
-    @property
-    def fits(self) -> bool:
-        return self.refusal is None
-
-
-def timeline(sched: Schedule, graph: Graph) -> tuple[Window, ...]:
-    windows, resident, prev_host, prev_landing = [], 0, 0, 0
-    device = sched.arena_bytes + sched.landing_bytes + sched.staging_bytes
-    out_bytes = {n.id: n.out_bytes for n in graph.parts}
-    for run in sched.runs:
-        resident += sum(out_bytes[p] for p in run.parts)
-        windows.append(Window(run.index, sched.ring_bytes + prev_host + run.host_bytes, device,
-                              sched.ring_bytes, prev_host + run.host_bytes, prev_landing + run.landing_bytes, resident))
-        prev_host, prev_landing = run.host_bytes, run.landing_bytes
+def timeline(plan: Plan) -> tuple[Window, ...]:
+    lay, parts = plan.layout, plan.parts
+    ring, device = lay.ring_bytes, lay.device_bytes
+    windows, resident, prev_landing = [], 0, 0
+    for run in plan.runs:
+        resident += sum(parts[p].out_bytes for p in run.parts)
+        held = run_host_bytes(plan, run)
+        windows.append(Window(run.index, ring + held, device, ring, held, prev_landing + run.landing_bytes,
+                              resident))
+        prev_landing = run.landing_bytes
     if not windows:
-        windows.append(Window(0, 0, device, 0, 0, 0, 0))
+        windows.append(Window(0, ring, device, ring, 0, 0, 0))
     return tuple(windows)
 
 
-def admit(spec: Spec, sched: Schedule, graph: Graph) -> Timeline:
-    wins = timeline(sched, graph)
+def replay_steps(plan: Plan) -> tuple[Window, ...]:
+    """The same timeline, walking every step of the DAG one by one (slow; for tests and `verify`).
+
+    Raises ValueError when a step comes before a step it waits for (the order is not topological).
+    """
+    parts, lay = plan.parts, plan.layout
+    done = {ALLOC_RING, ALLOC_DEVICE}
+    ring, device = lay.ring_bytes, lay.device_bytes
+    windows, resident, prev_landing = [], 0, 0
+    for run in plan.runs:
+        host_ids = {h.part for h in run.host_parts}
+        direct = [p for p in run.parts if p not in host_ids]
+        peak = 0
+        for pid in direct + [h.part for h in run.host_parts]:
+            held = 0
+            for s in part_steps(parts[pid]):
+                if any(d not in done for d in s.deps):
+                    raise ValueError(f"step {s.id} comes before a step it waits for")
+                done.add(s.id)
+                if s.kind == "stage":
+                    resident += s.device_bytes
+                    held = 0
+                else:
+                    held += s.host_bytes
+                    peak = max(peak, held)
+        windows.append(Window(run.index, ring + peak, device, ring, peak, prev_landing + run.landing_bytes,
+                              resident))
+        prev_landing = run.landing_bytes
+    if not windows:
+        windows.append(Window(0, ring, device, ring, 0, 0, 0))
+    return tuple(windows)
+
+
+def admit(plan: Plan) -> Timeline:
+    wins = timeline(plan)
     refusal = None
     for w in wins:
-        refusal = _host_refusal(w, spec, sched, graph) or _device_refusal(w, spec, sched, graph)
+        refusal = _host_refusal(w, plan) or _device_refusal(w, plan)
         if refusal:
             break
     return Timeline(wins, max(w.host_bytes for w in wins), max(w.device_bytes for w in wins), refusal)
@@ -84,49 +111,44 @@ def _fmt(n: int) -> str:
     return f"{n:,} bytes ({gib(n)})"
 
 
-def _host_refusal(w: Window, spec: Spec, sched: Schedule, graph: Graph) -> Refusal | None:
-    budget = spec.budget.host
+def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
+    budget = plan.budget.host_bytes
     if w.host_bytes <= budget:
         return None
-    io = spec.io
-    contributors = [("ring", sched.ring_bytes)]
-    for k in (w.run - 1, w.run):
-        if k < 0:
-            continue
-        for pid in sched.runs[k].parts:
-            n = graph.parts[pid]
-            if n.path == "host":
-                contributors.append((f"read+normalize:{n.placement}#{n.index}", n.host_bytes))
-    step, size = max(contributors, key=lambda c: (c[1], c[0]))
-    if step == "ring":
-        knob = (f"lower io.slots (now {io.slots}) or io.slot (now {io.slot:,} bytes): "
-                f"the ring alone holds {_fmt(sched.ring_bytes)}")
-    elif size + sched.ring_bytes > budget:
-        knob = (f"this part alone needs {_fmt(size + sched.ring_bytes)} with the ring: run it on the device "
-                f"(on: device), or raise budget.host to {_fmt(size + sched.ring_bytes)}")
+    io, ring = plan.io, plan.layout.ring_bytes
+    step, size = ALLOC_RING, ring
+    if plan.runs:
+        for h in plan.runs[w.run].host_parts:
+            _, sid, n = host_part_peak(plan.parts[h.part])
+            if n > size or (n == size and sid > step):
+                step, size = sid, n
+    if step == ALLOC_RING:
+        knob = (f"lower io.slots (now {io.slots}) or io.slot (now {io.slot_bytes:,} bytes): "
+                f"the ring alone holds {_fmt(ring)}")
     else:
-        knob = (f"lower io.run (now {io.run:,} bytes) so fewer host-path parts are in flight, "
-                f"or raise budget.host to {_fmt(w.host_bytes)}")
+        knob = (f"this part needs {_fmt(w.host_bytes)} with the ring: run it on the device "
+                f"(on: device), or raise budget.host to {_fmt(w.host_bytes)}")
     msg = (f"refused: run {w.run} needs {_fmt(w.host_bytes)} of host memory, budget.host allows "
            f"{_fmt(budget)}; largest step: {step} ({_fmt(size)}); {knob}")
     return Refusal("host-budget", w.run, step, w.host_bytes, budget, msg)
 
 
-def _device_refusal(w: Window, spec: Spec, sched: Schedule, graph: Graph) -> Refusal | None:
-    budget = spec.budget.device
+def _device_refusal(w: Window, plan: Plan) -> Refusal | None:
+    budget = plan.budget.device_bytes
     if budget is None or w.device_bytes <= budget:
         return None
-    biggest = max(sched.tensors, key=lambda t: (t.nbytes, t.name), default=None)
-    contributors = [("landing", sched.landing_bytes), ("staging", sched.staging_bytes)]
-    if biggest is not None:
-        contributors.append((f"stage:{biggest.name}", biggest.nbytes))
-    step, size = max(contributors, key=lambda c: (c[1], c[0]))
-    knob = (f"raise budget.device to {_fmt(w.device_bytes)}, skip tensors, or load them in a smaller dtype")
-    if step == "staging":
-        knob = f"lower io.slots (now {spec.io.slots}) to shrink the device staging slots, or " + knob
-    if step == "landing":
-        knob = f"lower io.run (now {spec.io.run:,} bytes) to shrink the landing buffers, or " + knob
-    msg = (f"refused: run {w.run} needs {_fmt(w.device_bytes)} of device memory (arena {_fmt(sched.arena_bytes)} + "
-           f"landing {_fmt(sched.landing_bytes)} + staging {_fmt(sched.staging_bytes)}), budget.device allows {_fmt(budget)}; largest step: {step} "
-           f"({_fmt(size)}); {knob}")
+    lay, io = plan.layout, plan.io
+    biggest = max(plan.parts, key=lambda p: (p.out_bytes, p.label), default=None)
+    step, size = ALLOC_DEVICE, lay.landing_bytes + lay.staging_bytes
+    if biggest is not None and biggest.out_bytes > size:
+        step, size = f"stage:{biggest.label}", biggest.out_bytes
+    knob = f"raise budget.device to {_fmt(w.device_bytes)}, skip tensors, or load them in a smaller dtype"
+    if step == ALLOC_DEVICE:
+        if lay.staging_bytes > lay.landing_bytes:
+            knob = f"lower io.slots (now {io.slots}) to shrink the device staging slots, or " + knob
+        else:
+            knob = f"lower io.run (now {io.run_bytes:,} bytes) to shrink the landing buffers, or " + knob
+    msg = (f"refused: run {w.run} needs {_fmt(w.device_bytes)} of device memory (arena {_fmt(lay.arena_bytes)} + "
+           f"landing {_fmt(lay.landing_bytes)} + staging {_fmt(lay.staging_bytes)}), budget.device allows "
+           f"{_fmt(budget)}; largest step: {step} ({_fmt(size)}); {knob}")
     return Refusal("device-budget", w.run, step, w.device_bytes, budget, msg)

@@ -27,8 +27,8 @@ from .units import fmt_bytes, parse_bytes
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="planc: compile a checkpoint + placement spec into a load plan that is proven to fit, "
                        "explain it, and run it on the GPU.")
-out = Console()
-err = Console(stderr=True)
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 
 
 def _version(value: bool):
@@ -166,13 +166,15 @@ def _rank(opt: Optional[str], size: int, allow_all: bool = False):
 
 
 def _is_plan(path: Path) -> bool:
+    """A plan file says so in its first bytes (`{"kind":"planc-plan",...`): only those are read here."""
     if path.suffix.lower() != ".json" or not path.is_file():  # a FIFO must not hang the read below
         return False
     try:
-        head = json.loads(path.read_text())
-    except Exception:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
         return False
-    return isinstance(head, dict) and head.get("kind") == "planc-plan"
+    return b'"planc-plan"' in head
 
 
 def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
@@ -182,10 +184,10 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
 
     if _is_plan(path):
         plan = load_plan(path)
-        tp = plan.doc.get("tensor_parallel") or {"rank": 0, "size": 1}
-        want = rank if rank is not None else os.environ.get("RANK")
-        if want is not None and str(want) != str(tp["rank"]):
-            raise _usage(f"{path} is the plan of rank {tp['rank']}, but rank {want} was asked for")
+        tp = plan.tensor_parallel
+        want = rank if rank is not None else (os.environ.get("RANK") if tp.size > 1 else None)
+        if want is not None and str(want) != str(tp.rank):
+            raise _usage(f"{path} is the plan of rank {tp.rank}, but rank {want} was asked for")
         return plan
     size = load_spec(path).spec.tensor_parallel.size
     return compile_spec(path, _rank(rank, size))
@@ -225,8 +227,8 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         refused = [p for p in plans if not p.fits]
         if refused:
             ref = refused[0].refusal
-            k = refused[0]["tensor_parallel"]["rank"]
-            _say(f"planc: rank {k}: {ref['message']} [{ref['code']}]")
+            k = refused[0].tensor_parallel.rank
+            _say(f"planc: rank {k}: {ref.message} [{ref.code}]")
             raise typer.Exit(3)
         return
     plan = compile_spec(spec, r)
@@ -237,13 +239,13 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     elif not plan.fits:
         render(plan, err)
     else:
-        t = plan["totals"]
-        out.print(f"admitted: {t['tensors']} tensors, {fmt_bytes(t['read_bytes'])} in {t['runs']} runs; host peak "
-                  f"{fmt_bytes(plan['peak']['host_bytes'])} of {fmt_bytes(plan['budget']['host_bytes'])}"
+        t = plan.totals
+        out.print(f"admitted: {t.tensors} tensors, {fmt_bytes(t.read_bytes)} in {t.runs} runs; host peak "
+                  f"{fmt_bytes(plan.peak.host_bytes)} of {fmt_bytes(plan.budget.host_bytes)}"
                   + (f" (rank {r} of {size})" if size > 1 else "")
                   + (f"; plan written to {output}" if output else ""))
     if not plan.fits:
-        _say(f"planc: {plan.refusal['message']} [{plan.refusal['code']}]")
+        _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)
 
 
@@ -252,35 +254,68 @@ def _rank_table(plans, console) -> None:
     for c in ("rank", "tensors", "bytes read", "payload", "requests", "copies", "host peak", "device peak", "fits"):
         t.add_column(c, justify="right")
     for p in plans:
-        tot, pk = p["totals"], p["peak"]
-        t.add_row(str(p["tensor_parallel"]["rank"]), str(tot["tensors"]), fmt_bytes(tot["read_bytes"]),
-                  fmt_bytes(tot["payload_bytes"]), str(tot["requests"]), str(tot["copies"]),
-                  fmt_bytes(pk["host_bytes"]), fmt_bytes(pk["device_bytes"]), "yes" if p.fits else "REFUSED")
+        tot, pk = p.totals, p.peak
+        t.add_row(str(p.tensor_parallel.rank), str(tot.tensors), fmt_bytes(tot.read_bytes),
+                  fmt_bytes(tot.payload_bytes), str(tot.requests), str(tot.copies),
+                  fmt_bytes(pk.host_bytes), fmt_bytes(pk.device_bytes), "yes" if p.fits else "REFUSED")
     console.print(t)
 
 
 @app.command()
 def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile."),
             rank: Optional[str] = typer.Option(None, "--rank", help="Tensor-parallel rank R, or `all` for every rank."),
+            host: Optional[str] = typer.Option(None, "--host", help="Replay against this host budget instead (e.g. 4GiB)."),
+            device_budget: Optional[str] = typer.Option(None, "--device",
+                                                        help="Replay against this device budget instead (e.g. 80GiB)."),
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output (a contract for scripts).")):
-    """Explain where every byte of the budgets goes: peaks, headroom, runs, contributors, refusal."""
+    """Explain where every byte of the budgets goes: peaks, headroom, runs, contributors, refusal.
+
+    With --host or --device the plan is replayed against those budgets; exit 3 when it would not fit."""
     from .explain import explain_doc, render
 
+    budgets = _budgets(host, device_budget)
     if rank == "all" and not _is_plan(target):
-        plans = _all_ranks(target)
+        plans = [_rebudget(p, budgets) for p in _all_ranks(target)]
         if as_json:
             _emit_json({"ranks": [explain_doc(p) for p in plans]})
         else:
             for p in plans:
-                out.rule(f"rank {p['tensor_parallel']['rank']} of {p['tensor_parallel']['size']}")
+                out.rule(f"rank {p.tensor_parallel.rank} of {p.tensor_parallel.size}")
                 render(p, out)
             _rank_table(plans, out)
+        if budgets and any(not p.fits for p in plans):
+            raise typer.Exit(3)
         return
-    plan = _load_plan_or_spec(target, rank)
+    plan = _rebudget(_load_plan_or_spec(target, rank), budgets)
     if as_json:
         _emit_json(explain_doc(plan))
     else:
         render(plan, out)
+    if budgets and not plan.fits:
+        _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
+        raise typer.Exit(3)
+
+
+def _budgets(host: Optional[str], device: Optional[str]) -> dict:
+    out = {}
+    for flag, v, key in (("--host", host, "host_bytes"), ("--device", device, "device_bytes")):
+        if v is None:
+            continue
+        try:
+            out[key] = parse_bytes(v)
+        except ValueError as e:
+            raise _usage(f"{flag}: {e}") from None
+    return out
+
+
+def _rebudget(plan, budgets: dict):
+    """The plan replayed against other budgets (the same replay admission and re-admission use)."""
+    if not budgets:
+        return plan
+    from .admission import admit
+
+    p = plan.with_budget(**budgets)
+    return p.with_decision(admit(p))
 
 
 @app.command()
@@ -352,7 +387,7 @@ def _refused(plan):
     from .errors import AdmissionError
 
     r = plan.refusal
-    return AdmissionError(r["message"], code=r["code"], refusal=dict(r))
+    return AdmissionError(r.message, code=r.code, refusal=r._asdict())
 
 
 @app.command()

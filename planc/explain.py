@@ -10,107 +10,104 @@ from rich.markup import escape
 from rich.table import Table
 
 from .errors import printable
-from .plan import Plan, _thaw
+from .ir import Plan
 from .units import fmt_bytes
 
 TOP = 10
 
 
-# The plan keys explain reads, in place (what it hands out is copied). It never reads the step
-# list, so a compiled plan's deferred steps are not built for it.
-_READS = ("spec", "checkpoint", "device", "tensor_parallel", "budget", "io", "layout", "tensors", "parts", "runs",
-          "timeline", "skipped", "totals", "peak", "fits", "refusal")
-
-
 def explain_doc(plan: Plan) -> dict:
-    d = {k: plan._read(k) for k in _READS}
-    windows = {w["run"]: w for w in d["timeline"]}
-    parts = d["parts"]
+    """The explanation as plain JSON-ready values (the `explain --json` contract)."""
+    windows = {w.run: w for w in plan.timeline}
+    parts, lay, budget, peak = plan.parts, plan.layout, plan.budget, plan.peak
     runs = []
-    for r in d["runs"]:
-        w = windows.get(r["index"], {})
+    for r in plan.runs:
+        w = windows.get(r.index)
         runs.append({
-            "index": r["index"],
-            "tensors": r["tensors"],
-            "parts": len(r["parts"]),
-            "read_bytes": r["read_bytes"],
-            "payload_bytes": r["payload_bytes"],
-            "requests": len(r["requests"]) + sum(len(parts[h["part"]]["inputs"]) for h in r["host_parts"]),
-            "copies": sum(1 if "scatter" in q else len(q["copies"]) for q in r["requests"]) + sum(h["copies"] for h in r["host_parts"]),
-            "kernels": len(r["kernels"]) + sum(1 for q in r["requests"] if "scatter" in q),
-            "host_peak_bytes": w.get("host_bytes", 0),
-            "device_peak_bytes": w.get("device_bytes", 0),
-            "landing_bytes": r["landing_bytes"],
-            "dominant_step": _dominant(r, parts, d["layout"]["ring_bytes"]),
+            "index": r.index,
+            "tensors": len({parts[p].tensor for p in r.parts}),
+            "parts": len(r.parts),
+            "read_bytes": r.read_bytes,
+            "payload_bytes": r.payload_bytes,
+            "requests": r.request_count(parts),
+            "copies": r.copy_count,
+            "kernels": r.kernel_count,
+            "host_peak_bytes": w.host_bytes if w else 0,
+            "device_peak_bytes": w.device_bytes if w else 0,
+            "landing_bytes": r.landing_bytes,
+            "dominant_step": _dominant(r, parts, lay.ring_bytes),
         })
-    budget, peak = d["budget"], d["peak"]
     return {
-        "fits": d["fits"],
-        "spec": d["spec"]["path"],
-        "checkpoint": d["checkpoint"]["source"],
-        "device": d["device"],
-        "budget": _thaw(budget),
-        "peak": _thaw(peak),
+        "fits": plan.fits,
+        "spec": plan.spec.path,
+        "checkpoint": plan.checkpoint.source,
+        "device": plan.device,
+        "budget": budget._asdict(),
+        "peak": peak._asdict(),
         "headroom": {
-            "host_bytes": budget["host_bytes"] - peak["host_bytes"],
-            "device_bytes": None if budget["device_bytes"] is None else budget["device_bytes"] - peak["device_bytes"],
+            "host_bytes": budget.host_bytes - peak.host_bytes,
+            "device_bytes": None if budget.device_bytes is None else budget.device_bytes - peak.device_bytes,
         },
-        "layout": _thaw(d["layout"]),
-        "io": _thaw(d["io"]),
-        "totals": _thaw(d["totals"]),
+        "layout": {**lay._asdict(), "landing_region_bytes": list(lay.landing_region_bytes),
+                   "zero": [list(z) for z in lay.zero]},
+        "io": plan.io._asdict(),
+        "totals": plan.totals._asdict(),
         "paths": _paths(parts),
-        "tensor_parallel": _thaw(d.get("tensor_parallel") or {"rank": 0, "size": 1}),
-        "strided_reads": _strided(parts),
+        "tensor_parallel": plan.tensor_parallel._asdict(),
+        "strided_reads": _strided(parts, plan.io.merge_gap_bytes),
         "runs": runs,
-        "top_contributors": _top(d),
-        "skipped": len(d["skipped"]),
-        "refusal": _thaw(d["refusal"]),
+        "top_contributors": _top(plan),
+        "skipped": len(plan.skipped),
+        "refusal": plan.refusal._asdict() if plan.refusal else None,
     }
 
 
-def _dominant(r: dict, parts: list, ring: int) -> str:
-    best, size = "ring", ring
-    for pid in r["parts"]:
+def _dominant(r, parts, ring: int) -> str:
+    """The step of the run that holds the most bytes (a step id of the plan)."""
+    best, size = "alloc:ring", ring
+    for pid in r.parts:
         p = parts[pid]
-        if p["path"] == "host" and p["host_bytes"] > size:
-            best, size = f"host:{p['tensor']}#{p['index']}", p["host_bytes"]
-        if p["landing_bytes"] > size:
-            best, size = f"landing:{p['tensor']}#{p['index']}", p["landing_bytes"]
+        if p.path == "host" and p.host_bytes > size:
+            best, size = f"normalize:{p.label}" if p.op != "transpose" else f"pack:{p.label}", p.host_bytes
+        if p.landing_bytes > size:
+            best, size = f"normalize:{p.label}" if p.op != "transpose" else f"pack:{p.label}", p.landing_bytes
     return best
 
 
-def _strided(parts: list) -> dict:
+def _strided(parts, merge_gap: int) -> dict:
     """Tensor-parallel slices of a later dim: how their segments are read (decided by io.merge_gap)."""
     out: dict = {}
     for p in parts:
-        for i in p["inputs"]:
-            if i.get("count", 1) > 1:
-                e = out.setdefault(i["read_as"], {"inputs": 0, "segments": 0, "bytes": 0})
+        for i in p.inputs:
+            if i.count > 1:
+                how = "whole rows, sliced on the device" if i.stride - i.seg <= merge_gap else "one read per segment"
+                e = out.setdefault(how, {"inputs": 0, "segments": 0, "bytes": 0})
                 e["inputs"] += 1
-                e["segments"] += i["count"]
-                e["bytes"] += i["nbytes"]
+                e["segments"] += i.count
+                e["bytes"] += i.nbytes
     return dict(sorted(out.items()))
 
 
-def _paths(parts: list) -> dict:
+def _paths(parts) -> dict:
     out: dict = {}
     for p in parts:
-        key = f"{p['path']}: {p['reason']}"
+        key = f"{p.path}: {p.reason}"
         e = out.setdefault(key, {"parts": 0, "bytes": 0})
         e["parts"] += 1
-        e["bytes"] += p["out_bytes"]
+        e["bytes"] += p.out_bytes
     return dict(sorted(out.items()))
 
 
-def _top(d: dict) -> list:
-    items = [{"what": "pinned ring", "memory": "host", "bytes": d["layout"]["ring_bytes"]},
-             {"what": "landing regions", "memory": "device", "bytes": sum(d["layout"]["landing_region_bytes"])},
-             {"what": "device staging slots (scatter)", "memory": "device", "bytes": d["layout"].get("staging_bytes", 0)}]
-    for t in d["tensors"]:
-        items.append({"what": t["name"], "memory": "device", "bytes": t["nbytes"]})
-    for p in d["parts"]:
-        if p["host_bytes"]:
-            items.append({"what": f"host scratch {p['tensor']}#{p['index']}", "memory": "host", "bytes": p["host_bytes"]})
+def _top(plan: Plan) -> list:
+    lay = plan.layout
+    items = [{"what": "pinned ring", "memory": "host", "bytes": lay.ring_bytes},
+             {"what": "landing regions", "memory": "device", "bytes": lay.landing_bytes},
+             {"what": "device staging slots (scatter)", "memory": "device", "bytes": lay.staging_bytes}]
+    for t in plan.tensors:
+        items.append({"what": t.name, "memory": "device", "bytes": t.nbytes})
+    for p in plan.parts:
+        if p.host_bytes:
+            items.append({"what": f"host scratch {p.label}", "memory": "host", "bytes": p.host_bytes})
     items.sort(key=lambda x: (-x["bytes"], x["what"]))
     return [i for i in items if i["bytes"]][:TOP]
 
@@ -132,7 +129,7 @@ def render(plan: Plan, console: Console) -> None:
     console.print(tb)
     lay = e["layout"]
     console.print(f"host = pinned ring {fmt_bytes(lay['ring_bytes'])} ({e['io']['slots']} x {fmt_bytes(e['io']['slot_bytes'])})"
-                  f" + host-path buffers of the two runs in flight;  device = arena {fmt_bytes(lay['arena_bytes'])}"
+                  f" + the host-path buffers of one part at a time;  device = arena {fmt_bytes(lay['arena_bytes'])}"
                   f" + landing {fmt_bytes(sum(lay['landing_region_bytes']))}"
                   f" + staging {fmt_bytes(lay.get('staging_bytes', 0))}")
     console.print(f"{t['tensors']} tensors from {t['source_tensors']} source tensors, {fmt_bytes(t['read_bytes'])} read "

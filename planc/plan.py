@@ -1,167 +1,608 @@
-"""The `Plan` value: frozen, versioned, with a JSON form byte-identical for identical inputs.
+"""The plan codec: `ir.Plan` <-> plan file (JSON, format 2), and the check of every field on load.
 
-The plan is everything `execute` needs and everything `explain` shows: fingerprints, budgets, io
-settings, the device layout, every part with its path and reason, every step with its costs, the
-runs with their read requests, copies and kernels, the timeline, the totals and the verdict.
-Order never depends on hashing: lists are sorted or in schedule order; keys are sorted on dump.
+Encoding is compact and byte-identical for identical inputs: small records are JSON objects, the
+records a plan holds by the thousand (tensors, parts, inputs, runs, requests, copies, kernels,
+host parts) are JSON arrays whose field order the file itself states under `fields`; files are
+named by their index in `checkpoint.files`. The step DAG is not stored: it is derived from the
+parts (`ir.part_steps`), so a file cannot carry steps that disagree with them.
+
+Decoding trusts nothing. Before the plan reaches the executor, `decode` checks types and ids;
+every read inside its file's fingerprinted size; every copy inside its ring slot and inside the
+arena, its landing region or its staging slot; every kernel's source, scale and destination
+inside their regions; every tensor inside the arena, its bytes equal to dtype x shape, tensors
+disjoint; every part inside its tensor and consistent with its op and dtypes; runs in order, each
+part in exactly one run; counts and sizes that the executor uses to allocate equal to what the
+records imply; and the recorded peaks and decision equal to a fresh replay (`admission.admit`).
+Any failure is a `PlanFormatError` (exit 2) whose message names the field path.
 """
 
 from __future__ import annotations
 
 import json
-import threading
+import math
+import os
 from pathlib import Path
-from types import MappingProxyType
 
-from . import PLAN_FORMAT
-from .errors import PlanFormatError
+from .admission import admit, host_part_peak
+from .dtypes import DTYPES
+from .errors import PlanFormatError, printable
+from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, FileEntry, HostPart,
+                 Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
+                 TensorParallel)
+from .spec import DIRECT_ALIGN
+
+FORMAT = 2
+MAX_PLAN_BYTES = 1 << 30  # a plan file larger than this is refused before it is read
+
+# The field order of each array record, as the file states it.
+FIELDS = {
+    "file": ["path", "size_bytes", "mtime_ns"],
+    "tensor": list(Tensor._fields),
+    "part": [f for f in Part._fields if f != "id"],
+    "input": list(Input._fields),
+    "run": [f for f in Run._fields if f != "index"],
+    "request": list(Request._fields),
+    "copy": list(Copy._fields),
+    "kernel": list(Kernel._fields),
+    "host_part": list(HostPart._fields),
+}
+_TOP = ("kind", "format", "planc", "fields", "spec", "checkpoint", "device", "tensor_parallel", "budget", "io",
+        "layout", "tensors", "parts", "runs", "skipped", "peak", "refusal")
 
 
-def _freeze(x):
-    t = type(x)
-    if t is dict or isinstance(x, dict):
-        return MappingProxyType({k: _freeze(v) for k, v in x.items()})
-    if t is list or isinstance(x, list):
-        return tuple([_freeze(v) for v in x])
-    if t is not tuple and isinstance(x, tuple):  # a named tuple of the compiler: a plain one
-        return tuple(x)
-    return x
+# -- encode ---------------------------------------------------------------------------------------
 
-
-def _thaw(x):
-    t = type(x)
-    if t is dict or t is MappingProxyType or isinstance(x, dict):
-        return {k: _thaw(v) for k, v in x.items()}
-    if t is list or isinstance(x, (list, tuple)):
-        return [_thaw(v) for v in x]
-    return x
-
-
-_MISSING = object()
-
-
-class Plan:
-    """A compiled (or loaded) plan: read it with `plan[key]`, `plan.doc`, `to_dict()` or `to_json()`.
-
-    The plan owns a JSON-ready dict that nothing changes (a compiled plan shares the compiler's
-    tuples where JSON wants arrays). The frozen form (`doc`: read-only mappings and tuples) is built
-    only when asked for: at 100k tensors it has millions of nodes, and compiling, explaining and
-    saving a plan never need it. `plan[key]` freezes that key's value alone.
-
-    A key may also be built later, on its first read: `later` maps it (present in `doc` with a None
-    placeholder, so that key order is kept) to the function that builds its value. The compiler
-    defers the step list that way; `explain` never reads it, saving or freezing the plan does.
-    """
-
-    __slots__ = ("_raw", "_doc", "_keys", "_later", "_lock")
-
-    def __init__(self, doc: dict, later: dict | None = None):
-        """Takes `doc` over: the caller must not change it afterwards (`from_doc` copies)."""
-        self._raw = doc
-        self._doc = None
-        self._keys: dict = {}
-        self._later = dict(later or {})
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def from_doc(doc: dict) -> "Plan":
-        return Plan(_thaw(doc))
-
-    def _fill(self, keys=None) -> None:
-        """Build the deferred values of `keys` (default: all) into the plain dict."""
-        if not self._later:
-            return
-        with self._lock:
-            for k in list(self._later) if keys is None else keys:
-                make = self._later.pop(k, None)
-                if make is not None:
-                    self._raw[k] = make()
-
-    @property
-    def doc(self) -> MappingProxyType:
-        if self._doc is None:
-            self._fill()
-            raw, keys = self._raw, self._keys
-            self._doc = MappingProxyType({k: keys[k] if k in keys else _freeze(v) for k, v in raw.items()})
-            # One form is enough from here on: the plain dict goes, the frozen one answers.
-            self._raw, self._keys = None, {}
-        return self._doc
-
-    def _plain(self) -> dict:
-        """The whole plan as dicts, lists and tuples, shared, not copied: to read, never to change."""
-        self._fill()
-        raw = self._raw
-        return raw if raw is not None else _thaw(self._doc)
-
-    def _read(self, key, default=None):
-        """One key's value as `_plain` holds it (shared: to read, never to change), or `default`
-        when the plan has no such key; builds no other deferred key."""
-        raw = self._raw
-        if raw is None:
-            return _thaw(self._doc.get(key, default))
-        self._fill((key,))
-        return raw.get(key, default)
-
-    def plain(self, key, default=None):
-        """`key`'s value as plain dicts and lists, shared with the plan (read it, never change it).
-
-        The executor reads the plan this way: freezing the runs of a 100k-tensor plan into read-only
-        mappings costs a second that a load should not spend."""
-        return self._read(key, default)
-
-    def to_dict(self) -> dict:
-        self._fill()
-        raw = self._raw
-        return _thaw(raw if raw is not None else self._doc)
-
-    def to_json(self) -> str:
-        return json.dumps(self._plain(), sort_keys=True, separators=(",", ":")) + "\n"
-
-    def __getitem__(self, key):
-        raw = self._raw
-        if raw is None:
-            return self._doc[key]
-        v = self._keys.get(key, _MISSING)
-        if v is _MISSING:
-            self._fill((key,))
-            v = self._keys[key] = _freeze(raw[key])
-        return v
-
-    def __eq__(self, other):
-        if not isinstance(other, Plan):
-            return NotImplemented
-        return self.to_dict() == other.to_dict()
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        d = self._raw if self._raw is not None else self._doc
-        return f"Plan({d['spec']['path']!r}, {len(d['parts'])} parts, fits={d['refusal'] is None})"
-
-    @property
-    def fits(self) -> bool:
-        return self["refusal"] is None
-
-    @property
-    def refusal(self):
-        return self["refusal"]
+def encode(plan: Plan) -> str:
+    files = {f.path: i for i, f in enumerate(plan.checkpoint.files)}
+    parts = [[*p[1:6], [[*i[:2], files[i.file], *i[3:]] for i in p.inputs], *p[7:]] for p in plan.parts]
+    runs = [[r.parts, [[files[q.file], *q[1:]] for q in r.requests], *r[3:]] for r in plan.runs]
+    cp = plan.checkpoint
+    doc = {
+        "kind": "planc-plan", "format": FORMAT, "planc": plan.planc, "fields": FIELDS,
+        "spec": plan.spec._asdict(),
+        "checkpoint": {"source": cp.source, "root": cp.root, "files": cp.files},
+        "device": plan.device,
+        "tensor_parallel": plan.tensor_parallel._asdict(),
+        "budget": plan.budget._asdict(),
+        "io": plan.io._asdict(),
+        "layout": plan.layout._asdict(),
+        "tensors": plan.tensors,
+        "parts": parts,
+        "runs": runs,
+        "skipped": plan.skipped,
+        "peak": plan.peak._asdict(),
+        "refusal": plan.refusal._asdict() if plan.refusal else None,
+    }
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n"
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(plan.to_json())
+    Path(path).write_text(encode(plan), encoding="utf-8")
 
 
-def load_plan(path: str | Path) -> Plan:
+# -- load -----------------------------------------------------------------------------------------
+
+def load_plan(path: str | Path, *, max_bytes: int = MAX_PLAN_BYTES) -> Plan:
     p = Path(path)
     try:
-        doc = json.loads(p.read_text())
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise PlanFormatError(f"{p}: plan file is {size:,} bytes, more than the {max_bytes:,}-byte cap for "
+                                      f"plan files", code="plan-too-large")
+            data = f.read(max_bytes + 1)
     except FileNotFoundError:
         raise PlanFormatError(f"{p}: plan file not found", code="plan-missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PlanFormatError(f"{p}: not a planc plan (cannot parse JSON: {e})", code="plan-syntax") from None
+    except IsADirectoryError:
+        raise PlanFormatError(f"{p}: is a folder, not a plan file", code="plan-unreadable") from None
+    except PermissionError:
+        raise PlanFormatError(f"{p}: plan file cannot be read (permission denied)", code="plan-unreadable") from None
+    except OSError as e:
+        raise PlanFormatError(f"{p}: plan file cannot be read ({e.strerror or e})", code="plan-unreadable") from None
+    if len(data) > max_bytes:
+        raise PlanFormatError(f"{p}: plan file is more than the {max_bytes:,}-byte cap for plan files",
+                              code="plan-too-large")
+    return decode(data, str(p))
+
+
+def decode(data: bytes | str, where: str = "<plan>") -> Plan:
+    try:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        doc = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _Duplicate as e:
+        raise PlanFormatError(f"{where}: not a valid plan: key {printable(str(e))!r} appears twice",
+                              code="plan-syntax") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise PlanFormatError(f"{where}: not a planc plan (cannot parse JSON: {printable(str(e))[:200]})",
+                              code="plan-syntax") from None
     if not isinstance(doc, dict) or doc.get("kind") != "planc-plan":
-        raise PlanFormatError(f"{p}: not a planc plan (no kind: planc-plan)", code="plan-kind")
-    if doc.get("format") != PLAN_FORMAT:
-        raise PlanFormatError(f"{p}: plan format {doc.get('format')!r}, this planc reads format {PLAN_FORMAT}; "
-                              f"compile the spec again", code="plan-version")
-    return Plan(doc)
+        raise PlanFormatError(f"{where}: not a planc plan (no kind: planc-plan)", code="plan-kind")
+    if doc.get("format") != FORMAT:
+        raise PlanFormatError(f"{where}: plan format {printable(repr(doc.get('format')))[:40]}, this planc reads "
+                              f"format {FORMAT}; compile the spec again", code="plan-version")
+    return _Checker(where).plan(doc)
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise _Duplicate(k)
+        d[k] = v
+    return d
+
+
+class _Bad(Exception):
+    def __init__(self, path: str, problem: str):
+        self.path, self.problem = path, problem
+
+
+def _bad(path: str, problem: str) -> _Bad:
+    return _Bad(path, problem)
+
+
+def _shown(v) -> str:
+    s = printable(json.dumps(v) if not isinstance(v, str) else repr(v))
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _int(v, path: str, lo: int = 0, hi: int | None = None) -> int:
+    if type(v) is not int:
+        raise _bad(path, f"must be an integer, got {_shown(v)}")
+    if v < lo or (hi is not None and v > hi):
+        rng = f"at least {lo:,}" if hi is None else f"between {lo:,} and {hi:,}"
+        raise _bad(path, f"must be {rng}, got {v:,}")
+    return v
+
+
+def _str(v, path: str) -> str:
+    if type(v) is not str:
+        raise _bad(path, f"must be a string, got {_shown(v)}")
+    return v
+
+
+def _list(v, path: str, n: int | None = None) -> list:
+    if type(v) is not list:
+        raise _bad(path, f"must be an array, got {_shown(v)}")
+    if n is not None and len(v) != n:
+        raise _bad(path, f"must have {n} fields, got {len(v)}")
+    return v
+
+
+def _obj(v, path: str, keys) -> dict:
+    if type(v) is not dict:
+        raise _bad(path, f"must be an object, got {_shown(v)}")
+    keys = tuple(keys)
+    if set(v) != set(keys):
+        missing = sorted(set(keys) - set(v))
+        extra = sorted(set(v) - set(keys))
+        what = f"missing {', '.join(missing)}" if missing else f"unknown key {', '.join(map(printable, extra))}"
+        raise _bad(path, what)
+    return v
+
+
+def _one_of(v, path: str, allowed) -> str:
+    if v not in allowed or type(v) is not str:
+        raise _bad(path, f"must be one of {', '.join(allowed)}, got {_shown(v)}")
+    return v
+
+
+def _dtype(v, path: str) -> str:
+    if type(v) is not str or v not in DTYPES:
+        raise _bad(path, f"unknown dtype {_shown(v)}")
+    return v
+
+
+def _shape(v, path: str) -> tuple[int, ...]:
+    _list(v, path)
+    if len(v) > 16:
+        raise _bad(path, f"has {len(v)} dims, at most 16")
+    return tuple(_int(d, f"{path}[{k}]", 0, 2**62) for k, d in enumerate(v))
+
+
+def _nbytes_of(dtype: str, shape: tuple, path: str) -> int:
+    n = DTYPES[dtype].nbytes(math.prod(shape))
+    if n is None:
+        raise _bad(path, f"{dtype} x {list(shape)} is not a whole number of bytes")
+    return n
+
+
+_MAX = 2**62  # any byte count or offset beyond this is not a real one
+
+
+class _Checker:
+    def __init__(self, where: str):
+        self.where = where
+
+    def plan(self, doc: dict) -> Plan:
+        try:
+            return self._plan(doc)
+        except _Bad as e:
+            raise PlanFormatError(f"{self.where}: invalid plan: {e.path}: {e.problem}", code="plan-invalid") from None
+
+    def _plan(self, doc: dict) -> Plan:
+        _obj(doc, "plan", _TOP)
+        if doc["fields"] != FIELDS:
+            raise _bad("fields", f"record layout differs from format {FORMAT}'s; compile the spec again")
+        planc = _str(doc["planc"], "planc")
+        spec = _obj(doc["spec"], "spec", SpecRef._fields)
+        spec = SpecRef(_str(spec["path"], "spec.path"), _str(spec["sha256"], "spec.sha256"))
+        self.files = files = self._checkpoint(doc["checkpoint"])
+        device = _str(doc["device"], "device")
+        tp = _obj(doc["tensor_parallel"], "tensor_parallel", TensorParallel._fields)
+        size = _int(tp["size"], "tensor_parallel.size", 1, 1 << 16)
+        tp = TensorParallel(_int(tp["rank"], "tensor_parallel.rank", 0, size - 1), size)
+        b = _obj(doc["budget"], "budget", Budget._fields)
+        budget = Budget(_int(b["host_bytes"], "budget.host_bytes", 0, _MAX),
+                        None if b["device_bytes"] is None else _int(b["device_bytes"], "budget.device_bytes", 0, _MAX))
+        self.io = io = self._io(doc["io"])
+        self.layout = lay = self._layout(doc["layout"], io)
+        tensors = self._tensors(doc["tensors"], lay)
+        parts = self._parts(doc["parts"], tensors, files)
+        runs = self._runs(doc["runs"], parts, files, io, lay)
+        skipped = tuple(_str(s, f"skipped[{k}]") for k, s in enumerate(_list(doc["skipped"], "skipped")))
+        pk = _obj(doc["peak"], "peak", Peak._fields)
+        peak = Peak(_int(pk["host_bytes"], "peak.host_bytes", 0, _MAX), _int(pk["device_bytes"], "peak.device_bytes", 0, _MAX))
+        refusal = None if doc["refusal"] is None else self._refusal(doc["refusal"])
+        files_t = Checkpoint(self.source, self.root, files)
+        plan = Plan(planc, spec, files_t, device, tp, budget, io, lay, tensors, parts, runs, skipped, peak, refusal)
+        return self._decision(plan)
+
+    # -- small records --------------------------------------------------------------------------
+    def _checkpoint(self, v) -> tuple[FileEntry, ...]:
+        _obj(v, "checkpoint", ("source", "root", "files"))
+        self.source = _str(v["source"], "checkpoint.source")
+        self.root = _str(v["root"], "checkpoint.root")
+        out, seen = [], set()
+        for k, f in enumerate(_list(v["files"], "checkpoint.files")):
+            at = f"checkpoint.files[{k}]"
+            _list(f, at, 3)
+            path = _str(f[0], f"{at}.path")
+            parts = path.replace("\\", "/").split("/")
+            if not path or path.startswith("/") or ".." in parts or "\x00" in path or path in seen:
+                raise _bad(f"{at}.path", f"{_shown(path)} is not a file inside the checkpoint folder (or is listed twice)")
+            seen.add(path)
+            out.append(FileEntry(path, _int(f[1], f"{at}.size_bytes", 0, _MAX), _int(f[2], f"{at}.mtime_ns", -_MAX, _MAX)))
+        return tuple(out)
+
+    def _io(self, v) -> IOSettings:
+        _obj(v, "io", IOSettings._fields)
+        slot = _int(v["slot_bytes"], "io.slot_bytes", DIRECT_ALIGN, 1 << 40)
+        if slot % DIRECT_ALIGN:
+            raise _bad("io.slot_bytes", f"must be a multiple of {DIRECT_ALIGN}, got {slot:,}")
+        return IOSettings(_int(v["workers"], "io.workers", 1, 256), slot, _int(v["slots"], "io.slots", 1, 1024),
+                          _int(v["run_bytes"], "io.run_bytes", 1, _MAX), _one_of(v["direct"], "io.direct", DIRECT_MODES),
+                          _int(v["merge_gap_bytes"], "io.merge_gap_bytes", 0, _MAX))
+
+    def _layout(self, v, io: IOSettings) -> Layout:
+        _obj(v, "layout", Layout._fields)
+        arena = _int(v["arena_bytes"], "layout.arena_bytes", 0, _MAX)
+        regions = _list(v["landing_region_bytes"], "layout.landing_region_bytes", 2)
+        regions = (_int(regions[0], "layout.landing_region_bytes[0]", 0, _MAX),
+                   _int(regions[1], "layout.landing_region_bytes[1]", 0, _MAX))
+        slot = io.slot_bytes
+        staging = _int(v["staging_bytes"], "layout.staging_bytes", 0, io.slots * slot)
+        if staging % slot:
+            raise _bad("layout.staging_bytes", f"must be a whole number of slots ({slot:,} bytes), got {staging:,}")
+        ring = _int(v["ring_bytes"], "layout.ring_bytes", 0, io.slots * slot)
+        if ring % slot:
+            raise _bad("layout.ring_bytes", f"must be a whole number of slots ({slot:,} bytes), got {ring:,}")
+        segs = _int(v["scatter_segments"], "layout.scatter_segments", 0, _MAX)
+        zero = []
+        for k, z in enumerate(_list(v["zero"], "layout.zero")):
+            at = f"layout.zero[{k}]"
+            _list(z, at, 2)
+            off, n = _int(z[0], f"{at}[0]", 0, arena), _int(z[1], f"{at}[1]", 0, arena)
+            if off + n > arena:
+                raise _bad(at, f"[{off:,}, {off + n:,}) reaches past the arena ({arena:,} bytes)")
+            zero.append((off, n))
+        return Layout(arena, regions, staging, segs, tuple(zero), ring)
+
+    def _refusal(self, v) -> Refusal:
+        _obj(v, "refusal", Refusal._fields)
+        return Refusal(_str(v["code"], "refusal.code"), _int(v["run"], "refusal.run", 0, _MAX),
+                       _str(v["step"], "refusal.step"), _int(v["needed_bytes"], "refusal.needed_bytes", 0, _MAX),
+                       _int(v["allowed_bytes"], "refusal.allowed_bytes", 0, _MAX), _str(v["message"], "refusal.message"))
+
+    # -- tensors and parts ----------------------------------------------------------------------
+    def _tensors(self, v, lay: Layout) -> tuple[Tensor, ...]:
+        out, prev = [], None
+        n_f = len(FIELDS["tensor"])
+        for k, t in enumerate(_list(v, "tensors")):
+            at = f"tensors[{k}]"
+            _list(t, at, n_f)
+            name, dtype = _str(t[0], f"{at}.name"), _dtype(t[1], f"{at}.dtype")
+            if prev is not None and name <= prev:
+                raise _bad(f"{at}.name", f"tensors must be sorted by name, without repeats ({_shown(name)} after {_shown(prev)})")
+            prev = name
+            shape = _shape(t[2], f"{at}.shape")
+            off = _int(t[3], f"{at}.offset_bytes", 0, _MAX)
+            nbytes = _int(t[4], f"{at}.nbytes", 0, _MAX)
+            want = _nbytes_of(dtype, shape, f"{at}.shape")
+            if nbytes != want:
+                raise _bad(f"{at}.nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
+            if off + nbytes > lay.arena_bytes:
+                raise _bad(f"{at}.offset_bytes", f"[{off:,}, {off + nbytes:,}) reaches past the arena "
+                                                 f"({lay.arena_bytes:,} bytes)")
+            if off % max(1, DTYPES[dtype].itemsize):
+                raise _bad(f"{at}.offset_bytes", f"{off:,} is not aligned to {dtype}'s element size")
+            out.append(Tensor(name, dtype, shape, off, nbytes))
+        spans = sorted((t.offset_bytes, t.offset_bytes + t.nbytes, t.name) for t in out if t.nbytes)
+        for a, b in zip(spans, spans[1:]):
+            if b[0] < a[1]:
+                raise _bad("tensors", f"{_shown(a[2])} and {_shown(b[2])} overlap in the arena")
+        return tuple(out)
+
+    def _parts(self, v, tensors, files) -> tuple[Part, ...]:
+        by_name = {t.name: t for t in tensors}
+        n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
+        out = []
+        for pid, p in enumerate(_list(v, "parts")):
+            at = f"parts[{pid}]"
+            _list(p, at, n_f)
+            name = _str(p[0], f"{at}.tensor")
+            t = by_name.get(name)
+            if t is None:
+                raise _bad(f"{at}.tensor", f"names no tensor of the plan: {_shown(name)}")
+            index = _int(p[1], f"{at}.index", 0, _MAX)
+            op = _one_of(p[2], f"{at}.op", OPS)
+            path = _one_of(p[3], f"{at}.path", PATHS)
+            reason = _str(p[4], f"{at}.reason")
+            raw_inputs = _list(p[5], f"{at}.inputs")
+            if not 1 <= len(raw_inputs) <= 2:
+                raise _bad(f"{at}.inputs", f"must list 1 or 2 inputs, got {len(raw_inputs)}")
+            inputs = tuple(self._input(i, f"{at}.inputs[{k}]", n_in, files) for k, i in enumerate(raw_inputs))
+            off = _int(p[6], f"{at}.offset_bytes", 0, _MAX)
+            out_bytes = _int(p[7], f"{at}.out_bytes", 0, _MAX)
+            out_dtype = _dtype(p[8], f"{at}.out_dtype")
+            landing = _int(p[9], f"{at}.landing_bytes", 0, _MAX)
+            host = _int(p[10], f"{at}.host_bytes", 0, _MAX)
+            block = _int(p[11], f"{at}.block", 0, 1 << 20)
+            zero = _int(p[12], f"{at}.zero_bytes", 0, _MAX)
+            dst = _int(p[13], f"{at}.dst_offset", 0, _MAX)
+            if out_dtype != t.dtype:
+                raise _bad(f"{at}.out_dtype", f"is {out_dtype}, its tensor {_shown(name)} is {t.dtype}")
+            if dst != t.offset_bytes + off:
+                raise _bad(f"{at}.dst_offset", f"is {dst:,}, but its tensor starts at {t.offset_bytes:,} and the part "
+                                               f"at offset {off:,} in it")
+            if off + out_bytes + zero > t.nbytes:
+                raise _bad(f"{at}.out_bytes", f"[{off:,}, {off + out_bytes + zero:,}) reaches past its tensor "
+                                              f"({t.nbytes:,} bytes)")
+            part = Part(pid, name, index, op, path, reason, inputs, off, out_bytes, out_dtype, landing, host, block,
+                        zero, dst)
+            self._part_semantics(part, at)
+            out.append(part)
+        return tuple(out)
+
+    def _input(self, i, at: str, n_in: int, files) -> Input:
+        _list(i, at, n_in)
+        role = _one_of(i[0], f"{at}.role", ("weight", "scale"))
+        tensor = _str(i[1], f"{at}.tensor")
+        fi = _int(i[2], f"{at}.file", 0, len(files) - 1) if files else _int(i[2], f"{at}.file", 0, -1)
+        f = files[fi]
+        start = _int(i[3], f"{at}.start", 0, _MAX)
+        nbytes = _int(i[4], f"{at}.nbytes", 0, _MAX)
+        dtype = _dtype(i[5], f"{at}.dtype")
+        shape = _shape(i[6], f"{at}.shape")
+        seg, stride, count = _int(i[7], f"{at}.seg", 0, _MAX), _int(i[8], f"{at}.stride", 0, _MAX), _int(i[9], f"{at}.count", 1, _MAX)
+        want = _nbytes_of(dtype, shape, f"{at}.shape")
+        if nbytes != want:
+            raise _bad(f"{at}.nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
+        if count > 1:
+            if seg * count != nbytes or stride < seg:
+                raise _bad(f"{at}.seg", f"{count:,} segments of {seg:,} bytes, {stride:,} apart, do not make "
+                                        f"{nbytes:,} bytes")
+            end = start + (count - 1) * stride + seg
+        else:
+            end = start + nbytes
+        if end > f.size_bytes:
+            raise _bad(f"{at}.start", f"reads [{start:,}, {end:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
+        return Input(role, tensor, f.path, start, nbytes, dtype, shape, seg, stride, count)
+
+    def _part_semantics(self, n: Part, at: str) -> None:
+        """The sizes the executor allocates and converts by must follow from the part's inputs."""
+        w = n.inputs[0]
+        if w.role != "weight" or (len(n.inputs) == 2) != (n.op == "dequantize") or (
+                len(n.inputs) == 2 and n.inputs[1].role != "scale"):
+            raise _bad(f"{at}.inputs", f"a {n.op} part reads a weight" + (" and its scale" if n.op == "dequantize" else ""))
+        numel = math.prod(w.shape)
+        want = DTYPES[n.out_dtype].nbytes(numel)
+        if n.op == "copy" and w.dtype != n.out_dtype:
+            raise _bad(f"{at}.out_dtype", f"a copy keeps its dtype ({w.dtype}), got {n.out_dtype}")
+        if n.out_bytes != want:
+            raise _bad(f"{at}.out_bytes", f"is {n.out_bytes:,}, but {numel:,} elements of {n.out_dtype} are {want:,} bytes")
+        if n.op in ("dequantize", "transpose"):
+            if len(w.shape) != 2:
+                raise _bad(f"{at}.inputs[0].shape", f"a {n.op} needs a 2-D weight, got {list(w.shape)}")
+        if n.op == "dequantize":
+            rows, cols = w.shape
+            if n.block <= 0:
+                raise _bad(f"{at}.block", "a dequantize needs a block edge of at least 1")
+            s = n.inputs[1]
+            blocks = -(-rows // n.block) * -(-cols // n.block)
+            if s.dtype != "F32" or s.nbytes != blocks * 4:
+                raise _bad(f"{at}.inputs[1]", f"a dequantize of {rows}x{cols} by {n.block} blocks reads {blocks:,} F32 "
+                                              f"scales, got {s.dtype} x {s.nbytes:,} bytes")
+        reads = sum(i.nbytes for i in n.inputs)
+        if n.path == "host":
+            if n.op == "copy":
+                raise _bad(f"{at}.path", "a pure copy takes the direct path")
+            host = reads + n.out_bytes * (2 if n.op == "transpose" and w.dtype != n.out_dtype else 1)
+            if n.host_bytes != host or n.landing_bytes:
+                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {host:,} bytes (reads + scratch), got "
+                                               f"{n.host_bytes:,} (and landing {n.landing_bytes:,})")
+        elif n.host_bytes:
+            raise _bad(f"{at}.host_bytes", f"a direct-path part holds no host bytes, got {n.host_bytes:,}")
+        elif n.landing_bytes not in (0, reads):
+            raise _bad(f"{at}.landing_bytes", f"is {n.landing_bytes:,}: a landing part lands its {reads:,} read bytes")
+
+    # -- runs -------------------------------------------------------------------------------------
+    def _runs(self, v, parts, files, io: IOSettings, lay: Layout) -> tuple[Run, ...]:
+        n_f, n_q, n_c, n_k, n_h = (len(FIELDS[k]) for k in ("run", "request", "copy", "kernel", "host_part"))
+        out, next_part, users, scatter_rows = [], 0, 0, 0
+        staging_slots = lay.staging_bytes // io.slot_bytes
+        for k, r in enumerate(_list(v, "runs")):
+            at = f"runs[{k}]"
+            _list(r, at, n_f)
+            pids = _list(r[0], f"{at}.parts")
+            for j, pid in enumerate(pids):
+                if pid != next_part or type(pid) is not int:
+                    raise _bad(f"{at}.parts[{j}]", f"expected part {next_part} (runs list every part once, in order), "
+                                                   f"got {_shown(pid)}")
+                next_part += 1
+            pids = tuple(pids)
+            first = pids[0] if pids else next_part
+            in_run = range(first, next_part)
+            region = _int(r[4], f"{at}.landing_region", k % 2, k % 2)
+            limits = {"arena": lay.arena_bytes, "landing": lay.landing_region_bytes[region]}
+            reqs = tuple(self._request(q, f"{at}.requests[{j}]", n_q, n_c, files, io, limits, staging_slots)
+                         for j, q in enumerate(_list(r[1], f"{at}.requests")))
+            kernels = tuple(self._kernel(x, f"{at}.kernels[{j}]", n_k, parts, in_run, limits)
+                            for j, x in enumerate(_list(r[2], f"{at}.kernels")))
+            hosts = tuple(self._host_part(h, f"{at}.host_parts[{j}]", n_h, parts, in_run, io)
+                          for j, h in enumerate(_list(r[3], f"{at}.host_parts")))
+            host_ids = {h.part for h in hosts}
+            if len(host_ids) != len(hosts) or host_ids != {p for p in pids if parts[p].path == "host"}:
+                raise _bad(f"{at}.host_parts", "must list each host-path part of the run once")
+            run = Run(k, pids, reqs, kernels, hosts, region,
+                      _int(r[5], f"{at}.landing_bytes", 0, lay.landing_region_bytes[region]),
+                      _int(r[6], f"{at}.host_bytes", 0, _MAX), _int(r[7], f"{at}.read_bytes", 0, _MAX),
+                      _int(r[8], f"{at}.payload_bytes", 0, _MAX), _int(r[9], f"{at}.requests_uncoalesced", 0, _MAX),
+                      _int(r[10], f"{at}.copies_uncoalesced", 0, _MAX))
+            hb = _host_peak(parts, hosts)
+            if run.host_bytes != hb:
+                raise _bad(f"{at}.host_bytes", f"is {run.host_bytes:,}, the replay of its host-path parts holds {hb:,}")
+            rb = sum(q.length for q in reqs) + sum(parts[h.part].read_bytes for h in hosts)
+            if run.read_bytes != rb:
+                raise _bad(f"{at}.read_bytes", f"is {run.read_bytes:,}, its requests and host-path reads are {rb:,}")
+            pb = sum(parts[p].read_bytes for p in pids)
+            if run.payload_bytes != pb:
+                raise _bad(f"{at}.payload_bytes", f"is {run.payload_bytes:,}, its parts read {pb:,}")
+            users += len(reqs) + sum(h.copies for h in hosts)
+            scatter_rows += sum(len(q.copies) for q in reqs if q.scatter)
+            out.append(run)
+        if next_part != len(parts):
+            raise _bad("runs", f"list parts 0..{next_part - 1}, the plan has {len(parts)}")
+        ring = min(io.slots, users) * io.slot_bytes
+        if lay.ring_bytes != ring:
+            raise _bad("layout.ring_bytes", f"is {lay.ring_bytes:,}, the plan's requests and staging copies use "
+                                            f"{ring:,} of ring")
+        if lay.scatter_segments != scatter_rows:
+            raise _bad("layout.scatter_segments", f"is {lay.scatter_segments:,}, the scattered requests have "
+                                                  f"{scatter_rows:,} copies")
+        return tuple(out)
+
+    def _request(self, q, at, n_q, n_c, files, io, limits, staging_slots) -> Request:
+        _list(q, at, n_q)
+        f = files[_int(q[0], f"{at}.file", 0, len(files) - 1)]
+        off = _int(q[1], f"{at}.offset", 0, _MAX)
+        if off % DIRECT_ALIGN:
+            raise _bad(f"{at}.offset", f"{off:,} is not aligned to {DIRECT_ALIGN} bytes")
+        length = _int(q[2], f"{at}.length", 1, io.slot_bytes)
+        scatter = q[4]
+        if type(scatter) is not bool:
+            raise _bad(f"{at}.scatter", f"must be true or false, got {_shown(scatter)}")
+        if scatter:
+            staging = _int(q[5], f"{at}.staging", 0, staging_slots - 1) if staging_slots else \
+                _int(q[5], f"{at}.staging", 0, -1)
+            width = _int(q[6], f"{at}.width", 1, 8)
+            if width not in (1, 2, 4, 8):
+                raise _bad(f"{at}.width", f"must be 1, 2, 4 or 8, got {width}")
+        else:
+            staging = _int(q[5], f"{at}.staging", -1, -1)
+            width = _int(q[6], f"{at}.width", 1, 1)
+        copies, needed = [], 0
+        for j, c in enumerate(_list(q[3], f"{at}.copies")):
+            ca = f"{at}.copies[{j}]"
+            _list(c, ca, n_c)
+            so = _int(c[0], f"{ca}.slot_offset", 0, length)
+            space = _one_of(c[1], f"{ca}.space", SPACES)
+            dst = _int(c[2], f"{ca}.dst_offset", 0, _MAX)
+            n = _int(c[3], f"{ca}.nbytes", 1, length)
+            if so + n > length:
+                raise _bad(ca, f"slot range [{so:,}, {so + n:,}) reaches past the request's {length:,} bytes")
+            if dst + n > limits[space]:
+                raise _bad(ca, f"{space} range [{dst:,}, {dst + n:,}) reaches past the {space} "
+                               f"({limits[space]:,} bytes)")
+            if scatter and (space != "arena" or so % width or dst % width or n % width):
+                raise _bad(ca, f"a scattered copy goes to the arena in whole {width}-byte elements")
+            needed = max(needed, so + n)
+            copies.append(Copy(so, space, dst, n))
+        if off + needed > f.size_bytes:
+            raise _bad(at, f"reads [{off:,}, {off + needed:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
+        return Request(f.path, off, length, tuple(copies), scatter, staging, width)
+
+    def _kernel(self, x, at, n_k, parts, in_run, limits) -> Kernel:
+        _list(x, at, n_k)
+        pid = _int(x[0], f"{at}.part", 0, _MAX)
+        if pid not in in_run:
+            raise _bad(f"{at}.part", f"part {pid} is not a part of this run")
+        p = parts[pid]
+        if p.path != "direct":
+            raise _bad(f"{at}.part", f"part {pid} takes the host path; its work is not a device kernel")
+        op = _one_of(x[1], f"{at}.op", KERNEL_OPS)
+        src_dtype, dst_dtype = _dtype(x[2], f"{at}.src_dtype"), _dtype(x[3], f"{at}.dst_dtype")
+        space = _one_of(x[4], f"{at}.src_space", SPACES)
+        src = _int(x[5], f"{at}.src_offset", 0, _MAX)
+        scale = None if x[6] is None else _int(x[6], f"{at}.scale_offset", 0, _MAX)
+        dst = _int(x[7], f"{at}.dst_offset", 0, _MAX)
+        numel, rows, cols = _int(x[8], f"{at}.numel", 0, _MAX), _int(x[9], f"{at}.rows", 0, _MAX), _int(x[10], f"{at}.cols", 0, _MAX)
+        block = _int(x[11], f"{at}.block", 0, 1 << 20)
+        w = p.inputs[0]
+        if op != p.op or src_dtype != w.dtype or dst_dtype != p.out_dtype or dst != p.dst_offset:
+            raise _bad(at, f"does not match part {pid} ({p.op} {w.dtype} -> {p.out_dtype} at arena {p.dst_offset:,})")
+        if numel != math.prod(w.shape) or (op != "convert" and (rows, cols) != tuple(w.shape)) or block != p.block:
+            raise _bad(at, f"shape does not match part {pid}'s input {list(w.shape)}")
+        s_size, d_size = max(1, DTYPES[src_dtype].bits // 8), max(1, DTYPES[dst_dtype].bits // 8)
+        if src + numel * s_size > limits[space]:
+            raise _bad(f"{at}.src_offset", f"[{src:,}, {src + numel * s_size:,}) reaches past the {space} "
+                                           f"({limits[space]:,} bytes)")
+        if dst + numel * d_size > limits["arena"]:
+            raise _bad(f"{at}.dst_offset", f"[{dst:,}, {dst + numel * d_size:,}) reaches past the arena")
+        if op == "dequantize":
+            if scale is None or block <= 0:
+                raise _bad(f"{at}.scale_offset", "a dequantize reads its scale from the landing region")
+            n_scale = -(-rows // block) * -(-cols // block) * 4
+            if scale + n_scale > limits["landing"]:
+                raise _bad(f"{at}.scale_offset", f"[{scale:,}, {scale + n_scale:,}) reaches past the landing region "
+                                                 f"({limits['landing']:,} bytes)")
+        elif scale is not None:
+            raise _bad(f"{at}.scale_offset", f"a {op} reads no scale")
+        if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
+            raise _bad(at, "only a same-size conversion runs in place in the arena")
+        return Kernel(pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block)
+
+    def _host_part(self, h, at, n_h, parts, in_run, io) -> HostPart:
+        _list(h, at, n_h)
+        pid = _int(h[0], f"{at}.part", 0, _MAX)
+        if pid not in in_run or parts[pid].path != "host":
+            raise _bad(f"{at}.part", f"part {pid} is not a host-path part of this run")
+        p = parts[pid]
+        dst = _int(h[1], f"{at}.dst_offset", 0, _MAX)
+        copies = _int(h[2], f"{at}.copies", 0, _MAX)
+        if dst != p.dst_offset:
+            raise _bad(f"{at}.dst_offset", f"is {dst:,}, part {pid} goes to {p.dst_offset:,}")
+        want = -(-p.out_bytes // io.slot_bytes)
+        if copies != want:
+            raise _bad(f"{at}.copies", f"is {copies:,}, part {pid}'s {p.out_bytes:,} bytes take {want:,} slot copies")
+        return HostPart(pid, dst, copies)
+
+    # -- the decision -----------------------------------------------------------------------------
+    def _decision(self, plan: Plan) -> Plan:
+        tl = admit(plan)
+        if plan.peak != tl.peak:
+            raise _bad("peak", f"recorded {plan.peak.host_bytes:,} host / {plan.peak.device_bytes:,} device bytes, "
+                               f"the replay of the plan gives {tl.host_peak_bytes:,} / {tl.device_peak_bytes:,}")
+        if plan.refusal != tl.refusal:
+            got = "none" if tl.refusal is None else f"{tl.refusal.code} at run {tl.refusal.run}"
+            had = "none" if plan.refusal is None else f"{plan.refusal.code} at run {plan.refusal.run}"
+            raise _bad("refusal", f"recorded {had}, the replay of the plan against its budget gives {got}")
+        return plan.with_decision(tl)
+
+
+def _host_peak(parts, hosts) -> int:
+    return max((host_part_peak(parts[h.part])[0] for h in hosts), default=0)

@@ -23,12 +23,12 @@ alone. Had b started at 3000 and been adjacent to a in the arena, a and b's head
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import itemgetter
-from typing import NamedTuple
 
 from .dtypes import DTYPES
-from .graph import Graph, PartNode
+from .graph import Graph
+from .ir import Copy, HostPart, Kernel, Part, Request, Run, Tensor
 from .spec import DIRECT_ALIGN, IO
 
 _FILE_START = itemgetter(0, 1)  # sort key of (file, start, ...) tuples
@@ -39,91 +39,15 @@ _tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Pyth
 SCATTER_MIN_COPIES = 4
 
 
-class Copy(NamedTuple):
-    slot_offset: int
-    space: str  # arena | landing
-    dst_offset: int
-    nbytes: int
-
-
-class Request(NamedTuple):
-    file: str
-    offset: int  # 4 KiB aligned
-    length: int  # <= slot; may reach past end of file (short read there is expected)
-    copies: tuple[Copy, ...]
-    scatter: bool = False  # copied whole to device staging slot `staging`, then scattered by a kernel
-    staging: int = -1
-    width: int = 1  # scatter element width: every offset and length is a multiple of it
-
-    @property
-    def h2d_copies(self) -> int:
-        return 1 if self.scatter else len(self.copies)
-
-
-class Kernel(NamedTuple):
-    part: int
-    op: str  # convert | dequantize | transpose
-    src_dtype: str
-    dst_dtype: str
-    src_space: str
-    src_offset: int
-    scale_offset: int | None  # landing offset of the scale (dequantize)
-    dst_offset: int  # arena
-    numel: int
-    rows: int
-    cols: int
-    block: int
-
-
-@dataclass(frozen=True)
-class HostPart:
-    part: int
-    dst_offset: int  # arena
-    copies: int  # staging copies through the ring
-
-
-@dataclass(frozen=True)
-class Run:
-    index: int
-    parts: tuple[int, ...]
-    requests: tuple[Request, ...]
-    kernels: tuple[Kernel, ...]
-    host_parts: tuple[HostPart, ...]
-    landing_region: int
-    landing_bytes: int
-    host_bytes: int
-    read_bytes: int  # bytes requested (requests, plus host-path inputs)
-    payload_bytes: int  # bytes of tensor data the run needs
-    requests_uncoalesced: int
-    copies_uncoalesced: int
-
-    @property
-    def copies(self) -> int:
-        return sum(r.h2d_copies for r in self.requests) + sum(h.copies for h in self.host_parts)
-
-    @property
-    def scatters(self) -> int:
-        return sum(1 for r in self.requests if r.scatter)
-
-
-@dataclass(frozen=True)
-class TensorLayout:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    offset_bytes: int
-    nbytes: int
-
-
 @dataclass(frozen=True)
 class Schedule:
     io: IO
-    tensors: tuple[TensorLayout, ...]  # sorted by name
+    tensors: tuple[Tensor, ...]  # sorted by name
+    parts: tuple[Part, ...]  # the graph's parts with their arena offsets
     arena_bytes: int
-    landing_region_bytes: tuple[int, ...]  # (even runs, odd runs)
+    landing_region_bytes: tuple[int, int]  # (even runs, odd runs)
     ring_bytes: int
     runs: tuple[Run, ...]
-    part_offsets: dict = field(default_factory=dict)  # part id -> arena offset
     staging_bytes: int = 0  # device staging slots for scattered requests
     scatter_segments: int = 0  # rows of the scatter table (uploaded once: one copy)
     zero: tuple = ()  # (arena offset, bytes) zero-filled on the device before the load (padding)
@@ -141,7 +65,7 @@ def layout(graph: Graph) -> tuple[dict, int]:
     """Arena offsets per placement, in the order their first part is read."""
     first = {}
     for n in graph.parts:
-        first.setdefault(n.placement, n.id)
+        first.setdefault(n.tensor, n.id)
     by_name = {p.name: p for p in graph.placements}
     offsets, cursor = {}, 0
     for name in sorted(by_name, key=lambda nm: (first.get(nm, -1), nm)):
@@ -163,13 +87,12 @@ def schedule(graph: Graph, io: IO) -> Schedule:
     # The ring never has more slots than the plan has requests and host staging copies to fill them.
     users = sum(len(r.requests) + sum(h.copies for h in r.host_parts) for r in runs)
     ring = min(io.slots, users) * io.slot
-    tensors = tuple(TensorLayout(p.name, p.dtype, tuple(p.shape), offsets[p.name], p.nbytes)
+    tensors = tuple(Tensor(p.name, p.dtype, tuple(p.shape), offsets[p.name], p.nbytes)
                     for p in sorted(graph.placements, key=lambda p: p.name))
-    part_offsets = {n.id: offsets[n.placement] + n.offset_bytes for n in graph.parts}
-    zero = tuple((part_offsets[n.id] + n.out_bytes, n.zero_bytes) for n in graph.parts if n.zero_bytes)
+    parts = tuple(n._replace(dst_offset=offsets[n.tensor] + n.offset_bytes) for n in graph.parts)
+    zero = tuple((n.dst_offset + n.out_bytes, n.zero_bytes) for n in parts if n.zero_bytes)
     runs, staging_slots, segments = _scatter(runs, io)
-    return Schedule(io, tensors, arena, regions, ring, tuple(runs), part_offsets, staging_slots * io.slot, segments,
-                    zero)
+    return Schedule(io, tensors, parts, arena, regions, ring, tuple(runs), staging_slots * io.slot, segments, zero)
 
 
 def _scatter(runs: list[Run], io: IO) -> tuple[list[Run], int, int]:
@@ -189,7 +112,7 @@ def _scatter(runs: list[Run], io: IO) -> tuple[list[Run], int, int]:
                 count += 1
                 segments += len(q.copies)
             reqs.append(q)
-        out.append(Run(**{**r.__dict__, "requests": tuple(reqs)}))
+        out.append(r._replace(requests=tuple(reqs)))
     return out, min(count, slots), segments
 
 
@@ -200,7 +123,7 @@ def _width(copies) -> int:
     return 1
 
 
-def _cut_runs(parts, run_bytes: int) -> list[list[PartNode]]:
+def _cut_runs(parts, run_bytes: int) -> list[list[Part]]:
     runs, cur, cur_bytes = [], [], 0
     for n in parts:
         nbytes = n.read_bytes
@@ -214,14 +137,14 @@ def _cut_runs(parts, run_bytes: int) -> list[list[PartNode]]:
     return runs
 
 
-def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
+def _run(k: int, parts: list[Part], offsets: dict, io: IO) -> Run:
     segs, kernels, host_parts, landed, landing = [], [], [], [], 0
     host_bytes = host_reads = host_segments = 0
     for n in parts:
-        dst = offsets[n.placement] + n.offset_bytes
+        dst = offsets[n.tensor] + n.offset_bytes
         if n.path == "host":
             host_parts.append(HostPart(n.id, dst, -(-n.out_bytes // io.slot) if n.out_bytes else 0))
-            host_bytes += n.host_bytes
+            host_bytes = max(host_bytes, n.host_bytes)  # host-path parts go one at a time
             host_reads += n.read_bytes
             host_segments += sum(i.count for i in n.inputs)
             continue
@@ -267,7 +190,7 @@ def _run(k: int, parts: list[PartNode], offsets: dict, io: IO) -> Run:
     )
 
 
-def _kernel(n: PartNode, space: str, src: int, scale: int | None, dst: int) -> Kernel:
+def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kernel:
     w = n.inputs[0]
     shape = w.shape
     rows, cols = shape if len(shape) == 2 else (0, 0)

@@ -166,7 +166,7 @@ def load_checked(spec_path, models: list, **kw):
     assert plan.fits, plan.refusal
     model = execute(plan, verify=True, **kw)
     models.append(model)
-    rep, tot = model.report, plan["totals"]
+    rep, tot = model.report, plan.to_dict()["totals"]
     assert rep["verify"]["ok"], rep["verify"]["mismatches"]
     assert rep["verify"]["parts"] == tot["source_tensors"]
     for k in ("requests", "copies", "kernels"):

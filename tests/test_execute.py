@@ -41,7 +41,7 @@ from planc.errors import AdmissionError, FingerprintError, PlancError, ReadError
 from planc.execute import execute  # noqa: E402
 from planc.execute.reader import Reader  # noqa: E402
 from planc.execute.verify import verify_model  # noqa: E402
-from planc.plan import load_plan, save_plan  # noqa: E402
+from planc.plan import encode, load_plan, save_plan  # noqa: E402
 
 
 @pytest.fixture
@@ -75,16 +75,16 @@ def _no_allocation(monkeypatch):
 def test_pure_copies_dense(tmp_path, load):
     path, want = synth(tmp_path, "dense")
     plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
-    assert plan["totals"]["kernels"] == 0 and plan["layout"]["landing_region_bytes"] == (0, 0)
+    assert plan.totals.kernels == 0 and plan.layout.landing_region_bytes == (0, 0)
     assert_model(model, want)
 
 
 def test_sharded_checkpoint_with_progress(tmp_path, load):
     path, want = synth(tmp_path, "dense", layers=2, shards=3)
     plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO), progress=True)
-    assert len(plan["checkpoint"]["files"]) == 3
+    assert len(plan.to_dict()["checkpoint"]["files"]) == 3
     assert_model(model, want)
-    assert sorted(model.report["files"]) == sorted(f["path"] for f in plan["checkpoint"]["files"])
+    assert sorted(model.report["files"]) == sorted(f["path"] for f in plan.to_dict()["checkpoint"]["files"])
 
 
 def _odd_sizes(tmp_path):
@@ -102,7 +102,7 @@ def test_tensor_larger_than_a_slot(tmp_path, load):
     path, want = _odd_sizes(tmp_path)
     rules = [{"match": "b.big", "dtype": "bfloat16"}, {"match": "d.big16", "dtype": "bfloat16"}, {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2, "workers": 2}))
-    reqs = [q for r in plan["runs"] for q in r["requests"]]
+    reqs = [q for r in plan.to_dict()["runs"] for q in r["requests"]]
     assert all(q["length"] <= 4096 for q in reqs) and len(reqs) >= 6
     want = dict(want, **{"b.big": cast(want["b.big"], "BF16"), "d.big16": cast(want["d.big16"], "BF16")})
     assert_model(model, want)
@@ -117,7 +117,7 @@ def test_landing_regions_are_aligned_for_any_element_type(tmp_path, load):
     index.write_text(json.dumps({"metadata": {}, "weight_map": {"a": "m1.safetensors", "b": "m2.safetensors"}}))
     rules = [{"match": "a", "dtype": "float32"}, {"match": "b", "dtype": "bfloat16"}]
     plan, model = load(spec_file(tmp_path, index, rules, io={"slot": 4096, "slots": 2, "run": 1}))
-    assert plan["layout"]["landing_region_bytes"] == (10, 28)
+    assert plan.layout.landing_region_bytes == (10, 28)
     assert_model(model, {"a": cast(a, "F32"), "b": cast(b, "BF16")})
 
 
@@ -126,7 +126,7 @@ def test_ring_of_one_slot(tmp_path, load, dense):
     rules = [{"match": "model.layers.0.self_attn.k_proj.weight", "dtype": "float32"},
              {"match": "model.layers.0.self_attn.v_proj.weight", "dtype": "float16"}, {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 1, "workers": 4}))
-    assert plan["layout"]["ring_bytes"] == 4096
+    assert plan.layout.ring_bytes == 4096
     k, v = "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"
     assert_model(model, dict(want, **{k: cast(want[k], "F32"), v: cast(want[v], "F16")}))
 
@@ -134,7 +134,7 @@ def test_ring_of_one_slot(tmp_path, load, dense):
 def test_more_workers_than_parts(tmp_path, load):
     path, want = _odd_sizes(tmp_path)
     plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io={"workers": 32, "slot": 4096}))
-    assert plan["io"]["workers"] == 32 > len(plan["parts"])
+    assert plan.io.workers == 32 > len(plan.to_dict()["parts"])
     assert_model(model, want)
 
 
@@ -145,8 +145,8 @@ def test_several_runs_with_kernels(tmp_path, load, dense):
              {"match": "model.layers.0.*layernorm.weight", "dtype": "float16"}, {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules,
                                   io={"slot": 4096, "slots": 3, "run": "8KiB", "merge_gap": 0}))
-    assert plan["totals"]["runs"] >= 6
-    assert sum(1 for r in plan["runs"] if r["kernels"]) >= 3
+    assert plan.totals.runs >= 6
+    assert sum(1 for r in plan.to_dict()["runs"] if r["kernels"]) >= 3
     for name in want:
         if ".self_attn." in name:
             want[name] = cast(want[name], "F32")
@@ -165,8 +165,8 @@ def test_merge_gap_zero_and_large(tmp_path, load, dense):
         spec = spec_file(tmp_path, path, rules, io={"slot": "64KiB", "merge_gap": gap}, name=f"gap{gap}.yaml")
         plan, model = load(spec)
         assert_model(model, want)
-        requests[gap] = plan["totals"]["requests"]
-        assert plan["totals"]["requests"] <= plan["totals"]["requests_uncoalesced"]
+        requests[gap] = plan.totals.requests
+        assert plan.totals.requests <= plan.totals.requests_uncoalesced
         model.free()
     assert requests[0] > requests["1MiB"]
 
@@ -181,15 +181,15 @@ def test_conversion(tmp_path, load, src, target, on):
     path, want = convert_source(tmp_path, src)
     rules = [{"match": "conv.*", "dtype": target, "on": on}, {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2}))
-    paths = {p["tensor"]: p["path"] for p in plan["parts"]}
+    paths = {p["tensor"]: p["path"] for p in plan.to_dict()["parts"]}
     assert paths["conv.a"] == ("host" if on == "host" else "direct")
     same_size = NP[src].itemsize == NP[TARGET[target]].itemsize
     if on == "device":
-        assert plan["totals"]["kernels"] == 4
-        assert plan["layout"]["landing_region_bytes"] == (0, 0) if same_size else sum(
-            plan["layout"]["landing_region_bytes"]) > 0
+        assert plan.totals.kernels == 4
+        assert plan.layout.landing_region_bytes == (0, 0) if same_size else sum(
+            plan.layout.landing_region_bytes) > 0
     else:
-        assert plan["totals"]["kernels"] == 0 and model.report["kernels"]["issued"] == 0
+        assert plan.totals.kernels == 0 and model.report["kernels"]["issued"] == 0
     t = TARGET[target]
     assert_model(model, {k: v if k == "keep.c" else cast(v, t) for k, v in want.items()})
     assert model["conv.empty"].shape == (0, 3) and model["conv.scalar"].shape == ()
@@ -227,7 +227,7 @@ def test_stack_moe_experts_converted_in_place(tmp_path, load):
     rule = dict(STACK, match="model.layers.{L}.mlp.experts.{E}.down_proj.weight",
                 stack={"into": "model.layers.{L}.mlp.experts.down_proj", "over": "E"}, dtype="float16")
     plan, model = load(spec_file(tmp_path, path, [rule, {"match": "*"}], io=SMALL_IO))
-    assert plan["totals"]["kernels"] == 8 and plan["layout"]["landing_region_bytes"] == (0, 0)
+    assert plan.totals.kernels == 8 and plan.layout.landing_region_bytes == (0, 0)
     out = {k: v for k, v in want.items() if not k.endswith(".down_proj.weight")}
     out["model.layers.0.mlp.experts.down_proj"] = cast(
         np.stack([want[f"model.layers.0.mlp.experts.{e}.down_proj.weight"] for e in range(8)]), "F16")
@@ -242,7 +242,7 @@ def test_stack_moe_experts_through_the_scatter_kernel(tmp_path, load):
                   stack={"into": "model.layers.{L}.mlp.experts.down_proj", "over": "E"}, dtype="float16"),
              STACK, {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io=dict(SMALL_IO, slot="64KiB", slots=2)))
-    assert plan["totals"]["scatters"] >= 2 and plan["layout"]["staging_bytes"] > 0
+    assert plan.totals.scatters >= 2 and plan.layout.staging_bytes > 0
     out = stacked(want, 2, 8)
     for L in range(2):
         out[f"model.layers.{L}.mlp.experts.down_proj"] = cast(out[f"model.layers.{L}.mlp.experts.down_proj"], "F16")
@@ -266,7 +266,7 @@ def test_transpose(tmp_path, load, dense, on, target):
 def test_dequantize_fp8_on_host(tmp_path, load, target):
     path, want = synth(tmp_path, "fp8", layers=1)
     plan, model = load(spec_file(tmp_path, path, fp8_rules(target, "host"), io=SMALL_IO))
-    assert plan["totals"]["kernels"] == 0
+    assert plan.totals.kernels == 0
     assert_model(model, dequantized(want, TARGET[target]))
     assert model["model.layers.0.mlp.up_proj.weight"].dtype == TARGET[target]
 
@@ -278,7 +278,7 @@ def test_dequantize_fp8_on_device(tmp_path, load, target):
     path, want = synth(tmp_path, "fp8", layers=1)
     rules = fp8_rules(target, "device", match="*.self_attn.*")
     plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 4, "run": "12KiB"}))
-    assert plan["totals"]["kernels"] == 4 and plan["totals"]["runs"] > 1
+    assert plan.totals.kernels == 4 and plan.totals.runs > 1
     assert_model(model, dequantized(want, TARGET[target], lambda n: ".self_attn." in n))
     assert model["model.layers.0.mlp.up_proj.weight"].dtype == "F8_E4M3"
 
@@ -293,8 +293,8 @@ def test_mixed_plan_through_a_one_slot_ring(tmp_path, load):
              {"match": "lm_head.weight", "transpose": True, "on": "host"},
              {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 1, "run": "16KiB", "workers": 3}))
-    paths = {p["path"] for p in plan["parts"]}
-    assert paths == {"direct", "host"} and plan["totals"]["runs"] > 3 and plan["layout"]["ring_bytes"] == 4096
+    paths = {p["path"] for p in plan.to_dict()["parts"]}
+    assert paths == {"direct", "host"} and plan.totals.runs > 3 and plan.layout.ring_bytes == 4096
     qk = lambda n: ".self_attn.q_proj" in n or ".self_attn.k_proj" in n  # noqa: E731
     out = dequantized(want, "F16", lambda n: not qk(n))
     out.update({k: v for k, v in dequantized(want, "BF16", qk).items() if qk(k)})
@@ -342,14 +342,14 @@ def test_live_room_refusal(tmp_path, dense, monkeypatch):
     with pytest.raises(AdmissionError) as ei:
         execute(plan)
     assert ei.value.exit_code == 3 and ei.value.code == "live-room"
-    assert ei.value.refusal["allowed_bytes"] == 0 and ei.value.refusal["needed_bytes"] == plan["peak"]["host_bytes"]
+    assert ei.value.refusal["allowed_bytes"] == 0 and ei.value.refusal["needed_bytes"] == plan.peak.host_bytes + plan.layout.device_bytes  # simulated device memory is host memory
 
 
 def _host_path_plan(tmp_path, dense):
     path, _ = dense
     rules = [{"match": "*.mlp.*", "dtype": "float32", "on": "host"}, {"match": "*"}]
     plan = compile_spec(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2, "run": "8KiB"}))
-    assert sum(1 for r in plan["runs"] if r["host_bytes"]) >= 2
+    assert sum(1 for r in plan.to_dict()["runs"] if r["host_bytes"]) >= 2
     return plan
 
 
@@ -365,7 +365,7 @@ def test_run_waits_for_live_room(tmp_path, load, dense, monkeypatch):
 
 def test_run_refused_by_live_room_mid_load(tmp_path, dense, monkeypatch):
     plan = _host_path_plan(tmp_path, dense)
-    first = next(r for r in plan["runs"] if r["host_bytes"])
+    first = next(r for r in plan.to_dict()["runs"] if r["host_bytes"])
     live_room_by_call(monkeypatch, lambda k: 0)
     seen = _watch_allocations(monkeypatch)
     with pytest.raises(AdmissionError) as ei:
@@ -417,7 +417,7 @@ def test_read_failing_mid_load_releases_everything(tmp_path, dense, load, monkey
     spec = spec_file(tmp_path, path, [{"match": "model.norm.weight", "dtype": "float32"}, {"match": "*"}],
                       io={"slot": 4096, "slots": 2, "workers": 2})
     plan = compile_spec(spec)
-    assert plan["totals"]["requests"] > 4
+    assert plan.totals.requests > 4
     seen = _watch_allocations(monkeypatch)
     real_read, calls = Reader.read_into, []
 
@@ -460,7 +460,7 @@ def test_short_file_is_a_typed_read_error(tmp_path, dense, monkeypatch):
 
     class Faked:
         def __init__(self, st):
-            self.st_size, self.st_mtime_ns = size, plan["checkpoint"]["files"][0]["mtime_ns"]
+            self.st_size, self.st_mtime_ns = size, plan.to_dict()["checkpoint"]["files"][0]["mtime_ns"]
 
     monkeypatch.setattr(os, "stat", lambda p, *a, **k: Faked(None) if str(p) == path else real_stat(p, *a, **k))
     with pytest.raises(ReadError) as ei:
@@ -557,9 +557,9 @@ def test_loaded_model_matches_the_plan(tmp_path, load, dense):
     path, want = dense
     plan, model = load(spec_file(tmp_path, path, [QKV, {"match": "*.mlp.*", "dtype": "float32"},
                                                    {"match": "*"}], io=SMALL_IO))
-    assert len(model) == len(plan["tensors"]) == plan["totals"]["tensors"]
-    assert list(model) == sorted(t["name"] for t in plan["tensors"])
-    for t in plan["tensors"]:
+    assert len(model) == len(plan.to_dict()["tensors"]) == plan.totals.tensors
+    assert list(model) == sorted(t["name"] for t in plan.to_dict()["tensors"])
+    for t in plan.to_dict()["tensors"]:
         d = model[t["name"]]
         assert (d.dtype, d.shape, d.nbytes, d.offset_bytes) == (t["dtype"], tuple(t["shape"]), t["nbytes"],
                                                                 t["offset_bytes"])
@@ -568,15 +568,15 @@ def test_loaded_model_matches_the_plan(tmp_path, load, dense):
     rep = model.report
     assert rep["simulator"] is True and rep["device"] == "cuda:0"
     assert rep["wall_seconds"] > 0 and rep["gb_per_s"] > 0
-    assert rep["payload_bytes"] == plan["totals"]["payload_bytes"]
-    assert rep["bytes_read"]["predicted"] == plan["totals"]["read_bytes"]
-    assert plan["totals"]["payload_bytes"] <= rep["bytes_read"]["measured"] <= plan["totals"]["read_bytes"]
+    assert rep["payload_bytes"] == plan.totals.payload_bytes
+    assert rep["bytes_read"]["predicted"] == plan.totals.read_bytes
+    assert plan.totals.payload_bytes <= rep["bytes_read"]["measured"] <= plan.totals.read_bytes
     h = rep["host"]
-    assert h["pinned_bytes"] == plan["layout"]["ring_bytes"] and h["predicted_peak_bytes"] == plan["peak"]["host_bytes"]
+    assert h["pinned_bytes"] == plan.layout.ring_bytes and h["predicted_peak_bytes"] == plan.peak.host_bytes
     assert h["growth_bytes"] == h["hwm_bytes"] - h["baseline_rss_bytes"] and h["baseline_rss_bytes"] > 0
     assert h["rss_after_bytes"] > 0 and h["live_room_bytes"] > 0
-    assert rep["device_memory"]["arena_bytes"] == plan["layout"]["arena_bytes"]
-    assert rep["verify"]["bytes"] == plan["totals"]["resident_bytes"]
+    assert rep["device_memory"]["arena_bytes"] == plan.layout.arena_bytes
+    assert rep["verify"]["bytes"] == plan.totals.resident_bytes
     json.dumps(rep)  # the report is plain data
     model.free()
     assert len(model) == 0 and model._arena is None
@@ -588,7 +588,7 @@ def test_plan_from_json_loads_the_same(tmp_path, load, dense):
     plan = compile_spec(spec_file(tmp_path, path, [QKV, {"match": "*"}], io=SMALL_IO))
     save_plan(plan, tmp_path / "plan.json")
     again = load_plan(tmp_path / "plan.json")
-    assert again.to_json() == plan.to_json()
+    assert encode(again) == encode(plan)
     model = execute(again, verify=True)
     try:
         assert model.report["verify"]["ok"]
@@ -656,7 +656,7 @@ def test_kernels_deferred_while_the_warmer_compiles(tmp_path, load, dense, monke
         rules = fp8_rules("bfloat16", "device", match="*.self_attn.*")
         plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 4, "run": "12KiB"}))
         want = dequantized(want, "BF16", lambda n: ".self_attn." in n)
-    with_kernels = [r for r in plan["runs"] if r["kernels"]]
+    with_kernels = [r for r in plan.to_dict()["runs"] if r["kernels"]]
     assert len(with_kernels) >= 2
     assert warmers and warmers[0].joins == 1
     assert "wait_warm" in model.report["timings"]

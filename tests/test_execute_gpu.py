@@ -96,11 +96,11 @@ def _fused_and_converted(want: dict) -> dict:
 def test_dense_fuse_and_convert(tmp_path, load, dense32):
     path, want = dense32
     plan, model = load(spec_file(tmp_path, path, FUSE_CONVERT, io=GPU_IO, host="1GiB"))
-    assert plan["totals"]["runs"] > 2 and plan["totals"]["kernels"] > 0
+    assert plan.totals.runs > 2 and plan.totals.kernels > 0
     assert_model(model, _fused_and_converted(want))
     rep = model.report
     assert rep["simulator"] is False and rep["gb_per_s"] > 0
-    assert rep["device_memory"]["measured_allocated_bytes"] >= plan["layout"]["arena_bytes"]
+    assert rep["device_memory"]["measured_allocated_bytes"] >= plan.layout.arena_bytes
 
 
 @pytest.mark.parametrize("on", ["device", "host"])
@@ -117,7 +117,7 @@ def test_stack_moe_experts(tmp_path, load):
     path, want = synth(tmp_path, "moe", size_bytes=64 * MIB)
     rules = [dict(STACK, dtype="float16"), {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io=GPU_IO, host="1GiB"))
-    assert plan["totals"]["scatters"] > 0  # requests of many experts go through the scatter kernel
+    assert plan.totals.scatters > 0  # requests of many experts go through the scatter kernel
     layers = sum(1 for k in want if k.endswith(".self_attn.q_proj.weight"))
     experts = sum(1 for k in want if k.startswith("model.layers.0.mlp.experts.") and k.endswith(".up_proj.weight"))
     assert_model(model, stacked(want, layers, experts, "F16"))
@@ -150,7 +150,7 @@ def test_small_io_shapes(tmp_path, load):
     path, want = synth(tmp_path, "dense", layers=2)
     rules = [QKV, {"match": "*.mlp.*", "dtype": "float32"}, {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 1, "workers": 64, "run": "8KiB"}))
-    assert plan["layout"]["ring_bytes"] == 4096 and plan["totals"]["runs"] > 10
+    assert plan.layout.ring_bytes == 4096 and plan.totals.runs > 10
     out = fused(want, 2)
     assert_model(model, {k: cast(v, "F32") if ".mlp." in k else v for k, v in out.items()})
 
@@ -195,7 +195,7 @@ def test_free_gives_the_device_memory_back(tmp_path, dense32):
     execute(plan).free()  # compiles the kernels and creates the context: the baseline after it
     before = _free_bytes()
     model = execute(plan)
-    assert before - _free_bytes() >= plan["layout"]["arena_bytes"]
+    assert before - _free_bytes() >= plan.layout.arena_bytes
     model.free()
     assert _free_bytes() >= before - 4 * MIB
 

@@ -382,7 +382,7 @@ def _plan_file(tmp_path, path, rules=None, io=None) -> tuple[Path, object]:
 
 
 def _last_shard(plan) -> str:
-    return os.path.join(plan["checkpoint"]["root"], plan["checkpoint"]["files"][-1]["path"])
+    return os.path.join(plan.to_dict()["checkpoint"]["root"], plan.to_dict()["checkpoint"]["files"][-1]["path"])
 
 
 # ------------------------------------------------------------------------------------------
@@ -461,7 +461,7 @@ def test_read_failing_mid_load(tmp_path, capsys, dense16, watch, monkeypatch):
     """The disk fails (EIO) half way through the reads: ReadError, exit 2, everything back."""
     path, _ = dense16
     plan_path, plan = _plan_file(tmp_path, path)
-    fail_at = plan["totals"]["requests"] // 2
+    fail_at = plan.totals.requests // 2
     assert fail_at > 8  # past the ring's first round: slots pinned, copies and kernels in flight
     watch.start(plan)
     calls = fail_read_at(monkeypatch, fail_at)
@@ -481,7 +481,7 @@ def test_repeated_faults_hold_no_device_memory(tmp_path, dense16, monkeypatch):
     pinned bytes and RSS stay where they were."""
     path, _ = dense16
     _, plan = _plan_file(tmp_path, path)
-    fail_at = plan["totals"]["requests"] // 2
+    fail_at = plan.totals.requests // 2
     execute(plan).free()
     calls = fail_read_at(monkeypatch, fail_at)
     marks = {}
@@ -502,7 +502,7 @@ def test_interrupt_during_the_load_in_process(tmp_path, capsys, dense16, watch, 
     """KeyboardInterrupt in the middle of the pipeline: Interrupted (exit 130), everything back."""
     path, _ = dense16
     plan_path, plan = _plan_file(tmp_path, path)
-    at = plan["totals"]["requests"] // 2
+    at = plan.totals.requests // 2
     watch.start(plan)
     calls = interrupt_at(monkeypatch, at)
     with pytest.raises(Interrupted) as ei:
@@ -521,7 +521,7 @@ def test_live_room_shrinks_below_a_run(tmp_path, capsys, dense16, watch, monkeyp
     path, _ = dense16
     rules = [{"match": "*.mlp.*", "dtype": "float32", "on": "host"}, {"match": "*"}]
     plan_path, plan = _plan_file(tmp_path, path, rules=rules, io=dict(FAULT_IO, run="1MiB"))
-    host_runs = [r for r in plan["runs"] if r["host_bytes"]]
+    host_runs = [r for r in plan.to_dict()["runs"] if r["host_bytes"]]
     assert len(host_runs) >= 2
     watch.start(plan)
     calls = live_room_by_call(monkeypatch, lambda k: 2**40 if k == 1 else 0)
@@ -608,7 +608,7 @@ def test_sigint_during_the_load(tmp_path, request):
         proc.kill()
         proc.communicate()
         raise
-    record(request.node.name, payload_bytes=plan["totals"]["payload_bytes"], start_to_open_s=round(opened - t0, 3),
+    record(request.node.name, payload_bytes=plan.totals.payload_bytes, start_to_open_s=round(opened - t0, 3),
            open_to_exit_s=round(time.monotonic() - opened, 3), rc=proc.returncode, stderr=err)
     # 130, or the signal itself should it land where Python ends by SIGINT after planc's own exit
     # (shells report both as 130); never 0, which would mean the load finished first.
@@ -650,7 +650,7 @@ def test_hundred_load_free_cycles(tmp_path, request):
     spec = spec_file(tmp_path, path, CYCLE_RULES, io={"workers": 8, "slot": "1MiB", "slots": 8, "run": "8MiB",
                                                        "merge_gap": "1MiB"}, host="1GiB")
     plan = compile_spec(spec)
-    tot = plan["totals"]
+    tot = plan.to_dict()["totals"]
     assert tot["kernels"] > 200 and tot["scatters"] > 0
     expected = _cycle_expected(want, layers, experts)
     models: list = []
@@ -666,7 +666,7 @@ def test_hundred_load_free_cycles(tmp_path, request):
         for cycle in range(2, 101):
             t0 = time.perf_counter()
             model = execute(plan)
-            assert len(model) == len(plan["tensors"])
+            assert len(model) == len(plan.to_dict()["tensors"])
             model.free()
             del model
             times.append(time.perf_counter() - t0)

@@ -336,7 +336,7 @@ def test_read_failing_mid_load(tmp_path, capsys, dense, released, monkeypatch):
     """The disk fails (EIO) on the fifth read: ReadError, exit 2, everything released."""
     path, _ = dense
     plan_path, plan = _plan_file(tmp_path, path, io={"slot": 4096, "slots": 2, "workers": 2, "direct": "off"})
-    assert plan["totals"]["requests"] > 5
+    assert plan.totals.requests > 5
     calls = fail_read_at(monkeypatch, 5)
     with pytest.raises(ReadError) as ei:
         execute(plan)
@@ -451,7 +451,7 @@ def _host_path_plan(tmp_path, dense):
     rules = [{"match": "*.mlp.*", "dtype": "float32", "on": "host"}, {"match": "*"}]
     plan_path, plan = _plan_file(tmp_path, path, rules=rules, io={"slot": 4096, "slots": 2, "run": "8KiB",
                                                                   "direct": "off"})
-    host_runs = [r["index"] for r in plan["runs"] if r["host_bytes"]]
+    host_runs = [r["index"] for r in plan.to_dict()["runs"] if r["host_bytes"]]
     assert len(host_runs) >= 2
     return plan_path, plan, host_runs
 
@@ -462,7 +462,7 @@ def test_live_room_shrinks_below_a_run(tmp_path, capsys, dense, released, monkey
     calls = live_room_by_call(monkeypatch, lambda k: 2**40 if k == 1 else 0)
     with pytest.raises(AdmissionError) as ei:
         execute(plan)
-    second = next(r for r in plan["runs"] if r["index"] == host_runs[1])
+    second = next(r for r in plan.to_dict()["runs"] if r["index"] == host_runs[1])
     assert ei.value.code == "live-room" and ei.value.exit_code == 3
     assert ei.value.refusal == {"run": second["index"], "needed_bytes": second["host_bytes"], "allowed_bytes": 0}
     assert len(calls) == 3, "run 1 admitted; run 2 checked, waited for the runs in flight, checked again"
@@ -501,7 +501,7 @@ def test_hundred_load_free_cycles_do_not_grow_rss(tmp_path):
                                   for i in range(6)})
     plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}],
                                   io={"slot": 4096, "slots": 2, "workers": 2, "direct": "off"}))
-    assert plan["totals"]["kernels"] == 0
+    assert plan.totals.kernels == 0
     rss = {}
     # Every load ends with full garbage collections (planc.execute.alloc.release); frozen, the objects
     # of the test session are not walked again each time. What is measured does not change.
@@ -510,7 +510,7 @@ def test_hundred_load_free_cycles_do_not_grow_rss(tmp_path):
     try:
         for cycle in range(1, 101):
             model = execute(plan)
-            assert len(model) == len(plan["tensors"])
+            assert len(model) == len(plan.to_dict()["tensors"])
             model.free()
             del model
             if cycle in (10, 100):

@@ -20,7 +20,7 @@ from planc import __version__
 from planc.compile import compile_spec
 from planc.errors import PlanFormatError
 from planc.explain import explain_doc
-from planc.plan import load_plan, save_plan
+from planc.plan import encode, load_plan, save_plan
 from planc.synth import write_checkpoint
 
 
@@ -65,17 +65,22 @@ def test_copies_without_merge_whole_plan(abcd):
         return {"id": i, "tensor": name, "index": 0, "op": "copy", "path": "direct",
                 "reason": "pure copy into the final place",
                 "inputs": [{"role": "weight", "tensor": name, "file": f, "start": start, "nbytes": n, "dtype": "F32",
-                            "shape": [n // 4]}],
-                "dst_offset": dst, "out_bytes": n, "out_dtype": "F32", "landing_bytes": 0, "host_bytes": 0, "block": 0}
+                            "shape": [n // 4], "seg": n, "stride": n, "count": 1}],
+                "offset_bytes": 0, "out_bytes": n, "out_dtype": "F32", "landing_bytes": 0, "host_bytes": 0, "block": 0,
+                "zero_bytes": 0, "dst_offset": dst}
 
     def steps(i, name, start, n):
         return [{"id": f"read:{name}#0:weight", "kind": "read", "part": i, "host_bytes": 0, "device_bytes": 0,
-                 "note": f"{f}@{start}+{n}", "deps": []},
+                 "note": f"{f}@{start}+{n}", "deps": ["alloc:ring"]},
                 {"id": f"stage:{name}#0", "kind": "stage", "part": i, "host_bytes": 0, "device_bytes": n,
-                 "note": "pinned ring -> device", "deps": [f"read:{name}#0:weight"]}]
+                 "note": "pinned ring -> device", "deps": ["alloc:device", f"read:{name}#0:weight"]}]
 
+    alloc = [{"id": "alloc:ring", "kind": "alloc", "part": -1, "host_bytes": 8192, "device_bytes": 0,
+              "note": "pinned host ring", "deps": []},
+             {"id": "alloc:device", "kind": "alloc", "part": -1, "host_bytes": 0, "device_bytes": 12288,
+              "note": "arena + landing + staging", "deps": []}]
     expected = {
-        "kind": "planc-plan", "format": 1, "planc": __version__,
+        "kind": "planc-plan", "planc": __version__,
         "spec": {"path": str(tmp_path / "spec.yaml"), "sha256": hashlib.sha256(spec_text).hexdigest()},
         "checkpoint": {"source": str(tmp_path / f), "root": str(tmp_path),
                        "files": [{"path": f, "size_bytes": ds + 13312, "mtime_ns": st.st_mtime_ns}]},
@@ -85,23 +90,24 @@ def test_copies_without_merge_whole_plan(abcd):
         "io": {"workers": 16, "slot_bytes": 4096, "slots": 2, "run_bytes": 2**20, "direct": "auto",
                "merge_gap_bytes": 0},
         # ring = slots x slot; arena = a + c + d laid out in read order
-        "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0, "zero": []},
+        "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "staging_bytes": 0, "scatter_segments": 0,
+                   "zero": [], "ring_bytes": 8192},
         "tensors": [
             {"name": "a", "dtype": "F32", "shape": [1024], "offset_bytes": 0, "nbytes": 4096},
             {"name": "c", "dtype": "F32", "shape": [512], "offset_bytes": 4096, "nbytes": 2048},
             {"name": "d", "dtype": "F32", "shape": [1536], "offset_bytes": 6144, "nbytes": 6144}],
         "parts": [part(0, "a", ds, 4096, 0), part(1, "c", ds + 5120, 2048, 4096), part(2, "d", ds + 7168, 6144, 6144)],
-        "steps": steps(0, "a", ds, 4096) + steps(1, "c", ds + 5120, 2048) + steps(2, "d", ds + 7168, 6144),
+        "steps": alloc + steps(0, "a", ds, 4096) + steps(1, "c", ds + 5120, 2048) + steps(2, "d", ds + 7168, 6144),
         "runs": [{
             "index": 0, "parts": [0, 1, 2], "tensors": 3, "read_bytes": 20480, "payload_bytes": 12288,
             "host_bytes": 0, "landing_bytes": 0, "landing_region": 0,
             # a alone: one extent; the gap a -> c (1024 bytes) exceeds merge_gap 0; c and d touch: one extent.
-            "requests": [
+            "requests": [{**q, "scatter": False, "staging": -1, "width": 1} for q in [
                 {"file": f, "offset": 0, "length": 4096, "copies": [[ds, "arena", 0, 4096 - ds]]},
                 {"file": f, "offset": 4096, "length": 4096, "copies": [[0, "arena", 4096 - ds, ds]]},
                 {"file": f, "offset": 4096, "length": 4096, "copies": [[ds + 1024, "arena", 4096, 3072 - ds]]},
                 {"file": f, "offset": 8192, "length": 4096, "copies": [[0, "arena", 7168 - ds, 4096]]},
-                {"file": f, "offset": 12288, "length": 4096, "copies": [[0, "arena", 11264 - ds, ds + 1024]]}],
+                {"file": f, "offset": 12288, "length": 4096, "copies": [[0, "arena", 11264 - ds, ds + 1024]]}]],
             "kernels": [], "host_parts": [],
             "requests_uncoalesced": 6, "copies_uncoalesced": 6}],  # a: 2 pages, c: 1, d: 3
         "timeline": [{"run": 0, "host_bytes": 8192, "device_bytes": 12288, "ring_bytes": 8192,
@@ -115,7 +121,14 @@ def test_copies_without_merge_whole_plan(abcd):
         "refusal": None,
     }
     assert plan.to_dict() == expected
-    assert plan.to_json() == json.dumps(expected, sort_keys=True, separators=(",", ":")) + "\n"
+    # the file is the compact form: records as arrays in the order `fields` states, files by index
+    doc = json.loads(encode(plan))
+    assert doc["fields"]["part"][:6] == ["tensor", "index", "op", "path", "reason", "inputs"]
+    assert doc["parts"][0] == ["a", 0, "copy", "direct", "pure copy into the final place",
+                               [["weight", "a", 0, ds, 4096, "F32", [1024], 4096, 4096, 1]],
+                               0, 4096, "F32", 0, 0, 0, 0, 0]
+    assert doc["runs"][0][1][0] == [0, 0, 4096, [[ds, "arena", 0, 4096 - ds]], False, -1, 1]
+    assert "steps" not in doc and "totals" not in doc  # derived, not stored
 
 
 def test_merge_gap_joins_across_a_skipped_tensor(abcd):
@@ -130,7 +143,7 @@ def test_merge_gap_joins_across_a_skipped_tensor(abcd):
         (f, 8192, 4096, [(0, "arena", 7168 - ds, 4096)]),
         (f, 12288, 4096, [(0, "arena", 11264 - ds, ds + 1024)]),
     ]
-    t = plan["totals"]
+    t = plan.to_dict()["totals"]
     assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (4, 6, 5, 6)
     assert t["read_bytes"] == 16384
 
@@ -178,7 +191,7 @@ def test_merge_that_would_add_a_copy_is_not_made(tmp_path):
     (run,) = plan.to_dict()["runs"]
     assert reqs(run) == [("m.safetensors", 0, 8192, [(ds, "arena", 0, 4096)]),
                          ("m.safetensors", 4096, 8192, [(ds, "landing", 0, 6000)])]
-    t = plan["totals"]
+    t = plan.to_dict()["totals"]
     assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (2, 2, 2, 2)
 
 
@@ -293,22 +306,25 @@ def test_host_path_costs(host_ckpt):
     assert [(p["tensor"], p["path"], p["host_bytes"], p["landing_bytes"]) for p in d["parts"]] == [
         ("a_h1", "host", 6144, 0), ("b_h2", "host", 12288, 0), ("c_g", "direct", 0, 0)]
     steps = {s["id"]: (s["kind"], s["host_bytes"], s["device_bytes"], s["deps"]) for s in d["steps"]}
-    assert steps["read:a_h1#0:weight"] == ("read", 4096, 0, [])
+    assert steps["alloc:ring"] == ("alloc", 4096, 0, [])
+    assert steps["alloc:device"] == ("alloc", 0, 10240, [])
+    assert steps["read:a_h1#0:weight"] == ("read", 4096, 0, ["alloc:ring"])
     assert steps["normalize:a_h1#0"] == ("normalize", 2048, 0, ["read:a_h1#0:weight"])
-    assert steps["stage:a_h1#0"] == ("stage", 0, 2048, ["normalize:a_h1#0"])
-    assert steps["stage:c_g#0"] == ("stage", 0, 4096, ["read:c_g#0:weight"])
+    assert steps["stage:a_h1#0"] == ("stage", 0, 2048, ["alloc:device", "normalize:a_h1#0"])
+    assert steps["stage:c_g#0"] == ("stage", 0, 4096, ["alloc:device", "read:c_g#0:weight"])
     # runs: a_h1 (4096) | b_h2 (8192) | c_g (4096)
     assert [r["parts"] for r in d["runs"]] == [[0], [1], [2]]
     assert [r["host_parts"] for r in d["runs"]] == [[{"part": 0, "dst_offset": 0, "copies": 1}],
                                                     [{"part": 1, "dst_offset": 2048, "copies": 1}], []]
-    assert [r["host_bytes"] for r in d["runs"]] == [6144, 12288, 0]
+    assert [r["host_bytes"] for r in d["runs"]] == [6144, 12288, 0]  # each run's largest host-path part
     assert [r["requests"] for r in d["runs"][:2]] == [[], []]
     assert reqs(d["runs"][2]) == [("m.safetensors", 12288, 4096, [(ds, "arena", 6144, 4096 - ds)]),
                                   ("m.safetensors", 16384, 4096, [(0, "arena", 10240 - ds, ds)])]
-    # window k = ring + host bytes of runs k-1 and k (two runs in flight)
+    # window k = ring + run k's host-path parts, one at a time (the executor drains a run's reads,
+    # then reads, transforms and stages each host-path part, releasing its buffers before the next)
     assert [(w["host_bytes"], w["host_inflight_bytes"]) for w in d["timeline"]] == [
-        (4096 + 6144, 6144), (4096 + 6144 + 12288, 18432), (4096 + 12288, 12288)]
-    assert d["peak"] == {"host_bytes": 22528, "device_bytes": 10240}
+        (4096 + 6144, 6144), (4096 + 12288, 12288), (4096, 0)]
+    assert d["peak"] == {"host_bytes": 16384, "device_bytes": 10240}
     assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
     t = d["totals"]
     assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (4, 4, 4, 4)
@@ -318,29 +334,30 @@ def test_host_path_costs(host_ckpt):
 
 def test_host_path_refusal_names_first_failing_run(host_ckpt):
     tmp_path, _ = host_ckpt
-    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 22527})
+    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 16383})
     r = plan.refusal
     assert not plan.fits
-    assert (r["code"], r["run"], r["step"], r["needed_bytes"], r["allowed_bytes"]) == (
-        "host-budget", 1, "read+normalize:b_h2#0", 22528, 22527)
-    assert "run 1" in r["message"] and "22,528 bytes" in r["message"] and "22,527 bytes" in r["message"]
-    assert "io.run" in r["message"]
+    assert (r.code, r.run, r.step, r.needed_bytes, r.allowed_bytes) == (
+        "host-budget", 1, "read:b_h2#0:weight", 16384, 16383)
+    assert r.step in {s.id for s in plan.steps}
+    assert "run 1" in r.message and "16,384 bytes" in r.message and "16,383 bytes" in r.message
+    assert "on: device" in r.message
     # the same inputs give the same refusal; the peaks do not depend on the budget
-    again = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 22527})
-    assert again.to_json() == plan.to_json()
-    assert plan["peak"]["host_bytes"] == 22528
+    again = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 16383})
+    assert encode(again) == encode(plan)
+    assert plan.peak.host_bytes == 16384
 
 
 def test_host_path_refusal_in_run_zero_when_part_alone_too_big(host_ckpt):
     tmp_path, _ = host_ckpt
     r = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 10239}).refusal
-    assert (r["code"], r["run"], r["step"], r["needed_bytes"]) == ("host-budget", 0, "read+normalize:a_h1#0", 10240)
-    assert "on: device" in r["message"]
+    assert (r.code, r.run, r.step, r.needed_bytes) == ("host-budget", 0, "read:a_h1#0:weight", 10240)
+    assert "on: device" in r.message
 
 
 def test_host_budget_exactly_fits(host_ckpt):
     tmp_path, _ = host_ckpt
-    assert compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 22528}).fits
+    assert compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 16384}).fits
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -351,10 +368,10 @@ def test_ring_refusal(abcd):
     plan = compile_doc(tmp_path, RULES_ABCD, io={"slot": 4096, "slots": 4, "run": "1MiB", "merge_gap": 0},
                        budget={"host": 16383})
     r = plan.refusal
-    assert (r["code"], r["run"], r["step"], r["needed_bytes"], r["allowed_bytes"]) == (
-        "host-budget", 0, "ring", 16384, 16383)
-    assert "io.slots (now 4)" in r["message"]
-    assert plan["fits"] is False
+    assert (r.code, r.run, r.step, r.needed_bytes, r.allowed_bytes) == (
+        "host-budget", 0, "alloc:ring", 16384, 16383)
+    assert "io.slots (now 4)" in r.message
+    assert plan.to_dict()["fits"] is False
 
 
 def test_device_refusal(abcd):
@@ -362,9 +379,10 @@ def test_device_refusal(abcd):
     plan = compile_doc(tmp_path, RULES_ABCD, io={"slot": 4096, "slots": 2, "run": "1MiB", "merge_gap": 0},
                        budget={"host": "1MiB", "device": 12287})
     r = plan.refusal
-    assert (r["code"], r["run"], r["step"], r["needed_bytes"], r["allowed_bytes"]) == (
-        "device-budget", 0, "stage:d", 12288, 12287)
-    assert "budget.device" in r["message"]
+    assert (r.code, r.run, r.step, r.needed_bytes, r.allowed_bytes) == (
+        "device-budget", 0, "stage:d#0", 12288, 12287)
+    assert r.step in {s.id for s in plan.steps}
+    assert "budget.device" in r.message
     ok = compile_doc(tmp_path, RULES_ABCD, io={"slot": 4096, "slots": 2, "run": "1MiB", "merge_gap": 0},
                      budget={"host": "1MiB", "device": 12288})
     assert ok.fits
@@ -393,11 +411,11 @@ def test_plan_json_byte_identical(tmp_path):
                      {"match": "*"}]}
     p = write_spec(tmp_path, doc)
     a, b = compile_spec(p), compile_spec(p)
-    assert a.to_json() == b.to_json()
-    assert a.fits and len(a["runs"]) > 2 and a["totals"]["kernels"] > 0
+    assert encode(a) == encode(b)
+    assert a.fits and len(a.runs) > 2 and a.totals.kernels > 0
     save_plan(a, tmp_path / "plan.json")
-    assert (tmp_path / "plan.json").read_text() == a.to_json()
-    assert load_plan(tmp_path / "plan.json").to_json() == a.to_json()
+    assert (tmp_path / "plan.json").read_text() == encode(a)
+    assert encode(load_plan(tmp_path / "plan.json")) == encode(a)
 
 
 def raw_st(path, entries, key_order):
@@ -458,13 +476,14 @@ def test_renaming_keeps_costs_with_safetensors_layout(tmp_path):
 
 def test_explain_reads_the_same_timeline(host_ckpt):
     tmp_path, _ = host_ckpt
-    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 22527, "device": "1MiB"})
+    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 16383, "device": "1MiB"})
     e = explain_doc(plan)
     assert e["fits"] is False and e["refusal"] == plan.to_dict()["refusal"]
-    assert [r["host_peak_bytes"] for r in e["runs"]] == [w["host_bytes"] for w in plan["timeline"]]
-    assert e["headroom"] == {"host_bytes": 22527 - 22528, "device_bytes": 2**20 - 10240}
+    assert [r["host_peak_bytes"] for r in e["runs"]] == [w["host_bytes"] for w in plan.to_dict()["timeline"]]
+    assert e["headroom"] == {"host_bytes": 16383 - 16384, "device_bytes": 2**20 - 10240}
     assert [r["requests"] for r in e["runs"]] == [1, 1, 2]
-    assert [r["dominant_step"] for r in e["runs"]] == ["host:a_h1#0", "host:b_h2#0", "ring"]
+    assert sum(r["requests"] for r in e["runs"]) == e["totals"]["requests"]
+    assert [r["dominant_step"] for r in e["runs"]] == ["normalize:a_h1#0", "normalize:b_h2#0", "alloc:ring"]
 
 
 def test_load_plan_rejects_other_files(tmp_path):

@@ -17,6 +17,7 @@ import yaml  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
 from planc.cli import main  # noqa: E402
+from planc.explain import explain_doc
 from planc.compile import compile_all_ranks, compile_spec  # noqa: E402
 from planc.errors import BindError  # noqa: E402
 from planc.execute import execute  # noqa: E402
@@ -126,7 +127,7 @@ def _bits(a):
 def test_ranks_rebuild_every_tensor(ckpt, n):
     d, t = ckpt
     plans = compile_all_ranks(_spec(d, n, name=f"tp{n}.yaml"))
-    assert [p["tensor_parallel"] for p in plans] == [{"rank": r, "size": n} for r in range(n)]
+    assert [p.tensor_parallel for p in plans] == [(r, n) for r in range(n)]
     got = [_load(p) for p in plans]
     for r in range(n):
         want = _rank_expected(t, n, r)
@@ -148,11 +149,11 @@ def test_each_rank_reads_only_its_bytes(ckpt, n):
     replicated = t["norm.weight"].nbytes
     split_total = sum(a.nbytes for k, a in t.items() if k != "norm.weight")
     for p in plans:
-        assert p["totals"]["payload_bytes"] == replicated + split_total // n
-    # the row-parallel inputs are strided: one segment per row, shown in the plan
-    o = [i for part in plans[0]["parts"] if part["tensor"] == "l.0.attn.o_proj.weight" for i in part["inputs"]]
-    assert o[0]["count"] == H and o[0]["seg"] == H // n * 2 and o[0]["stride"] == H * 2
-    assert o[0]["read_as"] in ("whole rows, sliced on the device", "one read per segment")
+        assert p.totals.payload_bytes == replicated + split_total // n
+    # the row-parallel inputs are strided: one record (base, stride, length, count) per input, shown by explain
+    o = [i for part in plans[0].parts if part.tensor == "l.0.attn.o_proj.weight" for i in part.inputs]
+    assert o[0].count == H and o[0].seg == H // n * 2 and o[0].stride == H * 2
+    assert set(explain_doc(plans[0])["strided_reads"]) <= {"whole rows, sliced on the device", "one read per segment"}
 
 
 def test_segments_or_rows_by_merge_gap(ckpt):
@@ -161,10 +162,10 @@ def test_segments_or_rows_by_merge_gap(ckpt):
     rows = compile_spec(_spec(d, 2, rules, {"slot": "64KiB", "merge_gap": "1KiB"}, "g1.yaml"), 1)
     segs = compile_spec(_spec(d, 2, rules, {"slot": "64KiB", "merge_gap": 0}, "g0.yaml"), 1)
     # whole rows: one request reading all rows; segments: one request per row's 4 KiB page run
-    assert rows["totals"]["requests"] == 1
-    assert rows["totals"]["read_bytes"] >= H * I * 2
-    assert segs["parts"][0]["inputs"][0]["read_as"] == "one read per segment"
-    assert segs["totals"]["payload_bytes"] == rows["totals"]["payload_bytes"] == H * I
+    assert rows.totals.requests == 1
+    assert rows.totals.read_bytes >= H * I * 2
+    assert list(explain_doc(segs)["strided_reads"]) == ["one read per segment"]
+    assert segs.totals.payload_bytes == rows.totals.payload_bytes == H * I
 
 
 def test_uneven_split_names_the_tensor_and_padding_zero_fills(ckpt):

@@ -50,7 +50,7 @@ def test_ranks_partition_split_tensors(case):
     counts = {t.name: np.zeros(t.nbytes, dtype=np.int64) for t in man.tensors}
     for p in plans:
         per_rank = {t.name: np.zeros(t.nbytes, dtype=np.int64) for t in man.tensors}
-        for part in p["parts"]:
+        for part in p.to_dict()["parts"]:
             for i in part["inputs"]:
                 t = man.tensor(i["tensor"])
                 count = i.get("count", 1)
@@ -63,13 +63,13 @@ def test_ranks_partition_split_tensors(case):
                 assert (c == 1).all(), name  # replicated: every rank reads it whole, once
             counts[name] += c
         # the copies of each rank land every payload byte exactly once in its arena
-        arena = np.zeros(p["layout"]["arena_bytes"], dtype=np.int64)
-        for r in p["runs"]:
+        arena = np.zeros(p.layout.arena_bytes, dtype=np.int64)
+        for r in p.to_dict()["runs"]:
             for q in r["requests"]:
                 for _slot_off, space, dst, nb in q["copies"]:
                     assert space == "arena"
                     arena[dst:dst + nb] += 1
         assert arena.max(initial=0) <= 1
-        assert arena.sum() == p["totals"]["payload_bytes"]
+        assert arena.sum() == p.totals.payload_bytes
     for name, c in counts.items():
         assert (c == (1 if split[name] else n)).all(), name

@@ -19,69 +19,55 @@ if not hasattr(_np, "row_stack"):  # numba-cuda's kernel compiler still calls nu
     _np.row_stack = _np.vstack
 
 from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError
+from ..ir import Plan
 from ..units import gib
 
 __all__ = ["execute"]
 
 
 def check_fingerprints(plan) -> None:
-    root = plan["checkpoint"]["root"]
-    for f in plan["checkpoint"]["files"]:
-        path = os.path.join(root, f["path"])
+    root = plan.checkpoint.root
+    for f in plan.checkpoint.files:
+        path = os.path.join(root, f.path)
         try:
             st = os.stat(path)
         except FileNotFoundError:
             raise FingerprintError(f"{path}: checkpoint file removed since the plan was compiled; compile again",
                                    code="file-removed") from None
-        if st.st_size != f["size_bytes"] or st.st_mtime_ns != f["mtime_ns"]:
+        if st.st_size != f.size_bytes or st.st_mtime_ns != f.mtime_ns:
             raise FingerprintError(
-                f"{path}: changed since the plan was compiled (size {f['size_bytes']:,} -> {st.st_size:,} bytes, "
-                f"mtime_ns {f['mtime_ns']} -> {st.st_mtime_ns}); compile again", code="file-changed")
+                f"{path}: changed since the plan was compiled (size {f.size_bytes:,} -> {st.st_size:,} bytes, "
+                f"mtime_ns {f.mtime_ns} -> {st.st_mtime_ns}); compile again", code="file-changed")
 
 
 def admit_live(plan) -> dict:
     from .memory import live_room
-    from .seam import memory_info
+    from .seam import memory_info, simulated
 
     room = live_room()
-    need = plan["peak"]["host_bytes"]
+    need = plan.peak.host_bytes
+    what = "the plan's host peak"
+    if simulated():  # the simulator's device memory is host memory: the regions count against the room
+        need += plan.layout.device_bytes
+        what = "the plan's host peak plus its simulated device regions"
     if need > room["room_bytes"]:
         raise AdmissionError(
-            f"refused before allocating: the plan's host peak is {need:,} bytes ({gib(need)}), the live room is "
+            f"refused before allocating: {what} is {need:,} bytes ({gib(need)}), the live room is "
             f"{room['room_bytes']:,} bytes ({gib(room['room_bytes'])}) (available {room['available_bytes']}, cgroup "
             f"room {room['cgroup_room_bytes']}, reserve {room['reserve_bytes']}); lower io.slots/io.slot or io.run",
             code="live-room", refusal={"run": 0, "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
     info = memory_info()
-    dev_need = plan["peak"]["device_bytes"]
+    dev_need = plan.peak.device_bytes
     if info is not None and dev_need > info[0]:
         raise AdmissionError(
             f"refused before allocating: the plan needs {dev_need:,} bytes ({gib(dev_need)}) of device memory, "
-            f"{plan['device']} has {info[0]:,} bytes ({gib(info[0])}) free; skip tensors or load a smaller dtype",
+            f"{plan.device} has {info[0]:,} bytes ({gib(info[0])}) free; skip tensors or load a smaller dtype",
             code="device-room", refusal={"run": 0, "needed_bytes": dev_need, "allowed_bytes": info[0]})
     return {"host": room, "device_free_bytes": None if info is None else info[0],
             "device_total_bytes": None if info is None else info[1]}
 
 
-class PlainView:
-    """A plan read through `Plan.plain`: plain, shared values instead of frozen copies (cheap at any size)."""
-
-    __slots__ = ("_plan",)
-
-    def __init__(self, plan):
-        self._plan = plan
-
-    def __getitem__(self, key):
-        return self._plan.plain(key)
-
-    def get(self, key, default=None):
-        return self._plan.plain(key, default)
-
-    @property
-    def plan(self):
-        return self._plan
-
-
-def execute(plan, *, progress: bool = False, verify: bool = False, device: str | None = None):
+def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device: str | None = None):
     """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure."""
     from .alloc import release
     from .loader import Loader
@@ -91,11 +77,10 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
 
     if not plan.fits:
         r = plan.refusal
-        raise AdmissionError(r["message"], code=r["code"], refusal=dict(r))
+        raise AdmissionError(r.message, code=r.code, refusal=r._asdict())
     t_prep = time.perf_counter()
     check_fingerprints(plan)
-    plan = PlainView(plan)
-    dev = device or plan["device"]
+    dev = device or plan.device
     idx = select(dev)
     warm_up()
     live = admit_live(plan)
@@ -141,8 +126,8 @@ def execute(plan, *, progress: bool = False, verify: bool = False, device: str |
         raise ExecuteError(f"load failed: {type(e).__name__}: {e}; everything allocated was released",
                            code="load-failed") from e
     hwm = hwm_bytes()
-    tensors = {t["name"]: DeviceTensor(t["name"], t["dtype"], tuple(t["shape"]), t["offset_bytes"], t["nbytes"],
-                                       arena, idx) for t in plan["tensors"]}
+    tensors = {t.name: DeviceTensor(t.name, t.dtype, t.shape, t.offset_bytes, t.nbytes, arena, idx)
+               for t in plan.tensors}
     report = _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, simulated())
     model = LoadedModel(tensors, report, arena)
     t_rel = time.perf_counter()
@@ -181,11 +166,11 @@ def _progress(plan):
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    total_parts = len(plan["parts"])
+    total_parts = len(plan.parts)
     p = Progress(TextColumn("loading"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                  TextColumn("{task.fields[parts]}/" + str(total_parts) + " tensor parts"), TimeRemainingColumn(),
-                 console=Console(file=sys.stderr), transient=True)
-    task = p.add_task("load", total=plan["totals"]["payload_bytes"], parts=0)
+                 console=Console(file=sys.stderr, emoji=False), transient=True)
+    task = p.add_task("load", total=plan.totals.payload_bytes, parts=0)
     done = [0]
 
     def advance(nbytes: int, parts: int = 0) -> None:
@@ -196,29 +181,29 @@ def _progress(plan):
 
 
 def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, sim) -> dict:
-    t = plan["totals"]
+    t = plan.totals
     c = loader.counters
-    lay = plan["layout"]
-    payload = t["payload_bytes"]
+    lay = plan.layout
+    payload = t.payload_bytes
     dev_used = None
     if free_before is not None and free_alloc is not None:
         dev_used = free_before[0] - free_alloc[0]
     return {
         "simulator": sim,
         "device": loader.device,
-        "tensor_parallel": dict(plan.get("tensor_parallel") or {"rank": 0, "size": 1}),
+        "tensor_parallel": plan.tensor_parallel._asdict(),
         "wall_seconds": wall,
         "gb_per_s": payload / wall / 1e9 if wall > 0 else None,
         "payload_bytes": payload,
-        "bytes_read": {"predicted": t["read_bytes"], "measured": loader.reader.bytes_read if loader.reader else None},
-        "requests": {"predicted": t["requests"], "issued": c["requests"]},
-        "copies": {"predicted": t["copies"], "issued": c["copies"]},
-        "kernels": {"predicted": t["kernels"], "issued": c["kernels"]},
+        "bytes_read": {"predicted": t.read_bytes, "measured": loader.reader.bytes_read if loader.reader else None},
+        "requests": {"predicted": t.requests, "issued": c["requests"]},
+        "copies": {"predicted": t.copies, "issued": c["copies"]},
+        "kernels": {"predicted": t.kernels, "issued": c["kernels"]},
         "run_waits": c["run_waits"],
         "timings": {k: round(v, 6) for k, v in loader.timings.items()},
         "host": {
-            "predicted_peak_bytes": plan["peak"]["host_bytes"],
-            "pinned_bytes": lay["ring_bytes"],
+            "predicted_peak_bytes": plan.peak.host_bytes,
+            "pinned_bytes": lay.ring_bytes,
             "baseline_rss_bytes": base_rss,
             "hwm_bytes": hwm,
             "hwm_reset": hwm_reset,
@@ -226,9 +211,9 @@ def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_allo
             "live_room_bytes": live["host"]["room_bytes"],
         },
         "device_memory": {
-            "predicted_peak_bytes": plan["peak"]["device_bytes"],
-            "arena_bytes": lay["arena_bytes"],
-            "landing_bytes": sum(lay["landing_region_bytes"]),
+            "predicted_peak_bytes": plan.peak.device_bytes,
+            "arena_bytes": lay.arena_bytes,
+            "landing_bytes": lay.landing_bytes,
             "measured_allocated_bytes": dev_used,
             "free_before_bytes": None if free_before is None else free_before[0],
         },

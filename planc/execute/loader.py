@@ -24,14 +24,6 @@ from .reader import Reader
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 
 
-def segments(inp: dict):
-    """(file offset, bytes, offset within the read bytes) of each segment of a plan input."""
-    count = inp.get("count", 1)
-    seg = inp["seg"] if count > 1 else inp["nbytes"]
-    for k in range(count):
-        yield inp["start"] + k * inp.get("stride", 0), seg, k * seg
-
-
 class _Slots(list):
     """The ring's slots (a list that can be weakly referenced, so tests can watch it go)."""
 
@@ -39,8 +31,8 @@ class _Slots(list):
 class Loader:
     def __init__(self, plan, progress=None):
         self.plan = plan
-        self.io = plan["io"]
-        self.slot = self.io["slot_bytes"]
+        self.io = plan.io
+        self.slot = self.io.slot_bytes
         self.progress = progress
         self.counters = {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
         self.timings = {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "wait_pin": 0.0, "issue": 0.0,
@@ -70,7 +62,7 @@ class Loader:
         t0 = time.perf_counter()
         if self.warmer is None:
             self.warmer = warm_kernels(self.plan)
-        lay = self.plan["layout"]
+        lay = self.plan.layout
         from numba import cuda
 
         self.stream = cuda.stream()
@@ -78,27 +70,27 @@ class Loader:
         # Ring slots are pinned one by one, in order, by a thread of their own: pinning costs time in
         # proportion to the bytes (about 1-2 GB/s here), so slot k's pinning overlaps the reads and
         # copies already running in slots < k instead of stalling the thread that issues them.
-        self.ring = _Slots([None] * (lay["ring_bytes"] // self.slot))
+        self.ring = _Slots([None] * (lay.ring_bytes // self.slot))
         self.ring_owner = _Slots([None] * len(self.ring))
         self.events = [None] * len(self.ring)
         self.pinner = _Pinner(self.ring, self.ring_owner, self.slot)
-        self.reader = Reader(self.plan["checkpoint"]["root"], self.io["direct"])
-        for f in self.plan["checkpoint"]["files"]:
-            self.reader.open(f["path"], f["size_bytes"])
-        self.pool = ThreadPoolExecutor(max_workers=self.io["workers"], thread_name_prefix="planc-read")
-        self.free_slots.extend(range(lay["ring_bytes"] // self.slot))
+        self.reader = Reader(self.plan.checkpoint.root, self.io.direct)
+        for f in self.plan.checkpoint.files:
+            self.reader.open(f.path, f.size_bytes)
+        self.pool = ThreadPoolExecutor(max_workers=self.io.workers, thread_name_prefix="planc-read")
+        self.free_slots.extend(range(lay.ring_bytes // self.slot))
         self.timings["allocate"] = time.perf_counter() - t0
 
     def _allocate_device(self) -> None:
-        lay = self.plan["layout"]
-        self.arena = device_bytes(lay["arena_bytes"])
+        lay = self.plan.layout
+        self.arena = device_bytes(lay.arena_bytes)
         # One allocation per landing region (even runs, odd runs): each starts aligned for any element
         # type, which a region placed right after the other (its size unrounded) would not be.
-        self.landing = [device_bytes(n) if n else None for n in lay["landing_region_bytes"]]
-        if lay.get("staging_bytes"):
+        self.landing = [device_bytes(n) if n else None for n in lay.landing_region_bytes]
+        if lay.staging_bytes:
             from numba import cuda
 
-            self.staging = device_bytes(lay["staging_bytes"])
+            self.staging = device_bytes(lay.staging_bytes)
             table, self.scatter_rows = scatter.build_table(self.plan)
             self.table = cuda.to_device(table)
             self.counters["copies"] += 1
@@ -115,9 +107,9 @@ class Loader:
         t0 = time.perf_counter()
         self.device_job = None
         job.wait()
-        lay = self.plan["layout"]
-        if lay.get("zero"):
-            scatter.zero(self.arena, lay["zero"], self.stream)
+        zero = self.plan.layout.zero
+        if zero:
+            self.counters["kernels"] += scatter.zero(self.arena, zero, self.stream)
         self.timings["wait_device"] = time.perf_counter() - t0
 
     def free(self, full: bool = True) -> None:
@@ -152,22 +144,21 @@ class Loader:
 
     # -- the pipeline -----------------------------------------------------------------------
     def run(self) -> None:
-        runs = self.plan["runs"]
-        remaining = {r["index"]: len(r["requests"]) for r in runs}
-        self.remaining = remaining
+        runs = self.plan.runs
+        self.remaining = [len(r.requests) for r in runs]
         for r in runs:
             self._admit_run(r)
-            for qi, req in enumerate(r["requests"]):
+            for qi, req in enumerate(r.requests):
                 slot = self._acquire_slot()
                 fut = self.pool.submit(self._read, req, slot)
                 self.pending.append((r, qi, req, slot, fut))
                 while self.pending and self.pending[0][4].done():
                     self._complete_oldest()
-            if r["host_parts"]:
+            if r.host_parts:
                 self._drain()
-                for h in r["host_parts"]:
+                for h in r.host_parts:
                     self._host_part(h)
-            if not r["requests"]:
+            if not r.requests:
                 self._launch_kernels(r)
         self._drain()
         self._device()
@@ -177,10 +168,10 @@ class Loader:
         self.timings["final_sync"] = time.perf_counter() - t0
 
     def _admit_run(self, r) -> None:
-        region = r.get("landing_region")
-        if any(d.get("landing_region") == region and _reads_landing(d) for d in self.deferred):
+        region = r.landing_region
+        if any(d.landing_region == region and _reads_landing(d) for d in self.deferred):
             self._flush_deferred()
-        need = r["host_bytes"]
+        need = r.host_bytes
         if not need:
             return
         t0 = time.perf_counter()
@@ -195,16 +186,14 @@ class Loader:
         if need <= room["room_bytes"]:
             return
         raise AdmissionError(
-            f"refused at run {r['index']}: it needs {need:,} bytes ({gib(need)}) of host memory for host-path "
+            f"refused at run {r.index}: it needs {need:,} bytes ({gib(need)}) of host memory for host-path "
             f"buffers, the live room is {room['room_bytes']:,} bytes ({gib(room['room_bytes'])}: available "
             f"{room['available_bytes']}, cgroup room {room['cgroup_room_bytes']}, reserve {room['reserve_bytes']}) "
             f"with nothing else in flight; free memory, or move the rule to on: device",
-            code="live-room", refusal={"run": r["index"], "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
+            code="live-room", refusal={"run": r.index, "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
 
     def _read(self, req, slot: int) -> int:
-        buf = self.ring[slot]
-        needed = max((c[0] + c[3] for c in req["copies"]), default=0)
-        return self.reader.read_into(req["file"], req["offset"], req["length"], buf, needed)
+        return self.reader.read_into(req.file, req.offset, req.length, self.ring[slot], req.needed)
 
     def _slot(self, k: int) -> int:
         if self.ring[k] is None:
@@ -245,38 +234,37 @@ class Loader:
         self.counters["requests"] += 1
         buf = self.ring[slot]
         moved = 0
-        sc = req.get("scatter")
-        if sc:
-            needed = max(c[0] + c[3] for c in req["copies"])
-            base = sc["staging"] * self.slot
+        if req.scatter:
+            needed = req.needed
+            base = req.staging * self.slot
             stage = self.staging[base:base + needed]
             if self.raw:
                 seam.copy_h2d(self.raw[3] + base, buf.ctypes.data, needed, self.raw[0])
             else:
                 stage.copy_to_device(buf[:needed], stream=self.stream)
-            first, last = self.scatter_rows[(r["index"], qi)]
+            first, last = self.scatter_rows[(r.index, qi)]
             self._join_warmer()
-            scatter.launch(stage, self.arena, self.table, first, last, sc["width"], self.stream)
+            scatter.launch(stage, self.arena, self.table, first, last, req.width, self.stream)
             self.counters["copies"] += 1
             self.counters["kernels"] += 1
-            moved = sum(c[3] for c in req["copies"])
+            moved = sum(c.nbytes for c in req.copies)
         elif self.raw:
             stream_h, arena_p, landing_p, _ = self.raw
             host = buf.ctypes.data
-            for slot_off, space, dst, n in req["copies"]:
-                base = arena_p if space == "arena" else landing_p[r["landing_region"]]
+            for slot_off, space, dst, n in req.copies:
+                base = arena_p if space == "arena" else landing_p[r.landing_region]
                 seam.copy_h2d(base + dst, host + slot_off, n, stream_h)
                 moved += n
-            self.counters["copies"] += len(req["copies"])
+            self.counters["copies"] += len(req.copies)
         else:
-            for slot_off, space, dst, n in req["copies"]:
+            for slot_off, space, dst, n in req.copies:
                 self._dst(space, r, dst, n).copy_to_device(buf[slot_off:slot_off + n], stream=self.stream)
                 self.counters["copies"] += 1
                 moved += n
         self.timings["issue"] += time.perf_counter() - t1
         self._fence(slot)
-        self.remaining[r["index"]] -= 1
-        if self.remaining[r["index"]] == 0:
+        self.remaining[r.index] -= 1
+        if self.remaining[r.index] == 0:
             self._launch_kernels(r)
         if self.progress:
             self.progress(moved)
@@ -288,7 +276,7 @@ class Loader:
     def _dst(self, space: str, r, off: int, n: int):
         if space == "arena":
             return self.arena[off:off + n]
-        return self.landing[r["landing_region"]][off:off + n]
+        return self.landing[r.landing_region][off:off + n]
 
     def _join_warmer(self) -> None:
         """Wait for the kernel-warming thread before the first launch.
@@ -310,7 +298,7 @@ class Loader:
         flushes the deferred kernels first (`_admit_run`), since they may still read it.
         """
         self._device()
-        if r["kernels"]:
+        if r.kernels:
             if self.warmer is not None and self.warmer.is_alive():
                 self.deferred.append(r)
                 return
@@ -325,40 +313,38 @@ class Loader:
             self._kernels_of(r)
 
     def _kernels_of(self, r) -> None:
-        for k in r["kernels"]:
+        for k in r.kernels:
             self._kernel(r, k)
             self.counters["kernels"] += 1
         if self.progress:
-            self.progress(0, len(r["parts"]) - len(r["host_parts"]))
+            self.progress(0, len(r.parts) - len(r.host_parts))
 
     def _kernel(self, r, k) -> None:
         from ..dtypes import DTYPES
 
-        s_size, d_size = DTYPES[k["src_dtype"]].bits // 8, DTYPES[k["dst_dtype"]].bits // 8
-        numel = k["numel"]
-        src = self._dst(k["src_space"], r, k["src_offset"], max(1, numel * max(1, s_size)))
-        dst = self.arena[k["dst_offset"]:k["dst_offset"] + numel * d_size]
-        if k["op"] == "convert":
-            kernels.convert(src, dst, k["src_dtype"], k["dst_dtype"], numel, stream=self.stream)
-        elif k["op"] == "dequantize":
-            rows, cols, b = k["rows"], k["cols"], k["block"]
+        s_size, d_size = DTYPES[k.src_dtype].bits // 8, DTYPES[k.dst_dtype].bits // 8
+        numel = k.numel
+        src = self._dst(k.src_space, r, k.src_offset, max(1, numel * max(1, s_size)))
+        dst = self.arena[k.dst_offset:k.dst_offset + numel * d_size]
+        if k.op == "convert":
+            kernels.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.stream)
+        elif k.op == "dequantize":
+            rows, cols, b = k.rows, k.cols, k.block
             n_scale = -(-rows // b) * -(-cols // b)
-            scale = self._dst("landing", r, k["scale_offset"], n_scale * 4)
-            kernels.dequantize_fp8(src, scale, dst, k["src_dtype"], k["dst_dtype"], rows, cols, b, stream=self.stream)
-        elif k["op"] == "transpose":
-            kernels.transpose2d(src, dst, k["rows"], k["cols"], s_size, stream=self.stream)
-        else:
-            raise ExecuteError(f"plan names an unknown kernel op {k['op']!r} (part {k['part']})", code="plan-op")
+            scale = self._dst("landing", r, k.scale_offset, n_scale * 4)
+            kernels.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.stream)
+        else:  # transpose (the codec admits no other op)
+            kernels.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream)
 
     def _host_part(self, h) -> None:
         self._device()
-        p = self.plan["parts"][h["part"]]
+        p = self.plan.parts[h.part]
         bufs = []
-        for inp in p["inputs"]:
-            buf = np.empty(inp["nbytes"], dtype=np.uint8)
-            for off, n, rel in segments(inp):
+        for inp in p.inputs:
+            buf = np.empty(inp.nbytes, dtype=np.uint8)
+            for off, n, rel in inp.segments():
                 if n:
-                    self.reader.read_plain(inp["file"], off, buf[rel:rel + n])
+                    self.reader.read_plain(inp.file, off, buf[rel:rel + n])
                 self.counters["requests"] += 1
             bufs.append(buf)
         out = _host_transform(p, bufs)
@@ -369,18 +355,18 @@ class Loader:
             slot = self._acquire_slot()
             buf = self.ring[slot][:n]
             buf[:] = out[off:off + n]
-            self.arena[h["dst_offset"] + off:h["dst_offset"] + off + n].copy_to_device(buf, stream=self.stream)
+            self.arena[h.dst_offset + off:h.dst_offset + off + n].copy_to_device(buf, stream=self.stream)
             self.counters["copies"] += 1
             self._fence(slot)
             off += n
         self.counters["host_parts"] += 1
         if self.progress:
-            self.progress(p["out_bytes"], 1)
+            self.progress(p.out_bytes, 1)
 
 
 def _reads_landing(r) -> bool:
     """Whether run r's kernels read its landing region (sources or FP8 scales placed there)."""
-    return any(k["src_space"] != "arena" or k["op"] == "dequantize" for k in r["kernels"])
+    return any(k.src_space != "arena" or k.op == "dequantize" for k in r.kernels)
 
 
 class _Background:
@@ -459,19 +445,19 @@ class _Pinner:
         self.job.thread.join()
 
 
-def _host_transform(p: dict, bufs: list) -> np.ndarray:
-    w = p["inputs"][0]
-    if p["op"] == "convert":
-        return convert_host(bufs[0], w["dtype"], p["out_dtype"])
-    if p["op"] == "dequantize":
-        rows, cols = w["shape"]
-        return dequantize_fp8_host(bufs[0], bufs[1], w["dtype"], p["out_dtype"], rows, cols, p["block"])
-    if p["op"] == "transpose":
-        rows, cols = w["shape"]
-        src = bufs[0] if w["dtype"] == p["out_dtype"] else convert_host(bufs[0], w["dtype"], p["out_dtype"])
+def _host_transform(p, bufs: list) -> np.ndarray:
+    w = p.inputs[0]
+    if p.op == "convert":
+        return convert_host(bufs[0], w.dtype, p.out_dtype)
+    if p.op == "dequantize":
+        rows, cols = w.shape
+        return dequantize_fp8_host(bufs[0], bufs[1], w.dtype, p.out_dtype, rows, cols, p.block)
+    if p.op == "transpose":
+        rows, cols = w.shape
+        src = bufs[0] if w.dtype == p.out_dtype else convert_host(bufs[0], w.dtype, p.out_dtype)
         from ..dtypes import DTYPES
 
-        return transpose_host(src, rows, cols, DTYPES[p["out_dtype"]].bits // 8)
+        return transpose_host(src, rows, cols, DTYPES[p.out_dtype].bits // 8)
     return bufs[0]
 
 
@@ -486,12 +472,12 @@ def warm_kernels(plan):
     if simulated():
         return None
     need = set()
-    for r in plan["runs"]:
-        for k in r["kernels"]:
-            need.add((k["op"], k["src_dtype"], k["dst_dtype"]))
-        for q in r["requests"]:
-            if "scatter" in q:
-                need.add(("scatter", q["scatter"]["width"], None))
+    for r in plan.runs:
+        for k in r.kernels:
+            need.add((k.op, k.src_dtype, k.dst_dtype))
+        for q in r.requests:
+            if q.scatter:
+                need.add(("scatter", q.width, None))
     if not need:
         return None
     import threading

@@ -42,16 +42,15 @@ _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 def build_table(plan) -> tuple[np.ndarray, dict]:
     """All scattered requests' segments, in element units: (table int64 [n, 3], {(run, req): (first, last)})."""
     rows, where = [], {}
-    for r in plan["runs"]:
-        for qi, q in enumerate(r["requests"]):
-            sc = q.get("scatter")
-            if not sc:
+    for r in plan.runs:
+        for qi, q in enumerate(r.requests):
+            if not q.scatter:
                 continue
-            w = sc["width"]
+            w = q.width
             first = len(rows)
-            for slot_off, _space, dst, n in q["copies"]:
+            for slot_off, _space, dst, n in q.copies:
                 rows.append((slot_off // w, dst // w, n // w))
-            where[(r["index"], qi)] = (first, len(rows))
+            where[(r.index, qi)] = (first, len(rows))
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     return table, where
 
@@ -78,10 +77,14 @@ def _zero(dst, n):
         i += s
 
 
-def zero(arena_u8, regions, stream) -> None:
-    """Zero-fill (offset, bytes) regions of the arena: the padding of uneven tensor-parallel splits."""
+def zero(arena_u8, regions, stream) -> int:
+    """Zero-fill (offset, bytes) regions of the arena: the padding of uneven tensor-parallel splits.
+    Returns the kernels launched (one per non-empty region)."""
+    launched = 0
     for off, n in regions:
         if n <= 0:
             continue
         blocks, threads = (2, _SIM_THREADS) if simulated() else (min(1024, -(-n // _THREADS)), _THREADS)
         driver_launch.go(_zero, "zero", blocks, threads, stream, arena_u8[off:off + n], n)
+        launched += 1
+    return launched
