@@ -6,7 +6,7 @@ Writes sparse checkpoints (headers plus a hole: no data on disk) into OUT_DIR, o
 `model.safetensors.index.json` each, and a spec beside each: experts stacked per layer and
 projection and dequantized from FP8 to bfloat16, the other FP8 weights dequantized, the rest
 copied. Then, for each size and each repeat, a fresh Python process imports planc and times
-`compile_spec`, `explain_doc` and `Plan.to_json` separately (wall clock; the CPU time of compile +
+`compile_spec`, `explain_doc` and `planc.plan.encode` separately (wall clock; the CPU time of compile +
 explain beside it, since other work on the machine stretches the wall clock) and reports its peak
 RSS (VmHWM) at the end. The table shows the median of the repeats. One JSON line per run goes to
 OUT_DIR/compile_scale.jsonl; `plan_sha256` is the digest of the plan's JSON, so a faster compiler
@@ -192,20 +192,21 @@ def worker(spec: str) -> None:
     t0 = time.perf_counter()
     from planc.compile import compile_spec
     from planc.explain import explain_doc
+    from planc.plan import encode
 
     t1, c1 = time.perf_counter(), time.process_time()
     plan = compile_spec(spec)
     t2 = time.perf_counter()
     explain_doc(plan)
     t3, c3 = time.perf_counter(), time.process_time()
-    text = plan.to_json()
+    text = encode(plan)
     t4 = time.perf_counter()
     print(json.dumps({
         "import_s": t1 - t0, "compile_s": t2 - t1, "explain_s": t3 - t2, "to_json_s": t4 - t3,
         "compile_explain_cpu_s": c3 - c1,
         "peak_rss_bytes": _vm("VmHWM"), "plan_bytes": len(text),
         "plan_sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "parts": len(plan.to_dict()["parts"]), "steps": len(plan.to_dict()["steps"]), "fits": plan.fits,
+        "parts": len(plan.parts), "steps": len(plan.steps), "fits": plan.fits,
     }))
 
 

@@ -5,14 +5,13 @@ Compiling never allocates device memory and never reads tensor data: only header
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from pathlib import Path
 
 from . import __version__
 from .admission import admit
 from .bind import bind
 from .errors import BindError
+from .gcpause import gc_paused
 from .graph import Graph, build_graph
 from .ir import Budget, Checkpoint, FileEntry, IOSettings, Layout, Peak, Plan, SpecRef, TensorParallel
 from .manifest import Manifest, read_manifest
@@ -20,31 +19,14 @@ from .schedule import Schedule, schedule
 from .spec import LoadedSpec, load_spec
 
 
-@contextmanager
-def _gc_paused():
-    """Compiling allocates millions of small objects and makes no reference cycles: the cyclic
-    collector would walk them over and over and free nothing (40% of the time at 90k tensors)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            # Hand what survives (the plan) to the oldest generation as it is: re-enabled with a
-            # million young objects, the collector would first walk them all once more (~0.15 s).
-            gc.freeze()
-            gc.unfreeze()
-            gc.enable()
-
-
-@_gc_paused()
+@gc_paused()
 def compile_spec(spec_path: str | Path, rank: int = 0) -> Plan:
     loaded = load_spec(spec_path)
     manifest = read_manifest(loaded.checkpoint_path)
     return compile_loaded(loaded, manifest, rank)
 
 
-@_gc_paused()
+@gc_paused()
 def compile_all_ranks(spec_path: str | Path) -> list[Plan]:
     """One plan per tensor-parallel rank (the manifest is read once)."""
     loaded = load_spec(spec_path)
@@ -52,7 +34,7 @@ def compile_all_ranks(spec_path: str | Path) -> list[Plan]:
     return [compile_loaded(loaded, manifest, r) for r in range(loaded.spec.tensor_parallel.size)]
 
 
-@_gc_paused()
+@gc_paused()
 def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0) -> Plan:
     spec = loaded.spec
     try:

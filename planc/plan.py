@@ -26,6 +26,7 @@ from pathlib import Path
 from .admission import admit, host_part_peak
 from .dtypes import DTYPES
 from .errors import PlanFormatError, printable
+from .gcpause import gc_paused
 from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
@@ -52,6 +53,7 @@ _TOP = ("kind", "format", "planc", "fields", "spec", "checkpoint", "device", "te
 
 # -- encode ---------------------------------------------------------------------------------------
 
+@gc_paused()
 def encode(plan: Plan) -> str:
     files = {f.path: i for i, f in enumerate(plan.checkpoint.files)}
     parts = [[*p[1:6], [[*i[:2], files[i.file], *i[3:]] for i in p.inputs], *p[7:]] for p in plan.parts]
@@ -105,6 +107,7 @@ def load_plan(path: str | Path, *, max_bytes: int = MAX_PLAN_BYTES) -> Plan:
     return decode(data, str(p))
 
 
+@gc_paused()
 def decode(data: bytes | str, where: str = "<plan>") -> Plan:
     try:
         text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
@@ -197,21 +200,44 @@ def _dtype(v, path: str) -> str:
     return v
 
 
+_INTS = {int}
+
+
+def _nat(*vals) -> bool:
+    """Whether every value is an int in [0, _MAX]: the fast check before the field-by-field one."""
+    for v in vals:
+        if type(v) is not int or v < 0 or v > _MAX:
+            return False
+    return True
+
+
 def _shape(v, path: str) -> tuple[int, ...]:
+    if type(v) is list and len(v) <= 16 and (not v or (set(map(type, v)) == _INTS and min(v) >= 0
+                                                       and max(v) <= 2**62)):
+        return tuple(v)
     _list(v, path)
     if len(v) > 16:
         raise _bad(path, f"has {len(v)} dims, at most 16")
     return tuple(_int(d, f"{path}[{k}]", 0, 2**62) for k, d in enumerate(v))
 
 
+_NBYTES: dict = {}
+
+
 def _nbytes_of(dtype: str, shape: tuple, path: str) -> int:
+    n = _NBYTES.get((dtype, shape))
+    if n is not None:
+        return n
     n = DTYPES[dtype].nbytes(math.prod(shape))
+    if n is not None:
+        _NBYTES[(dtype, shape)] = n
     if n is None:
         raise _bad(path, f"{dtype} x {list(shape)} is not a whole number of bytes")
     return n
 
 
 _MAX = 2**62  # any byte count or offset beyond this is not a real one
+_ROLES = ("weight", "scale")
 
 
 class _Checker:
@@ -250,6 +276,7 @@ class _Checker:
         refusal = None if doc["refusal"] is None else self._refusal(doc["refusal"])
         files_t = Checkpoint(self.source, self.root, files)
         plan = Plan(planc, spec, files_t, device, tp, budget, io, lay, tensors, parts, runs, skipped, peak, refusal)
+        _coverage(plan)
         return self._decision(plan)
 
     # -- small records --------------------------------------------------------------------------
@@ -343,27 +370,32 @@ class _Checker:
         out = []
         for pid, p in enumerate(_list(v, "parts")):
             at = f"parts[{pid}]"
-            _list(p, at, n_f)
-            name = _str(p[0], f"{at}.tensor")
-            t = by_name.get(name)
+            if type(p) is list and len(p) == n_f and _nat(p[1], *p[6:8], *p[9:]) and p[2] in OPS and p[3] in PATHS \
+                    and type(p[2]) is str and type(p[3]) is str and type(p[4]) is str and type(p[5]) is list \
+                    and 1 <= len(p[5]) <= 2 and p[8] in DTYPES and type(p[8]) is str and p[11] <= 1 << 20:
+                name, index, op, path, reason, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
+            else:  # the field-by-field check, which names what is wrong
+                _list(p, at, n_f)
+                name = _str(p[0], f"{at}.tensor")
+                index = _int(p[1], f"{at}.index", 0, _MAX)
+                op = _one_of(p[2], f"{at}.op", OPS)
+                path = _one_of(p[3], f"{at}.path", PATHS)
+                reason = _str(p[4], f"{at}.reason")
+                raw_inputs = _list(p[5], f"{at}.inputs")
+                if not 1 <= len(raw_inputs) <= 2:
+                    raise _bad(f"{at}.inputs", f"must list 1 or 2 inputs, got {len(raw_inputs)}")
+                off = _int(p[6], f"{at}.offset_bytes", 0, _MAX)
+                out_bytes = _int(p[7], f"{at}.out_bytes", 0, _MAX)
+                out_dtype = _dtype(p[8], f"{at}.out_dtype")
+                landing = _int(p[9], f"{at}.landing_bytes", 0, _MAX)
+                host = _int(p[10], f"{at}.host_bytes", 0, _MAX)
+                block = _int(p[11], f"{at}.block", 0, 1 << 20)
+                zero = _int(p[12], f"{at}.zero_bytes", 0, _MAX)
+                dst = _int(p[13], f"{at}.dst_offset", 0, _MAX)
+            t = by_name.get(name) if type(name) is str else None
             if t is None:
                 raise _bad(f"{at}.tensor", f"names no tensor of the plan: {_shown(name)}")
-            index = _int(p[1], f"{at}.index", 0, _MAX)
-            op = _one_of(p[2], f"{at}.op", OPS)
-            path = _one_of(p[3], f"{at}.path", PATHS)
-            reason = _str(p[4], f"{at}.reason")
-            raw_inputs = _list(p[5], f"{at}.inputs")
-            if not 1 <= len(raw_inputs) <= 2:
-                raise _bad(f"{at}.inputs", f"must list 1 or 2 inputs, got {len(raw_inputs)}")
-            inputs = tuple(self._input(i, f"{at}.inputs[{k}]", n_in, files) for k, i in enumerate(raw_inputs))
-            off = _int(p[6], f"{at}.offset_bytes", 0, _MAX)
-            out_bytes = _int(p[7], f"{at}.out_bytes", 0, _MAX)
-            out_dtype = _dtype(p[8], f"{at}.out_dtype")
-            landing = _int(p[9], f"{at}.landing_bytes", 0, _MAX)
-            host = _int(p[10], f"{at}.host_bytes", 0, _MAX)
-            block = _int(p[11], f"{at}.block", 0, 1 << 20)
-            zero = _int(p[12], f"{at}.zero_bytes", 0, _MAX)
-            dst = _int(p[13], f"{at}.dst_offset", 0, _MAX)
+            inputs = tuple(self._input(i, at, k, n_in, files) for k, i in enumerate(raw_inputs))
             if out_dtype != t.dtype:
                 raise _bad(f"{at}.out_dtype", f"is {out_dtype}, its tensor {_shown(name)} is {t.dtype}")
             if dst != t.offset_bytes + off:
@@ -378,17 +410,26 @@ class _Checker:
             out.append(part)
         return tuple(out)
 
-    def _input(self, i, at: str, n_in: int, files) -> Input:
-        _list(i, at, n_in)
-        role = _one_of(i[0], f"{at}.role", ("weight", "scale"))
-        tensor = _str(i[1], f"{at}.tensor")
-        fi = _int(i[2], f"{at}.file", 0, len(files) - 1) if files else _int(i[2], f"{at}.file", 0, -1)
-        f = files[fi]
-        start = _int(i[3], f"{at}.start", 0, _MAX)
-        nbytes = _int(i[4], f"{at}.nbytes", 0, _MAX)
-        dtype = _dtype(i[5], f"{at}.dtype")
-        shape = _shape(i[6], f"{at}.shape")
-        seg, stride, count = _int(i[7], f"{at}.seg", 0, _MAX), _int(i[8], f"{at}.stride", 0, _MAX), _int(i[9], f"{at}.count", 1, _MAX)
+    def _input(self, i, part_at: str, k: int, n_in: int, files) -> Input:
+        at = f"{part_at}.inputs[{k}]"
+        if type(i) is list and len(i) == n_in and _nat(i[2], i[3], i[4], i[7], i[8], i[9]) and i[9] >= 1 \
+                and i[2] < len(files) and i[0] in _ROLES and type(i[0]) is str and type(i[1]) is str \
+                and i[5] in DTYPES and type(i[5]) is str:
+            role, tensor, fi, start, nbytes, dtype, shape, seg, stride, count = i
+            f = files[fi]
+            shape = _shape(shape, f"{at}.shape")
+        else:  # the field-by-field check, which names what is wrong
+            _list(i, at, n_in)
+            role = _one_of(i[0], f"{at}.role", _ROLES)
+            tensor = _str(i[1], f"{at}.tensor")
+            fi = _int(i[2], f"{at}.file", 0, len(files) - 1) if files else _int(i[2], f"{at}.file", 0, -1)
+            f = files[fi]
+            start = _int(i[3], f"{at}.start", 0, _MAX)
+            nbytes = _int(i[4], f"{at}.nbytes", 0, _MAX)
+            dtype = _dtype(i[5], f"{at}.dtype")
+            shape = _shape(i[6], f"{at}.shape")
+            seg, stride = _int(i[7], f"{at}.seg", 0, _MAX), _int(i[8], f"{at}.stride", 0, _MAX)
+            count = _int(i[9], f"{at}.count", 1, _MAX)
         want = _nbytes_of(dtype, shape, f"{at}.shape")
         if nbytes != want:
             raise _bad(f"{at}.nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
@@ -517,18 +558,25 @@ class _Checker:
             width = _int(q[6], f"{at}.width", 1, 1)
         copies, needed = [], 0
         for j, c in enumerate(_list(q[3], f"{at}.copies")):
-            ca = f"{at}.copies[{j}]"
-            _list(c, ca, n_c)
-            so = _int(c[0], f"{ca}.slot_offset", 0, length)
-            space = _one_of(c[1], f"{ca}.space", SPACES)
-            dst = _int(c[2], f"{ca}.dst_offset", 0, _MAX)
-            n = _int(c[3], f"{ca}.nbytes", 1, length)
+            if type(c) is list and len(c) == n_c and _nat(c[0], c[2], c[3]) and c[3] >= 1 and c[1] in SPACES \
+                    and type(c[1]) is str:
+                so, space, dst, n = c
+            else:  # the field-by-field check, which names what is wrong
+                ca = f"{at}.copies[{j}]"
+                _list(c, ca, n_c)
+                so = _int(c[0], f"{ca}.slot_offset", 0, length)
+                space = _one_of(c[1], f"{ca}.space", SPACES)
+                dst = _int(c[2], f"{ca}.dst_offset", 0, _MAX)
+                n = _int(c[3], f"{ca}.nbytes", 1, length)
             if so + n > length:
+                ca = f"{at}.copies[{j}]"
                 raise _bad(ca, f"slot range [{so:,}, {so + n:,}) reaches past the request's {length:,} bytes")
             if dst + n > limits[space]:
+                ca = f"{at}.copies[{j}]"
                 raise _bad(ca, f"{space} range [{dst:,}, {dst + n:,}) reaches past the {space} "
                                f"({limits[space]:,} bytes)")
             if scatter and (space != "arena" or so % width or dst % width or n % width):
+                ca = f"{at}.copies[{j}]"
                 raise _bad(ca, f"a scattered copy goes to the arena in whole {width}-byte elements")
             needed = max(needed, so + n)
             copies.append(Copy(so, space, dst, n))
@@ -537,21 +585,28 @@ class _Checker:
         return Request(f.path, off, length, tuple(copies), scatter, staging, width)
 
     def _kernel(self, x, at, n_k, parts, in_run, limits) -> Kernel:
-        _list(x, at, n_k)
-        pid = _int(x[0], f"{at}.part", 0, _MAX)
+        if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
+                and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and x[1] in KERNEL_OPS and x[4] in SPACES \
+                and x[2] in DTYPES and x[3] in DTYPES and type(x[1]) is str and type(x[2]) is str \
+                and type(x[3]) is str and type(x[4]) is str:
+            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block = x
+        else:  # the field-by-field check, which names what is wrong
+            _list(x, at, n_k)
+            pid = _int(x[0], f"{at}.part", 0, _MAX)
+            op = _one_of(x[1], f"{at}.op", KERNEL_OPS)
+            src_dtype, dst_dtype = _dtype(x[2], f"{at}.src_dtype"), _dtype(x[3], f"{at}.dst_dtype")
+            space = _one_of(x[4], f"{at}.src_space", SPACES)
+            src = _int(x[5], f"{at}.src_offset", 0, _MAX)
+            scale = None if x[6] is None else _int(x[6], f"{at}.scale_offset", 0, _MAX)
+            dst = _int(x[7], f"{at}.dst_offset", 0, _MAX)
+            numel, rows = _int(x[8], f"{at}.numel", 0, _MAX), _int(x[9], f"{at}.rows", 0, _MAX)
+            cols = _int(x[10], f"{at}.cols", 0, _MAX)
+            block = _int(x[11], f"{at}.block", 0, 1 << 20)
         if pid not in in_run:
             raise _bad(f"{at}.part", f"part {pid} is not a part of this run")
         p = parts[pid]
         if p.path != "direct":
             raise _bad(f"{at}.part", f"part {pid} takes the host path; its work is not a device kernel")
-        op = _one_of(x[1], f"{at}.op", KERNEL_OPS)
-        src_dtype, dst_dtype = _dtype(x[2], f"{at}.src_dtype"), _dtype(x[3], f"{at}.dst_dtype")
-        space = _one_of(x[4], f"{at}.src_space", SPACES)
-        src = _int(x[5], f"{at}.src_offset", 0, _MAX)
-        scale = None if x[6] is None else _int(x[6], f"{at}.scale_offset", 0, _MAX)
-        dst = _int(x[7], f"{at}.dst_offset", 0, _MAX)
-        numel, rows, cols = _int(x[8], f"{at}.numel", 0, _MAX), _int(x[9], f"{at}.rows", 0, _MAX), _int(x[10], f"{at}.cols", 0, _MAX)
-        block = _int(x[11], f"{at}.block", 0, 1 << 20)
         w = p.inputs[0]
         if op != p.op or src_dtype != w.dtype or dst_dtype != p.out_dtype or dst != p.dst_offset:
             raise _bad(at, f"does not match part {pid} ({p.op} {w.dtype} -> {p.out_dtype} at arena {p.dst_offset:,})")
@@ -602,6 +657,104 @@ class _Checker:
             had = "none" if plan.refusal is None else f"{plan.refusal.code} at run {plan.refusal.run}"
             raise _bad("refusal", f"recorded {had}, the replay of the plan against its budget gives {got}")
         return plan.with_decision(tl)
+
+
+def _coverage(plan: Plan) -> None:
+    """Every byte lands where its part says, once: what makes a decoded plan load bit-exact.
+
+    - each tensor is tiled by its parts (output and padding), without gap or overlap, and the
+      zero-filled regions are exactly the parts' padding;
+    - each direct-path part of a run has the kernel its op needs (none for a copy), reading its
+      landing bytes from ranges no other part of the run uses;
+    - each copy of a request carries file bytes [offset + slot_offset, + nbytes) to the place its part
+      maps them to (the arena for a pure copy, the landing range its kernel reads otherwise), and the
+      copies of a run tile every direct-path input segment exactly.
+    """
+    from bisect import bisect_right
+
+    parts = plan.parts
+    spans: dict = {}
+    for p in parts:
+        spans.setdefault(p.tensor, []).append((p.offset_bytes, p.offset_bytes + p.out_bytes + p.zero_bytes, p.id))
+    for k, t in enumerate(plan.tensors):
+        pos = 0
+        for a, b, pid in sorted(spans.get(t.name, ())):
+            if a != pos:
+                raise _bad(f"parts[{pid}].offset_bytes", f"tensor {_shown(t.name)} is not tiled by its parts: "
+                                                        f"bytes [{min(a, pos):,}, {max(a, pos):,}) are "
+                                                        f"{'covered twice' if a < pos else 'covered by no part'}")
+            pos = b
+        if pos != t.nbytes:
+            raise _bad(f"tensors[{k}]", f"its parts cover {pos:,} of its {t.nbytes:,} bytes")
+    zero = tuple((p.dst_offset + p.out_bytes, p.zero_bytes) for p in parts if p.zero_bytes)
+    if plan.layout.zero != zero:
+        raise _bad("layout.zero", "must list the parts' zero padding, in part order")
+    for r in plan.runs:
+        _run_coverage(r, parts, bisect_right)
+
+
+def _run_coverage(r, parts, bisect_right) -> None:
+    at = f"runs[{r.index}]"
+    kern: dict = {}
+    for j, k in enumerate(r.kernels):
+        if k.part in kern:
+            raise _bad(f"{at}.kernels[{j}]", f"part {k.part} has a second kernel")
+        kern[k.part] = k
+    maps = []  # (file, file start, file end, space, destination start)
+    for pid in r.parts:
+        p = parts[pid]
+        if p.path == "host":
+            continue
+        k = kern.get(pid)
+        if (k is None) != (p.op == "copy"):
+            raise _bad(f"{at}.kernels", f"part {pid} ({p.op}) {'needs a kernel' if k is None else 'needs no kernel'}")
+        if p.landing_bytes == 0:
+            if k is not None and k.src_space != "arena":
+                raise _bad(f"{at}.kernels", f"part {pid} converts in place: its kernel reads the arena")
+            space, bases = "arena", (p.dst_offset,)
+        else:
+            if k.src_space != "landing":
+                raise _bad(f"{at}.kernels", f"part {pid} lands its bytes: its kernel reads the landing region")
+            space, bases = "landing", (k.src_offset, k.scale_offset)
+        for inp, base in zip(p.inputs, bases):
+            if inp.count == 1:
+                maps.append((inp.file, inp.start, inp.start + inp.nbytes, space, base))
+            else:
+                maps.extend((inp.file, off, off + n, space, base + rel) for off, n, rel in inp.segments())
+    maps = [m for m in maps if m[2] > m[1]]
+    maps.sort()
+    landing = sorted((m[4], m[4] + m[2] - m[1]) for m in maps if m[3] == "landing")
+    for (a0, a1), (b0, _) in zip(landing, landing[1:]):
+        if b0 < a1:
+            raise _bad(f"{at}.kernels", f"two inputs of the run share landing bytes [{b0:,}, {a1:,})")
+    keys = [(m[0], m[1]) for m in maps]
+    got: list = [[] for _ in maps]
+    for j, q in enumerate(r.requests):
+        for c in q.copies:
+            # A copy may carry several inputs that are neighbours both in the file and at the destination.
+            fpos, end, dst = q.offset + c.slot_offset, q.offset + c.slot_offset + c.nbytes, c.dst_offset
+            i = bisect_right(keys, (q.file, fpos)) - 1
+            while fpos < end:
+                m = maps[i] if 0 <= i < len(maps) else None
+                if (m is None or m[0] != q.file or not m[1] <= fpos < m[2] or m[3] != c.space
+                        or dst != m[4] + (fpos - m[1])):
+                    raise _bad(f"{at}.requests[{j}]", f"a copy of {_shown(q.file)} bytes [{q.offset + c.slot_offset:,}, "
+                                                      f"{end:,}) to {c.space} {c.dst_offset:,} is not where the "
+                                                      f"run's parts put them")
+                hi = min(end, m[2])
+                got[i].append((fpos, hi))
+                dst += hi - fpos
+                fpos = hi
+                i += 1
+    for m, pieces in zip(maps, got):
+        pos = m[1]
+        for a, b in sorted(pieces):
+            if a != pos:
+                break
+            pos = b
+        if pos != m[2]:
+            raise _bad(at, f"bytes [{m[1]:,}, {m[2]:,}) of {_shown(m[0])} are not copied exactly once by the run's "
+                           f"requests")
 
 
 def _host_peak(parts, hosts) -> int:
