@@ -411,14 +411,21 @@ class _Checker:
         return tuple(out)
 
     def _input(self, i, part_at: str, k: int, n_in: int, files) -> Input:
-        at = f"{part_at}.inputs[{k}]"
-        if type(i) is list and len(i) == n_in and _nat(i[2], i[3], i[4], i[7], i[8], i[9]) and i[9] >= 1 \
-                and i[2] < len(files) and i[0] in _ROLES and type(i[0]) is str and type(i[1]) is str \
-                and i[5] in DTYPES and type(i[5]) is str:
+        if type(i) is list and len(i) == n_in:
             role, tensor, fi, start, nbytes, dtype, shape, seg, stride, count = i
+            fast = (type(fi) is int and type(start) is int and type(nbytes) is int and type(seg) is int
+                    and type(stride) is int and type(count) is int and 0 <= fi < len(files) and 0 <= start <= _MAX
+                    and 0 <= nbytes <= _MAX and 0 <= seg <= _MAX and 0 <= stride <= _MAX and 1 <= count <= _MAX
+                    and type(role) is str and role in _ROLES and type(tensor) is str and type(dtype) is str
+                    and dtype in DTYPES)
+        else:
+            fast = False
+        at = None
+        if fast:
             f = files[fi]
-            shape = _shape(shape, f"{at}.shape")
+            shape = _shape(shape, f"{part_at}.inputs[{k}].shape")
         else:  # the field-by-field check, which names what is wrong
+            at = f"{part_at}.inputs[{k}]"
             _list(i, at, n_in)
             role = _one_of(i[0], f"{at}.role", _ROLES)
             tensor = _str(i[1], f"{at}.tensor")
@@ -430,18 +437,18 @@ class _Checker:
             shape = _shape(i[6], f"{at}.shape")
             seg, stride = _int(i[7], f"{at}.seg", 0, _MAX), _int(i[8], f"{at}.stride", 0, _MAX)
             count = _int(i[9], f"{at}.count", 1, _MAX)
-        want = _nbytes_of(dtype, shape, f"{at}.shape")
+        want = _NBYTES.get((dtype, shape)) or _nbytes_of(dtype, shape, f"{part_at}.inputs[{k}].shape")
         if nbytes != want:
-            raise _bad(f"{at}.nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
+            raise _bad(f"{part_at}.inputs[{k}].nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
         if count > 1:
             if seg * count != nbytes or stride < seg:
-                raise _bad(f"{at}.seg", f"{count:,} segments of {seg:,} bytes, {stride:,} apart, do not make "
+                raise _bad(f"{part_at}.inputs[{k}].seg", f"{count:,} segments of {seg:,} bytes, {stride:,} apart, do not make "
                                         f"{nbytes:,} bytes")
             end = start + (count - 1) * stride + seg
         else:
             end = start + nbytes
         if end > f.size_bytes:
-            raise _bad(f"{at}.start", f"reads [{start:,}, {end:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
+            raise _bad(f"{part_at}.inputs[{k}].start", f"reads [{start:,}, {end:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
         return Input(role, tensor, f.path, start, nbytes, dtype, shape, seg, stride, count)
 
     def _part_semantics(self, n: Part, at: str) -> None:
