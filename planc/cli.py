@@ -237,10 +237,11 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
     if _is_plan(path):
         plan = load_plan(path)
         tp = plan.doc.get("tensor_parallel") or {"rank": 0, "size": 1}
+        env, _ = _env_int("RANK"), _env_int("WORLD_SIZE")  # checked whether or not they pick the plan
         if rank is not None:
             want, what = rank, "--rank"
         elif tp["size"] > 1:
-            want, what = _env_int("RANK"), "RANK"
+            want, what = env, "RANK"
         else:  # a data-parallel replica: RANK does not pick the plan
             want, what = None, None
         if want is not None and str(want) != str(tp["rank"]):

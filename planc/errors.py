@@ -29,7 +29,8 @@ def shorten(name: str, limit: int = NAME_LIMIT) -> str:
 
 def shorten_words(line: str, limit: int = NAME_LIMIT) -> str:
     """`line` with every run of more than `limit` non-space characters shortened by `shorten`."""
-    return re.sub(r"\S{%d,}" % (limit + 1), lambda m: shorten(m.group(), limit), line)
+    return re.sub(r"""(\S{%d,}?)([;,.:)\]'"]*)(?=\s|$)""" % (limit + 1),
+                  lambda m: shorten(m.group(1), limit) + m.group(2), line)
 
 
 class PlancError(Exception):
