@@ -137,3 +137,16 @@ def test_packaged_specs_are_the_checkout_specs():
     top = {p.name: p.read_bytes() for p in (ROOT / "specs").glob("*.yaml")}
     packaged = {p.name: p.read_bytes() for p in (ROOT / "planc" / "specs").glob("*.yaml")}
     assert top == packaged
+
+
+def test_every_spec_key_is_documented():
+    """Every field of the spec models has a row in docs/spec.md (`budget.host`, `io.run`, rule keys...)."""
+    from planc.spec import IO, Budget, Rule, Spec, TensorParallel
+
+    text = (ROOT / "docs" / "spec.md").read_text()
+    keys = [k for k in Spec.model_fields if k not in ("budget", "io", "tensor_parallel")]
+    keys += [f"{p}.{k}" for p, m in (("budget", Budget), ("io", IO), ("tensor_parallel", TensorParallel))
+             for k in m.model_fields]
+    keys += list(Rule.model_fields)
+    missing = [k for k in keys if f"| `{k}` |" not in text]
+    assert not missing, f"not in docs/spec.md's tables: {missing}"
