@@ -178,7 +178,8 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP) -> Placement
     sl, ssl, pad = None, None, 0
     if r.split != "replicate" and tp.world > 1:
         d = _split_dim(r, i, t.name, len(shape))
-        a, b, per = rank_range(shape[d], tp.world, tp.rank, r.split.pad, f"rules[{i}] splits {t.name} {list(shape)}", d)
+        a, b, per = rank_range(shape[d], tp.world, tp.rank, r.split.pad, f"rules[{i}] splits {t.name} {list(shape)}", d,
+                               can_pad=op != "dequantize")  # block scales cannot be padded
         if per != b - a and d != 0:
             raise BindError(f"rules[{i}] pads {t.name} on dim {d}; padding is supported on dim 0 only",
                             code="split-pad")

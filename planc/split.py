@@ -54,7 +54,7 @@ def rank_range(size: int, world: int, rank: int, pad: bool, what: str, dim: int,
         per = size // world
         return rank * per, (rank + 1) * per, per
     if not pad:
-        fix = (f"allow zero padding with split: {{dim: 0, pad: true}}" if dim == 0 and can_pad else
+        fix = ("allow zero padding with split: {dim: 0, pad: true}" if dim == 0 and can_pad else
                f"use a tensor_parallel.size that divides {size}, split another dim, or replicate it (split: replicate)")
         raise BindError(f"{what}: dim {dim} has size {size}, not divisible by tensor_parallel.size {world}; {fix}",
                         code="split-uneven")

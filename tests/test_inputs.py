@@ -231,3 +231,14 @@ def test_synth_data_shards_follow_the_umask(tmp_path):
             assert {oct(Path(f).stat().st_mode & 0o777) for f in res.files} == {"0o644"}, sparse
     finally:
         os.umask(old)
+
+
+def test_uneven_split_of_a_dequantized_weight_offers_no_padding(tmp_path):
+    write_checkpoint(tmp_path / "ckpt", "fp8")
+    spec = tmp_path / "tp.yaml"
+    spec.write_text("checkpoint: ckpt\nbudget: {host: 64MiB}\ntensor_parallel: {size: 3}\nrules:\n"
+                    "  - match: '*'\n    source_dtype: [F8_E4M3]\n    dequantize: {block: 128}\n    split: {dim: 0}\n"
+                    "  - match: '*'\n")
+    with pytest.raises(BindError, match="not divisible") as e:
+        compile_spec(spec, 0)
+    assert "pad" not in str(e.value), e.value
