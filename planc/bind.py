@@ -178,7 +178,8 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP) -> Placement
     sl, ssl, pad = None, None, 0
     if r.split != "replicate" and tp.world > 1:
         d = _split_dim(r, i, t.name, len(shape))
-        a, b, per = rank_range(shape[d], tp.world, tp.rank, r.split.pad, f"rules[{i}] splits {t.name} {list(shape)}", d)
+        a, b, per = rank_range(shape[d], tp.world, tp.rank, r.split.pad, f"rules[{i}] splits {t.name} {list(shape)}", d,
+                               can_pad=op != "dequantize")  # block scales cannot be padded
         if per != b - a and d != 0:
             raise BindError(f"rules[{i}] pads {t.name} on dim {d}; padding is supported on dim 0 only",
                             code="split-pad")
@@ -247,7 +248,7 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
         raise BindError(f"rules[{i}] pads the split of {name}; padding is supported on single tensors only",
                         code="split-pad")
     if split and r.stack and d == 0:  # expert parallel: whole experts per rank
-        a, b, _ = rank_range(len(ts), tp.world, tp.rank, False, f"rules[{i}] splits the experts of {name}", 0)
+        a, b, _ = rank_range(len(ts), tp.world, tp.rank, False, f"rules[{i}] splits the experts of {name}", 0, can_pad=False)
         ts = ts[a:b]
         split = False
     parts, off, rows = [], 0, 0
@@ -258,7 +259,7 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
         scale = scales[t.name] if op == "dequantize" else None
         if split:
             pd = d - 1 if r.stack else d
-            a, b, _ = rank_range(pshape[pd], tp.world, tp.rank, False, f"rules[{i}] splits {t.name} {list(pshape)}", pd)
+            a, b, _ = rank_range(pshape[pd], tp.world, tp.rank, False, f"rules[{i}] splits {t.name} {list(pshape)}", pd, can_pad=False)
             sl = Slice(1 - pd if op == "transpose" else pd, a, b)
             ssl = _scale_slice(t, sl, block, i) if scale is not None else None
             pshape = (*pshape[:pd], b - a, *pshape[pd + 1:])

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import stat
 import sys
 from collections import Counter
 from pathlib import Path
@@ -21,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .errors import PlancError, printable
+from .errors import PlancError, printable, shorten_words
 from .units import fmt_bytes, parse_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -48,12 +50,15 @@ def _emit_json(doc) -> None:
 
 
 @app.command()
-def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a folder of shards, or an index json."),
+def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a folder of shards, or an index json.",
+                                             readable=False),
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
             top: int = typer.Option(10, help="How many of the largest tensors to list.")):
     """Read a checkpoint's headers (never its data) and summarize it."""
     from .manifest import read_manifest
 
+    if top < 0:
+        raise _usage(f"--top must be 0 or more, got {top}")
     m = read_manifest(checkpoint)
     by_dtype: Counter = Counter()
     count: Counter = Counter()
@@ -101,7 +106,7 @@ def schema():
 
 
 @app.command()
-def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoint into."),
+def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoint into.", readable=False),
           family: str = typer.Option("dense", help="dense | moe | fp8"),
           size: Optional[str] = typer.Option(None, help="Approximate size, e.g. 2GiB (default: tiny)."),
           shards: int = typer.Option(1, help="Number of shard files."),
@@ -120,11 +125,15 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         raise _usage(f"--size: {e}")
     if family not in ("dense", "moe", "fp8"):
         raise _usage(f"--family must be dense, moe or fp8, got {family!r}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise _usage(f"OUT_DIR {out_dir} is a file, not a folder; give a new or empty folder")
     try:
         res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed,
                                layers=layers, experts=experts, dtype=dtype)
     except ValueError as e:  # bad --shards, a folder holding another checkpoint, ...
         raise _usage(str(e)) from None
+    except OSError as e:  # a parent that is a file, no permission, a full disk
+        raise _usage(f"OUT_DIR {out_dir}: cannot write the checkpoint ({e.strerror or e})") from None
     doc = {"path": str(res.path), "files": [str(f) for f in res.files], "tensors": res.tensors,
            "total_bytes": res.total_bytes}
     if as_json:
@@ -142,39 +151,82 @@ def _usage(msg: str) -> _Usage:
     return _Usage(msg)
 
 
-def _rank(opt: Optional[str], size: int, allow_all: bool = False):
-    """The rank to compile or run: --rank, else $RANK, else 0 when there is one rank."""
-    env = os.environ.get("RANK")
-    world = os.environ.get("WORLD_SIZE")
-    if world is not None and size > 1 and world.strip() != str(size):
-        raise _usage(f"WORLD_SIZE={world} but the spec's tensor_parallel.size is {size}")
-    val = opt if opt is not None else env
+def _env_int(name: str) -> Optional[int]:
+    """An integer launcher variable (RANK, WORLD_SIZE, LOCAL_RANK), or None when unset."""
+    val = os.environ.get(name)
     if val is None:
+        return None
+    try:
+        n = int(val.strip())
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise _usage(f"{name}={printable(val)[:40]!r} is not a rank: a launcher sets it to an integer 0 or more")
+    return n
+
+
+def _rank(opt: Optional[str], size: int, allow_all: bool = False):
+    """The rank to compile or run: --rank, else $RANK, else 0 when there is one rank.
+
+    Without tensor parallelism (size 1), RANK and WORLD_SIZE are a data-parallel launch: every
+    replica loads the whole plan, so they are checked but do not pick a rank."""
+    env, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if world is not None and size > 1 and world != size:
+        raise _usage(f"WORLD_SIZE={world} but the spec's tensor_parallel.size is {size}")
+    if opt is None and (env is None or size == 1):
         if size > 1:
             raise _usage(f"tensor_parallel.size is {size}: pass --rank R (0..{size - 1}){' or --rank all' if allow_all else ''}, "
                          f"or set RANK")
         return 0
-    if allow_all and val == "all":
+    if opt is None:
+        r, what = env, "RANK"
+    elif allow_all and opt == "all":
         return "all"
-    try:
-        r = int(val)
-    except ValueError:
-        raise _usage(f"--rank must be an integer{' or all' if allow_all else ''}, got {val!r}") from None
+    else:
+        try:
+            r = int(opt)
+        except ValueError:
+            raise _usage(f"--rank must be an integer{' or all' if allow_all else ''}, got {printable(opt)[:40]!r}") from None
+        what = "--rank"
     if not 0 <= r < size:
-        raise _usage(f"rank {r} is outside tensor_parallel.size {size} (ranks 0..{size - 1})")
+        raise _usage(f"rank {r} is outside tensor_parallel.size {size} (ranks 0..{size - 1}); it came from {what}")
     return r
 
 
+# Keys only a plan has (plans are written compact, keys sorted: `{"budget":{"device_bytes":...`).
+_PLAN_KEYS = re.compile(rb'"(?:kind|format|fits|layout|parts|peak|refusal|runs|steps|timeline|totals|'
+                        rb'device_bytes|host_bytes|mtime_ns|size_bytes)"\s*:')
+_SNIFF = 1 << 16
+
+
 def _is_plan(path: Path) -> bool:
-    """A plan file says so in its first bytes (`{"kind":"planc-plan",...`): only those are read here."""
-    if path.suffix.lower() != ".json" or not path.is_file():  # a FIFO must not hang the read below
+    """Whether run/explain should read `path` as a plan (else as a spec), from its first 64 KiB.
+
+    A `.json` is a plan when it names a plan-only key there, when it is too large to be a spec, or
+    when it does not exist (the plan reader says so); a truncated plan is still a plan. A FIFO or a
+    device is left to the spec reader, which refuses it without blocking."""
+    from .spec import SPEC_CAP
+
+    if path.suffix.lower() != ".json":
         return False
     try:
-        with open(path, "rb") as f:
-            head = f.read(256)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        if st.st_size > SPEC_CAP:
+            return True
+        head = os.read(fd, _SNIFF)
     except OSError:
         return False
-    return b'"planc-plan"' in head
+    finally:
+        os.close(fd)
+    return bool(_PLAN_KEYS.search(head))
 
 
 def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
@@ -185,12 +237,37 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
     if _is_plan(path):
         plan = load_plan(path)
         tp = plan.tensor_parallel
-        want = rank if rank is not None else (os.environ.get("RANK") if tp.size > 1 else None)
+        env, _ = _env_int("RANK"), _env_int("WORLD_SIZE")  # checked whether or not they pick the plan
+        if rank is not None:
+            want, what = rank, "--rank"
+        elif tp.size > 1:
+            want, what = env, "RANK"
+        else:  # a data-parallel replica: RANK does not pick the plan
+            want, what = None, None
         if want is not None and str(want) != str(tp.rank):
-            raise _usage(f"{path} is the plan of rank {tp.rank}, but rank {want} was asked for")
+            raise _usage(f"{path} is the plan of rank {tp.rank}, but {what} {printable(str(want))[:40]} asks for "
+                         f"another")
         return plan
     size = load_spec(path).spec.tensor_parallel.size
     return compile_spec(path, _rank(rank, size))
+
+
+def _writable_file(path: Path, flag: str) -> None:
+    """Refuse, before any work, an output path that cannot be written: a folder, a missing folder, no permission."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise _usage(f"{flag} {path} is a folder; give a file name")
+    if not parent.is_dir():
+        raise _usage(f"{flag} {path}: folder {parent} does not exist")
+    if not os.access(path if path.exists() else parent, os.W_OK):
+        raise _usage(f"{flag} {path}: not writable")
+
+
+def _write(path: Path, flag: str, write) -> None:
+    try:
+        write()
+    except OSError as e:  # a full disk (/dev/full), a file system gone read-only
+        raise _usage(f"{flag} {path}: cannot write ({e.strerror or e})") from None
 
 
 def _all_ranks(spec: Path):
@@ -200,8 +277,8 @@ def _all_ranks(spec: Path):
 
 
 @app.command("compile")
-def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or JSON)."),
-                output: Optional[Path] = typer.Option(None, "-o", "--output",
+def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or JSON).", readable=False),
+                output: Optional[Path] = typer.Option(None, "-o", "--output", readable=False,
                                                       help="Write the plan JSON here (a folder with --rank all)."),
                 rank: Optional[str] = typer.Option(None, "--rank", help="Tensor-parallel rank R, or `all` (default: $RANK, else 0)."),
                 as_json: bool = typer.Option(False, "--json", help="Print the explanation as JSON.")):
@@ -216,10 +293,12 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     if r == "all":
         if output is None:
             raise _usage("--rank all writes one plan per rank: give a folder with -o DIR")
-        output.mkdir(parents=True, exist_ok=True)
+        if output.exists() and not output.is_dir():
+            raise _usage(f"-o {output} is a file; --rank all writes rank-K.json files into a folder")
+        _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
         plans = _all_ranks(spec)
         for k, plan in enumerate(plans):
-            save_plan(plan, output / f"rank-{k}.json")
+            _write(output / f"rank-{k}.json", "-o", lambda p=plan, k=k: save_plan(p, output / f"rank-{k}.json"))
         if as_json:
             _emit_json({"ranks": [explain_doc(p) for p in plans]})
         else:
@@ -231,9 +310,11 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
             _say(f"planc: rank {k}: {ref.message} [{ref.code}]")
             raise typer.Exit(3)
         return
+    if output is not None:
+        _writable_file(output, "-o")
     plan = compile_spec(spec, r)
     if output:
-        save_plan(plan, output)
+        _write(output, "-o", lambda: save_plan(plan, output))
     if as_json:
         _emit_json(explain_doc(plan))
     elif not plan.fits:
@@ -262,7 +343,7 @@ def _rank_table(plans, console) -> None:
 
 
 @app.command()
-def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile."),
+def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile.", readable=False),
             rank: Optional[str] = typer.Option(None, "--rank", help="Tensor-parallel rank R, or `all` for every rank."),
             host: Optional[str] = typer.Option(None, "--host", help="Replay against this host budget instead (e.g. 4GiB)."),
             device_budget: Optional[str] = typer.Option(None, "--device",
@@ -319,7 +400,7 @@ def _rebudget(plan, budgets: dict):
 
 
 @app.command()
-def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile."),
+def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written by compile.", readable=False),
         rank: Optional[str] = typer.Option(None, "--rank", help="Tensor-parallel rank (default: $RANK, else 0)."),
         device: Optional[str] = typer.Option(None, "--device",
                                              help="Device to load onto (default: cuda:$LOCAL_RANK when set, else the spec's)."),
@@ -332,11 +413,23 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     from .execute import execute
     from .execute.report import render_report
 
+    from .spec import check_device
+
+    if device is not None:
+        try:
+            check_device(device)
+        except ValueError as e:
+            raise _usage(f"--device {e}") from None
+    local = _env_int("LOCAL_RANK")
     plan = _load_plan_or_spec(target, rank)
     if not plan.fits:
         raise _refused(plan)
-    if device is None and os.environ.get("LOCAL_RANK") is not None:
-        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    if device is None and local is not None:
+        device = f"cuda:{local}"
+    report_path = None
+    if report:
+        report_path = Path(report.replace("{rank}", str(_report_rank(plan))))
+        _writable_file(report_path, "--report")
     progress = not as_json and sys.stderr.isatty()
     with _SigintSeen() as sigint:
         model = execute(plan, progress=progress, verify=verify, device=device)
@@ -344,9 +437,9 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         model.free()
         raise Interrupted("interrupted during the load; everything allocated was released")
     try:
-        if report:
-            rank_no = model.report["tensor_parallel"]["rank"]
-            Path(report.replace("{rank}", str(rank_no))).write_text(json.dumps(model.report, indent=2, sort_keys=True))
+        if report_path is not None:
+            text = json.dumps(model.report, indent=2, sort_keys=True)
+            _write(report_path, "--report", lambda: report_path.write_text(text))
         if as_json:
             _emit_json(model.report)
         else:
@@ -357,6 +450,15 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if v is not None and not v["ok"]:
         raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
                            code="verify-mismatch")
+
+
+def _report_rank(plan) -> int:
+    """`{rank}` in --report: the tensor-parallel rank, or for a data-parallel replica its $RANK."""
+    tp = plan.tensor_parallel
+    if tp.size > 1:
+        return tp.rank
+    env = _env_int("RANK")
+    return env if env is not None else 0
 
 
 class _SigintSeen:
@@ -392,7 +494,7 @@ def _refused(plan):
 
 @app.command()
 def demo(workdir: Path = typer.Option(Path("demo"), help="Where the demo checkpoint is written."),
-         spec: Optional[Path] = typer.Option(None, help="Spec to use (default: specs/demo.yaml)."),
+         spec: Optional[Path] = typer.Option(None, help="Spec to use (default: specs/demo.yaml).", readable=False),
          execute_plan: bool = typer.Option(True, "--run/--no-run", help="Also execute the plan.")):
     """The main job on an embedded default: write a small checkpoint, compile, explain and run it."""
     from .demo import run_demo
@@ -402,8 +504,8 @@ def demo(workdir: Path = typer.Option(Path("demo"), help="Where the demo checkpo
 
 def _say(line: str) -> None:
     """One line on stderr, whatever the message quotes: names from a checkpoint may hold newlines,
-    terminal escapes or unpaired surrogates, and are shown escaped."""
-    err.print(printable(line), markup=False, highlight=False, soft_wrap=True)
+    terminal escapes or unpaired surrogates, and are shown escaped; very long names are shortened."""
+    err.print(shorten_words(printable(line)), markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv=None) -> int:
@@ -425,8 +527,13 @@ def main(argv=None) -> int:
         err.print("planc: interrupted")
         return 130
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
-        if hasattr(e, "show") and hasattr(e, "exit_code"):  # a usage error from the argument parser
+        if type(e).__name__ == "NoArgsIsHelpError":  # `planc` or `planc COMMAND` alone: the help
             e.show()
+            return 2
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):  # a usage error from the argument parser
+            ctx = getattr(e, "ctx", None)
+            where = ctx.command_path if ctx is not None else "planc"
+            _say(f"planc: {e.format_message()} (see {where} --help) [usage]")
             return 2
         if os.environ.get("PLANC_DEBUG"):
             raise

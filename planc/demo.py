@@ -7,24 +7,27 @@ set here before numba is first imported; the output says which.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from rich.console import Console
 
 DEFAULT_SPEC = "specs/demo.yaml"
+_CHECKPOINT_LINE = re.compile(r"^checkpoint: .*$", re.M)
 
 
-def _find_spec(spec: Path | None) -> Path:
+def _find_spec(spec: Path | None) -> tuple[Path, bool]:
+    """(the spec, whether it is the copy shipped inside the package).
+
+    The default is looked up in the current folder, then in the checkout the package runs from
+    (an editable install), then inside the package (`planc/specs/`, what a wheel ships)."""
     if spec is not None:
-        return spec
+        return spec, False
     for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
         p = base / DEFAULT_SPEC
         if p.exists():
-            return p
-    from .errors import SpecError
-
-    raise SpecError(f"{DEFAULT_SPEC} not found in {Path.cwd()} or beside the planc package; pass --spec",
-                    code="spec-missing")
+            return p, False
+    return Path(__file__).resolve().parent / DEFAULT_SPEC, True
 
 
 def gpu_present() -> bool:
@@ -44,10 +47,15 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
     from .explain import render
     from .synth import write_checkpoint
 
-    spec_path = _find_spec(spec)
-    ckpt_dir = spec_path.resolve().parent.parent / "demo" / "dense" if spec is None else None
+    spec_path, packaged = _find_spec(spec)
+    ckpt_dir = spec_path.resolve().parent.parent / "demo" / "dense" if spec is None and not packaged else None
     if ckpt_dir is not None and workdir != Path("demo"):
         console.print(f"(the default spec reads {ckpt_dir}; --workdir is ignored with it)")
+    if packaged:  # the package's own copy: checkpoints and the spec go into --workdir, not site-packages
+        workdir.mkdir(parents=True, exist_ok=True)
+        text = _CHECKPOINT_LINE.sub("checkpoint: dense/model.safetensors", spec_path.read_text(), count=1)
+        spec_path = workdir / "demo.yaml"
+        spec_path.write_text(text)
     target = ckpt_dir or workdir / "dense"
     res = write_checkpoint(target, "dense", seed=0)
     for family in ("moe", "fp8"):  # the other example specs in specs/ read these

@@ -6,12 +6,31 @@ Exit codes (kept by every command): 0 success, 2 invalid input, 3 refused by adm
 
 from __future__ import annotations
 
+import re
+
+NAME_LIMIT = 120  # characters of one name (tensor, file, key) in an error line
+
 
 def printable(text: str) -> str:
     """`text` for one terminal line: characters that are not printable (newlines, terminal escapes,
     unpaired surrogates from a hostile checkpoint's names) are shown as Python escapes."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
                    for c in text)
+
+
+def shorten(name: str, limit: int = NAME_LIMIT) -> str:
+    """`name` for an error line: at most about `limit` characters, its head and tail kept (names differ
+    at either end), with its full length said: a 5,000-character tensor name must not flood a log."""
+    if len(name) <= limit:
+        return name
+    keep = max(limit - 30, 8)
+    return f"{name[:keep * 2 // 3]}...{name[-(keep // 3):]} ({len(name):,} characters)"
+
+
+def shorten_words(line: str, limit: int = NAME_LIMIT) -> str:
+    """`line` with every run of more than `limit` non-space characters shortened by `shorten`."""
+    return re.sub(r"""(\S{%d,}?)([;,.:)\]'"]*)(?=\s|$)""" % (limit + 1),
+                  lambda m: shorten(m.group(1), limit) + m.group(2), line)
 
 
 class PlancError(Exception):

@@ -10,8 +10,8 @@ placeholders: `{L}` matches one dotted name component (`[^.]+`) and captures it,
 
 from __future__ import annotations
 
+import errno
 import fnmatch
-import json
 import os
 import re
 import stat
@@ -20,17 +20,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .dtypes import DTYPES
 from .errors import SpecError
+from .specparse import parse_json, parse_yaml
 from .units import parse_bytes
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
 Target = Literal["keep", "float16", "bfloat16", "float32"]
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DIRECT_ALIGN = 4096
+_DEVICE = re.compile(r"cuda(?::[0-9]{1,4})?")
+
+
+def check_device(device: str) -> str:
+    """`cuda` or `cuda:N`; anything else is refused here, before a load could fail on it."""
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ValueError(f"must be cuda or cuda:N (N a GPU index, e.g. cuda:0), got {_brief(device)}")
+    return device
+
+
+def _value_name(value):
+    """Placeholder values are text; `order: [7, 6, 5]` (expert indices written as numbers) means '7', '6', '5'."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value) if value >= 0 else value
+    return value
 
 
 class _Model(BaseModel):
@@ -58,6 +73,13 @@ class IO(_Model):
     merge_gap: ByteSize = 2**20
     """Neighbouring reads in one file whose gap is at most this many bytes become one request."""
 
+    @field_validator("run")
+    @classmethod
+    def _run_positive(cls, run: int) -> int:
+        if run < 1:
+            raise ValueError(f"must be at least 1 byte: it bounds the bytes one run reads (e.g. 1GiB), got {run}")
+        return run
+
     @field_validator("slot")
     @classmethod
     def _slot_aligned(cls, slot: int) -> int:
@@ -71,7 +93,7 @@ class Group(_Model):
     """Name of the tensor built, using the placeholders of `match` (e.g. `model.layers.{L}.mlp.experts.down_proj`)."""
     over: str
     """The placeholder whose values are stacked or fused (e.g. `E`)."""
-    order: list[str] | None = None
+    order: list[Annotated[str, BeforeValidator(_value_name)]] | None = None
     """Values of `over` in output order. Required for `fuse`; for `stack`, default: numeric order."""
 
 
@@ -176,8 +198,8 @@ class Rule(_Model):
 class Spec(_Model):
     checkpoint: str
     """Checkpoint: a .safetensors file, a folder of shards, or an index json (relative to the spec's folder)."""
-    device: str = "cuda:0"
-    """Target device."""
+    device: Annotated[str, AfterValidator(check_device)] = "cuda:0"
+    """Target device: `cuda:N` (or `cuda`, device 0)."""
     budget: Budget
     io: IO = IO()
     tensor_parallel: TensorParallel = TensorParallel()
@@ -243,7 +265,7 @@ def load_spec(path: str | Path) -> LoadedSpec:
         ckpt = Path(spec.checkpoint).expanduser()
         if not ckpt.is_absolute():
             ckpt = (p.resolve().parent / ckpt)
-        ckpt = ckpt.resolve()
+        ckpt = _resolved(ckpt)
     except (OSError, ValueError, RuntimeError) as e:  # NUL, lone surrogates, ~unknown-user
         line = lines.get(("checkpoint",))
         raise SpecError(f"{p}{f':{line}' if line else ''}: checkpoint: {_brief(spec.checkpoint)} is not a usable "
@@ -251,12 +273,18 @@ def load_spec(path: str | Path) -> LoadedSpec:
     return LoadedSpec(spec, str(p), str(ckpt), hashlib.sha256(text.encode()).hexdigest())
 
 
+def _resolved(path: Path) -> Path:
+    """`path` with symlinks resolved; a symlink loop is left for the checkpoint reader to name
+    (`[symlink-loop]`): the spec's path is fine, the checkpoint is not."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as e:
+        if isinstance(e, RuntimeError) or getattr(e, "errno", None) == errno.ELOOP:
+            return Path(os.path.abspath(path))
+        raise
+
+
 SPEC_CAP = 16 * 2**20  # bytes; a spec is a page of rules, and a bigger file is refused before it is read
-NODE_CAP = 100_000  # YAML nodes once aliases are expanded; bounds the walk below and pydantic's
-DEPTH_CAP = 64  # YAML nesting; a spec needs five or six levels
-# libyaml when PyYAML has it: the pure-Python scanner takes a second to reach its recursion limit on
-# `[[[[...`, libyaml refuses deep nesting at once. Both resolve and construct the same safe types.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _read_text(p: Path) -> str:
@@ -352,53 +380,8 @@ def _line_for(loc, lines: dict) -> int | None:
 
 def _parse(text: str, path: Path) -> tuple[Any, dict]:
     if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text), {}
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{path}:{e.lineno}: not valid JSON: {e.msg}", code="spec-syntax") from None
-        except (ValueError, RecursionError) as e:  # ints past the str-conversion limit, deep nesting
-            raise SpecError(f"{path}: not valid JSON: {_clip_text(str(e) or type(e).__name__)}",
-                            code="spec-syntax") from None
-    try:
-        node = yaml.compose(text, Loader=_YAML_LOADER)
-        lines: dict = {}
-        if node is not None:
-            _collect_lines(node, lines, path)  # before constructing: it refuses alias bombs
-        data = yaml.load(text, Loader=_YAML_LOADER)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise SpecError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', e)}", code="spec-syntax") from None
-    except (ValueError, OverflowError, TypeError, RecursionError) as e:
-        # Scalars the YAML constructor fails on (a date like 2024-13-45, an int of 5000 digits), deep nesting.
-        raise SpecError(f"{path}: not valid YAML: {_clip_text(str(e) or type(e).__name__)}",
-                        code="spec-syntax") from None
-    return data, lines
-
-
-def _collect_lines(root, lines: dict, path) -> None:
-    """Field path -> line, for error messages. Walks the node tree as aliases expand it, at most NODE_CAP nodes
-    and DEPTH_CAP levels: `&a [*b, *b, ...]` nested a few levels deep expands to billions of nodes, and an alias
-    inside its own anchor never ends."""
-    todo, seen = [(root, ())], 0
-    while todo:
-        node, loc = todo.pop()
-        seen += 1
-        if seen > NODE_CAP or len(loc) > DEPTH_CAP:
-            what = (f"expands to more than {NODE_CAP:,} YAML nodes (aliases repeating aliases?)" if seen > NODE_CAP
-                    else f"nests more than {DEPTH_CAP} levels deep (an alias inside itself?)")
-            raise SpecError(f"{path}:{node.start_mark.line + 1}: the spec {what}; write it out plainly",
-                            code="spec-too-large")
-        lines.setdefault(loc, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                key = k.value if isinstance(k, yaml.ScalarNode) else None
-                if key is None:
-                    continue  # a complex key: refused by the constructor
-                lines[loc + (key,)] = k.start_mark.line + 1
-                todo.append((v, loc + (key,)))
-        elif isinstance(node, yaml.SequenceNode):
-            todo.extend((v, loc + (i,)) for i, v in enumerate(node.value))
+        return parse_json(text, path)
+    return parse_yaml(text, path)
 
 
 def json_schema() -> dict:

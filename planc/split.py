@@ -46,14 +46,18 @@ class Ranged:
         return self.seg * self.count
 
 
-def rank_range(size: int, world: int, rank: int, pad: bool, what: str, dim: int) -> tuple[int, int, int]:
-    """(start, stop, per_rank) of `rank` over a dim of `size`. Uneven sizes need `pad`."""
+def rank_range(size: int, world: int, rank: int, pad: bool, what: str, dim: int,
+               can_pad: bool = True) -> tuple[int, int, int]:
+    """(start, stop, per_rank) of `rank` over a dim of `size`. Uneven sizes need `pad`, which is
+    offered in the error only where it is accepted: dim 0 of a single tensor (`can_pad`)."""
     if size % world == 0:
         per = size // world
         return rank * per, (rank + 1) * per, per
     if not pad:
-        raise BindError(f"{what}: dim {dim} has size {size}, not divisible by tensor_parallel.size {world}; "
-                        f"allow zero padding with split: {{dim: {dim}, pad: true}}", code="split-uneven")
+        fix = ("allow zero padding with split: {dim: 0, pad: true}" if dim == 0 and can_pad else
+               f"use a tensor_parallel.size that divides {size}, split another dim, or replicate it (split: replicate)")
+        raise BindError(f"{what}: dim {dim} has size {size}, not divisible by tensor_parallel.size {world}; {fix}",
+                        code="split-uneven")
     per = -(-size // world)
     return min(size, rank * per), min(size, (rank + 1) * per), per
 

@@ -354,6 +354,13 @@ def _buffers(source: Source) -> Iterator:
         yield from source
 
 
+def _file_mode() -> int:
+    """The mode `open()` gives a new file: 0666 less the umask (0644 under the usual 022)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_safetensors(path: str | os.PathLike,
                       tensors: Iterable[tuple[str, str, Sequence[int], Source]],
                       metadata: Mapping[str, str] | None = None, *, sparse: bool = False) -> int:
@@ -488,6 +495,7 @@ def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int
                               METADATA, sparse=sparse)
         else:
             save_file({t.name: tensor_data(t, seed) for t in group}, str(tmp), metadata=METADATA)
+        os.chmod(tmp, _file_mode())  # the safetensors writer makes 0600 files whatever the umask
         os.replace(tmp, final)
         files.append(str(final))
         total += final.stat().st_size

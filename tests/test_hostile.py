@@ -67,6 +67,7 @@ def _expect(case: Case, call):
     e = ei.value
     assert type(e) is case.error and e.code == case.code, f"{case.name}: got {type(e).__name__} {e}"
     assert case.names in e.message, (case.names, e.message)
+    assert all(w in e.message for w in case.words), (case.words, e.message)
     return e
 
 
@@ -88,6 +89,7 @@ def test_hostile_checkpoint(tmp_path, capsys, case):
         line = one_line(err)
         assert rc == 2 and out == "", (args, rc, out)
         assert case.names in line and line.endswith(f"[{case.code}]"), line
+        assert all(w in line for w in case.words), (case.words, line)
 
 
 @pytest.mark.parametrize("case", SPECS, ids=[c.name for c in SPECS])
@@ -101,6 +103,7 @@ def test_hostile_spec(tmp_path, capsys, case):
         line = one_line(err)
         assert rc == 2 and out == "", (args, rc, out)
         assert case.names in line and line.endswith(f"[{case.code}]"), line
+        assert all(w in line for w in case.words), (case.words, line)
 
 
 def test_corpus_names_are_unique_and_documented():

@@ -34,6 +34,7 @@ class Case:
     error: type[PlancError]
     code: str
     names: str  # the file the error must name
+    words: tuple[str, ...] = ()  # and what else its line must say (the field, the lines, the cap)
 
 
 # --------------------------------------------------------------------------- bytes
@@ -111,6 +112,38 @@ def spec(text: str, name: str = "spec.yaml", *, raw: bytes | None = None) -> Cal
         return p
 
     return build
+
+
+def loop_spec(folder: Path) -> Path:
+    """A spec whose checkpoint is a symlink loop: the checkpoint's error, not the spec's."""
+    os.symlink("b.safetensors", folder / "a.safetensors")
+    os.symlink("a.safetensors", folder / "b.safetensors")
+    p = folder / "spec.yaml"
+    p.write_text(GOOD.replace("model.safetensors", "a.safetensors") + RULES)
+    return p
+
+
+def big_spec(folder: Path) -> Path:
+    """A spec one byte over the cap, as a sparse file: refused from its size, never read."""
+    from planc.spec import SPEC_CAP
+
+    (folder / MODEL).write_bytes(VALID)
+    p = folder / "spec.yaml"
+    with open(p, "wb") as f:
+        f.write((GOOD + RULES).encode())
+        f.truncate(SPEC_CAP + 1)
+    return p
+
+
+def big_index(folder: Path) -> Path:
+    """An index one byte over its cap, as a sparse file: refused from its size, never read."""
+    from planc.manifest.safetensors import INDEX_CAP
+
+    p = folder / INDEX
+    with open(p, "wb") as f:
+        f.write(b'{"weight_map": {}}')
+        f.truncate(INDEX_CAP + 1)
+    return p
 
 
 def fifo_spec(folder: Path) -> Path:
@@ -212,6 +245,8 @@ CASES: list[Case] = [
     Case("index-shard-symlink-loop", C, "index names a shard that is a symlink loop",
          index({"w": "a.safetensors"}, {}, links={"a.safetensors": "b.safetensors", "b.safetensors": "a.safetensors"}),
          M, "symlink-loop", "a.safetensors"),
+    Case("index-over-cap", C, "index 1 byte over its 100 MB cap (sparse)", big_index, M, "index-bad", INDEX,
+         ("100000000-byte cap",)),
     Case("index-not-json", C, "index is not JSON", file(b'{"weight_map": ', INDEX), M, "index-bad", INDEX),
     Case("index-lone-surrogate", C, "index names a shard with an unpaired surrogate",
          file(b'{"weight_map": {"w": "\\udc80.safetensors"}}', INDEX), M, "index-bad", INDEX),
@@ -277,6 +312,25 @@ CASES: list[Case] = [
               raw=b'{"checkpoint": "a\\u0000b", "budget": {"host": 1}, "rules": [{"match": "*"}]}'),
          SE, "spec-invalid", "spec.json"),
     Case("spec-fifo", S, "spec is a FIFO (reading it would block)", fifo_spec, SE, "spec-unreadable", "spec.yaml"),
+    Case("spec-duplicate-key-yaml", S, "a key written twice in one YAML mapping (budget.host)",
+         spec(GOOD.replace("{host: 64MiB}", "{host: 64MiB,\n         host: 1GiB}") + RULES), SE, "spec-duplicate-key",
+         "spec.yaml", ("spec.yaml:3", "'budget.host'", "first at line 2")),
+    Case("spec-duplicate-top-yaml", S, "two `rules:` keys in a YAML spec", spec(GOOD + RULES + RULES), SE,
+         "spec-duplicate-key", "spec.yaml", ("'rules'", "first at line 4, again at line 5")),
+    Case("spec-duplicate-key-json", S, "two `rules` keys in a JSON spec",
+         spec('{"checkpoint": "model.safetensors",\n "budget": {"host": "64MiB"},\n "rules": [{"match": "*"}],\n'
+              ' "rules": []}\n', name="spec.json"), SE, "spec-duplicate-key", "spec.json",
+         ("spec.json:4", "'rules'", "first at line 3")),
+    Case("spec-bad-device", S, "device: cuda:banana", spec(GOOD + "device: cuda:banana\n" + RULES), SE, "spec-invalid",
+         "spec.yaml", ("device", "cuda:banana", "cuda:N")),
+    Case("spec-run-zero", S, "io.run: 0 (every tensor its own run)", spec(GOOD.replace("slots: 2", "slots: 2, run: 0") + RULES),
+         SE, "spec-invalid", "spec.yaml", ("io.run", "at least 1 byte")),
+    Case("spec-yes-is-not-a-boolean", S, "`on: yes` (YAML 1.2: a string, not true)",
+         spec(GOOD + "rules: [{match: '*', on: yes}]\n"), SE, "spec-invalid", "spec.yaml", ("rules[0].on", "'yes'")),
+    Case("spec-over-cap", S, "spec 1 byte over its 16 MiB cap (sparse)", big_spec, SE, "spec-too-large", "spec.yaml",
+         ("16,777,217 bytes", "16,777,216-byte cap")),
+    Case("spec-checkpoint-symlink-loop", S, "spec names a checkpoint that is a symlink loop", loop_spec, M,
+         "symlink-loop", "a.safetensors"),
     Case("spec-missing-checkpoint", S, "spec names a checkpoint that does not exist",
          spec(GOOD.replace("model.safetensors", "nope.safetensors") + RULES), M, "missing", "nope.safetensors"),
 ]

@@ -1,0 +1,152 @@
+"""The docs cannot rot: every YAML and JSON example in README.md and docs/*.md is run, and every
+flag of every command is in docs/cli.md.
+
+Convention for fenced examples: the info string after the language holds words that say how the
+block is checked, and a ```yaml or ```json block without one fails this test.
+
+- `synth=FAMILY` (`dense`, `moe`, `fp8`): a whole spec. Its `checkpoint` is written where it
+  points (relative to the spec) by `planc synth --family FAMILY`: a `*.safetensors.index.json` is
+  written with 2 shards, a `*.safetensors` file as that file, anything else as a folder. The spec
+  is read with planc's own loader (YAML or JSON, as the block's language says) and compiled for
+  every rank of its `tensor_parallel.size`; each plan must be admitted.
+- `fragment synth=FAMILY`: some top-level keys of a spec (usually `rules:`); they replace those
+  of `{checkpoint: ckpt, budget: {host: 1GiB}, rules: [{match: "*"}]}`, and the result is checked
+  as above.
+- `experts=N`: with `synth=moe`, N experts per layer.
+- `error=CODE`: the example shows a refused spec: reading or compiling it raises that code.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planc.compile import compile_spec
+from planc.errors import PlancError
+from planc.spec import load_spec
+from planc.specparse import parse_yaml
+from planc.synth import write_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^```(yaml|yml|json)([^\n]*)\n(.*?)^```", re.M | re.S)
+BASE = {"checkpoint": "ckpt", "budget": {"host": "1GiB"}, "rules": [{"match": "*"}]}
+
+
+def _examples():
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in _FENCE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            tags = dict(w.split("=", 1) if "=" in w else (w, "") for w in m.group(2).split())
+            yield pytest.param(m.group(1), tags, m.group(3), id=f"{doc.name}:{line}")
+
+
+EXAMPLES = list(_examples())
+
+
+def test_there_are_examples():
+    assert len(EXAMPLES) >= 8
+
+
+def _write_checkpoint(spec_path: Path, checkpoint: str, tags: dict) -> None:
+    target = (spec_path.parent / checkpoint).resolve()
+    family = tags["synth"]
+    experts = int(tags["experts"]) if "experts" in tags else None
+    if target.name.endswith(".safetensors.index.json"):
+        write_checkpoint(target.parent, family, shards=2, experts=experts)
+    elif target.suffix == ".safetensors":
+        res = write_checkpoint(target.parent, family, experts=experts)
+        assert Path(res.path).name == target.name, f"synth writes {res.path}, the example reads {target}"
+    else:
+        write_checkpoint(target, family, experts=experts)
+
+
+@pytest.mark.parametrize("lang,tags,body", EXAMPLES)
+def test_doc_example(tmp_path, lang, tags, body):
+    assert "synth" in tags or "error" in tags, (
+        "tag this example (see tests/test_docs.py): ```yaml synth=dense, ```yaml fragment synth=moe, ...")
+    ext = ".json" if lang == "json" else ".yaml"
+    spec = tmp_path / "specs" / f"example{ext}"  # one level down, so that `../ckpt` stays in tmp_path
+    spec.parent.mkdir()
+    if "fragment" in tags:
+        part = parse_yaml(body, "fragment")[0]  # planc's reading: YAML 1.2 booleans
+        assert isinstance(part, dict), "a fragment is a mapping of top-level spec keys"
+        text = yaml.safe_dump({**BASE, **part}, sort_keys=False)
+        ext = ".yaml"
+        spec = spec.with_suffix(ext)
+    else:
+        text = body
+    spec.write_text(text)
+    if "error" in tags:
+        with pytest.raises(PlancError) as e:
+            compile_spec(spec, 0)
+        assert e.value.code == tags["error"], e.value
+        return
+    loaded = load_spec(spec)
+    _write_checkpoint(spec, loaded.spec.checkpoint, tags)
+    size = loaded.spec.tensor_parallel.size
+    for rank in range(size):
+        plan = compile_spec(spec, rank)
+        assert plan.fits, plan.refusal
+
+
+def _sections() -> dict[str, str]:
+    text = (ROOT / "docs" / "cli.md").read_text()
+    parts = re.split(r"^## planc (\w+)\n", text, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def test_every_flag_of_every_command_is_documented():
+    import typer.main
+
+    from planc.cli import app
+
+    group = typer.main.get_command(app)
+    sections = _sections()
+    missing = []
+    for name, cmd in sorted(group.commands.items()):
+        if name not in sections:
+            missing.append(f"section ## planc {name}")
+            continue
+        for p in cmd.params:
+            for opt in [*p.opts, *getattr(p, "secondary_opts", [])]:
+                if opt.startswith("-") and opt != "--help" and f"`{opt}" not in sections[name] \
+                        and f"/ {opt}`" not in sections[name]:
+                    missing.append(f"planc {name} {opt}")
+            if p.param_type_name == "argument" and f"`{p.name.upper()}`" not in sections[name]:
+                missing.append(f"planc {name} argument {p.name.upper()}")
+    assert not missing, f"not in docs/cli.md: {missing}"
+
+
+def test_error_codes_in_the_exit_table_exist():
+    """Every `[code]` the exit-code table of docs/cli.md names is one planc raises."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    table = text[text.index("## Exit codes and errors"):text.index("## planc inspect")]
+    codes = set(re.findall(r"`\[([a-z0-9-]+)\]`", table))
+    source = "\n".join(p.read_text() for p in (ROOT / "planc").rglob("*.py"))
+    unknown = sorted(c for c in codes if f'"{c}"' not in source)
+    assert not unknown, unknown
+
+
+def test_packaged_specs_are_the_checkout_specs():
+    """planc/specs/ (what the wheel ships) holds the same files as specs/ (what the docs name)."""
+    top = {p.name: p.read_bytes() for p in (ROOT / "specs").glob("*.yaml")}
+    packaged = {p.name: p.read_bytes() for p in (ROOT / "planc" / "specs").glob("*.yaml")}
+    assert top == packaged
+
+
+def test_every_spec_key_is_documented():
+    """Every field of the spec models has a row in docs/spec.md (`budget.host`, `io.run`, rule keys...)."""
+    from planc.spec import IO, Budget, Rule, Spec, TensorParallel
+
+    text = (ROOT / "docs" / "spec.md").read_text()
+    keys = [k for k in Spec.model_fields if k not in ("budget", "io", "tensor_parallel")]
+    keys += [f"{p}.{k}" for p, m in (("budget", Budget), ("io", IO), ("tensor_parallel", TensorParallel))
+             for k in m.model_fields]
+    keys += list(Rule.model_fields)
+    missing = [k for k in keys if f"| `{k}` |" not in text]
+    assert not missing, f"not in docs/spec.md's tables: {missing}"
