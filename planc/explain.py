@@ -64,6 +64,8 @@ def explain_doc(plan: Plan) -> dict:
         "runs": runs,
         "top_contributors": _top(d),
         "skipped": len(d["skipped"]),
+        "tensors": [{"name": t["name"], "shape": list(t["shape"]), "dtype": t["dtype"], "bytes": t["nbytes"]}
+                    for t in d["tensors"]],
         "refusal": _thaw(d["refusal"]),
     }
 
