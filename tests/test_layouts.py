@@ -34,7 +34,7 @@ def shipped(tmp_path, spec: str, tensors: dict, shards: int = 1) -> Path:
     """Write `tensors` as a checkpoint (an index over `shards` files when > 1) and a copy of the
     shipped spec pointing at it; returns the spec's path."""
     ck = tmp_path / "ckpt"
-    ck.mkdir(exist_ok=True)
+    ck.mkdir(parents=True, exist_ok=True)
     names = sorted(tensors)
     if shards == 1:
         save_file(tensors, str(ck / "model.safetensors"))
