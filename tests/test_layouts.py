@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 import yaml
@@ -27,7 +26,6 @@ from planc.manifest import read_manifest
 from planc.spec import load_spec
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
-BF16 = ml_dtypes.bfloat16
 
 
 def shipped(tmp_path, spec: str, tensors: dict, shards: int = 1) -> Path:
