@@ -143,6 +143,26 @@ def test_load_takes_a_plan_file_and_a_plan(tmp_path, loaded):
     assert info.value.code == "bad-rank"
 
 
+def test_tensor_parallel_spec_needs_a_rank(tmp_path, monkeypatch, loaded):
+    src = families.llama()
+    spec = shipped(tmp_path, "vllm-llama", src)
+    doc = yaml.safe_load(spec.read_text())
+    doc["tensor_parallel"] = {"size": 2}
+    spec.write_text(yaml.safe_dump(doc))
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(BindError) as info:
+        planc.load(spec)
+    assert info.value.code == "bad-rank" and "tensor_parallel.size is 2" in info.value.message
+    monkeypatch.setenv("RANK", "1")
+    model = loaded(spec)  # replicated tensors only: every rank loads them whole
+    assert model.report["tensor_parallel"] == {"rank": 1, "size": 2}
+    assert_loaded(model, {n: a for n, a in src.items() if "layers" not in n or "norm" in n or "down_proj" in n
+                          or "o_proj" in n} | qkv(src) | {
+        f"model.layers.{L}.mlp.gate_up_proj.weight": np.concatenate(
+            [src[f"model.layers.{L}.mlp.gate_proj.weight"], src[f"model.layers.{L}.mlp.up_proj.weight"]])
+        for L in range(families.LAYERS)})
+
+
 def test_json_spec_is_compiled(tmp_path, loaded):
     src = families.llama()
     spec = shipped(tmp_path, "transformers-llama", src)
