@@ -239,8 +239,9 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
         if t.dtype != first.dtype:
             raise BindError(f"rules[{i}] groups {name}: {t.name} is {t.dtype} but {first.name} is {first.dtype}",
                             code="group-mismatch")
-        same = t.shape == first.shape if not r.fuse else (
-            len(t.shape) == len(first.shape) and all(a == b for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != fd))
+        shape = t.shape
+        same = shape == first.shape or (r.fuse is not None and len(shape) == len(first.shape)
+                                        and shape[:fd] == first.shape[:fd] and shape[fd + 1:] == first.shape[fd + 1:])
         if not same:
             raise BindError(f"rules[{i}] groups {name}: {t.name} has shape {list(t.shape)}, "
                             f"incompatible with {first.name} {list(first.shape)}", code="group-mismatch")
