@@ -9,6 +9,16 @@ Example: `match: model.layers.{L}.mlp.experts.{E}.down_proj.weight` with
 `stack: {into: model.layers.{L}.mlp.experts.down_proj, over: E}` turns 64 tensors [H, I] of layer 3
 into one placement `model.layers.3.mlp.experts.down_proj` [64, H, I] whose part e sits at byte
 offset e * H * I * itemsize: placed by offset, no scratch.
+
+A fuse inside a stack builds one tensor per stacked item and stacks those. transformers 5's
+Mixtral experts: `match: model.layers.{L}.block_sparse_moe.experts.{E}.{W}.weight`,
+`stack: {into: model.layers.{L}.mlp.experts.gate_up_proj, over: E}`, `fuse: {over: W, order: [w1, w3]}`
+gives [E, 2I, H] from w1, w3 [I, H]: expert e's w1 at e * 2IH * itemsize, its w3 right after
+(IH * itemsize further on). Every part is still one contiguous range of the output. A fuse along
+a later dim (`fuse.dim`) is placed the same way only when the dims before it are all 1; otherwise
+the parts' rows interleave and the rule is refused (`fuse-interleaved`).
+
+`rename` gives a single tensor another name, from the placeholders of `match`.
 """
 
 from __future__ import annotations
@@ -81,7 +91,9 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
     tests = [(i, None if r.source_dtype is None else frozenset(r.source_dtype), r.pattern().match,
               r.fuse.over if r.fuse else None, r.fuse.order if r.fuse else None) for i, r in enumerate(rules)]
     dequantizes = [bool(r.dequantize) and not r.skip for r in rules]
-    into_names = [tuple(f for _, f, _, _ in Formatter().parse((r.fuse or r.stack).into) if f)
+    # The tensor a group builds is named by the stack's `into` when a rule stacks (a fuse inside a
+    # stack has none of its own), else by the fuse's.
+    into_names = [tuple(f for _, f, _, _ in Formatter().parse((r.stack or r.fuse).into) if f)
                   if r.fuse or r.stack else () for r in rules]
 
     def first_rule(t: TensorEntry):
@@ -120,16 +132,17 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
         if r.skip:
             skipped.append(t.name)
         elif r.fuse or r.stack:
-            grp = r.fuse or r.stack
+            grp = r.stack or r.fuse
             # The name built depends only on the placeholders `into` uses: format it once per value.
             names = into_names[i]
             key = (i, m.group(*names) if names else ())
             into = intos.get(key)
             if into is None:
                 into = intos[key] = grp.into.format(**m.groupdict())
-            groups.setdefault((i, into), []).append((m.group(grp.over), t))
+            value = (m.group(grp.over), m.group(r.fuse.over)) if r.fuse and r.stack else m.group(grp.over)
+            groups.setdefault((i, into), []).append((value, t))
         else:
-            singles.append(_single(t, r, i, scales, tp))
+            singles.append(_single(t, r, i, scales, tp, r.rename.format(**m.groupdict()) if r.rename else t.name))
     placements = singles + [_group(i, name, members, rules[i], scales, tp) for (i, name), members in groups.items()]
     placements.sort(key=lambda p: p.name)
     seen = set()
@@ -169,7 +182,7 @@ def _out_shape(t: TensorEntry, op: str) -> tuple[int, ...]:
     return (t.shape[1], t.shape[0]) if op == "transpose" else t.shape
 
 
-def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP) -> Placement:
+def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str) -> Placement:
     target = _target(t, r, i)
     op = _op(t, r, i, target)
     shape = _out_shape(t, op)
@@ -190,7 +203,8 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP) -> Placement
         pad = per - (b - a)
     out = DTYPES[target].nbytes(math.prod(shape))
     zero = DTYPES[target].nbytes(math.prod(shape) // shape[0] * pad) if pad else 0
-    return Placement(t.name, target, shape, op, r.on, "none", i, (Part(t, scale, 0, out - zero, sl, ssl, zero),), block)
+    return Placement(name, target, shape, op, r.on, "none", i, (Part(t, scale, 0, out - zero, sl, ssl, zero),),
+                     block)
 
 
 def _split_dim(r: Rule, i: int, name: str, ndim: int) -> int:
@@ -210,66 +224,116 @@ def _scale_slice(t: TensorEntry, sl: Slice, block: int, i: int) -> Slice:
 
 
 def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> Placement:
-    grp = r.fuse or r.stack
-    by_value = {}
-    for value, t in members:
-        if value in by_value:
-            other = sorted([by_value[value].name, t.name])
-            raise BindError(f"rules[{i}] groups both {other[0]} and {other[1]} into {name} as {grp.over}={value}; "
-                            f"add the placeholders they differ by to `into`", code="group-duplicate")
-        by_value[value] = t
-    if r.fuse:
-        missing = [v for v in grp.order if v not in by_value]
-        if missing:
-            raise BindError(f"rules[{i}] fuses {name} from {grp.order}, but parts {missing} are missing "
-                            f"(found {sorted(by_value)})", code="fuse-incomplete")
-        order = list(grp.order)
-    else:
-        order = _stack_order(list(by_value), name, i, grp.order)
-    ts = [by_value[v] for v in order]
+    """A fuse, a stack, or a stack of fuses (each stacked item the fuse of its parts), placed by offset.
+
+    The members are cut into blocks: one block per stacked item (a single tensor, or the fused
+    parts in `fuse.order`), or one block of fused parts. Parts are laid out block after block,
+    each part right after the one before it, so every part lands at a plain byte offset.
+    """
+    blocks = _blocks(i, name, members, r)
+    ts = [t for b in blocks for t in b]
     first = ts[0]
     target = _target(first, r, i)
     op = _op(first, r, i, target)
+    fd = r.fuse.dim if r.fuse else 0
     for t in ts[1:]:
         if t.dtype != first.dtype:
             raise BindError(f"rules[{i}] groups {name}: {t.name} is {t.dtype} but {first.name} is {first.dtype}",
                             code="group-mismatch")
-        same = t.shape == first.shape if r.stack else t.shape[1:] == first.shape[1:] and len(t.shape) == len(first.shape)
+        shape = t.shape
+        same = shape == first.shape or (r.fuse is not None and len(shape) == len(first.shape)
+                                        and shape[:fd] == first.shape[:fd] and shape[fd + 1:] == first.shape[fd + 1:])
         if not same:
             raise BindError(f"rules[{i}] groups {name}: {t.name} has shape {list(t.shape)}, "
                             f"incompatible with {first.name} {list(first.shape)}", code="group-mismatch")
     if r.fuse and len(first.shape) == 0:
         raise BindError(f"rules[{i}] fuses scalars into {name}; fuse needs tensors with a dim 0", code="group-mismatch")
+    if r.fuse and fd >= len(first.shape):
+        raise BindError(f"rules[{i}] fuses {name} along dim {fd}, but {first.name} has {len(first.shape)} dim(s)",
+                        code="fuse-dim")
+    if r.fuse and math.prod(first.shape[:fd]) != 1:
+        raise BindError(f"rules[{i}] fuses {name} along dim {fd} of {first.name} {list(first.shape)}: the parts' "
+                        f"rows would interleave in the fused tensor, and a fuse is placed by offset (each part one "
+                        f"contiguous range); fuse along dim 0, or load the parts as separate tensors",
+                        code="fuse-interleaved")
+    if r.stack and r.fuse:
+        shapes = {_fused_shape([_out_shape(t, op) for t in b], fd) for b in blocks}
+        if len(shapes) > 1:
+            raise BindError(f"rules[{i}] stacks the fuses of {name}, but they have different shapes "
+                            f"{sorted(list(x) for x in shapes)}", code="group-mismatch")
     block = r.dequantize.block if r.dequantize else 0
-    inner = _out_shape(first, op)
     split = r.split != "replicate" and tp.world > 1
-    d = _split_dim(r, i, name, len(inner) + 1 if r.stack else len(inner)) if split else None
+    ndim = len(_out_shape(first, op)) + (1 if r.stack else 0)
+    d = _split_dim(r, i, name, ndim) if split else None
     if split and r.split.pad:
         raise BindError(f"rules[{i}] pads the split of {name}; padding is supported on single tensors only",
                         code="split-pad")
     if split and r.stack and d == 0:  # expert parallel: whole experts per rank
-        a, b, _ = rank_range(len(ts), tp.world, tp.rank, False, f"rules[{i}] splits the experts of {name}", 0, can_pad=False)
-        ts = ts[a:b]
+        a, b, _ = rank_range(len(blocks), tp.world, tp.rank, False, f"rules[{i}] splits the experts of {name}", 0, can_pad=False)
+        blocks = blocks[a:b]
         split = False
-    parts, off, rows = [], 0, 0
+    if split and r.fuse and fd:
+        raise BindError(f"rules[{i}] splits {name}, fused along dim {fd}; split a fuse along dim 0 only",
+                        code="split-fuse")
+    parts, off = [], 0
     out_type = DTYPES[target]
-    for t in ts:
-        pshape = _out_shape(t, op)
-        sl = ssl = None
-        scale = scales[t.name] if op == "dequantize" else None
-        if split:
-            pd = d - 1 if r.stack else d
-            a, b, _ = rank_range(pshape[pd], tp.world, tp.rank, False, f"rules[{i}] splits {t.name} {list(pshape)}", pd, can_pad=False)
-            sl = Slice(1 - pd if op == "transpose" else pd, a, b)
-            ssl = _scale_slice(t, sl, block, i) if scale is not None else None
-            pshape = (*pshape[:pd], b - a, *pshape[pd + 1:])
-        out = out_type.nbytes(math.prod(pshape))
-        parts.append(Part(t, scale, off, out, sl, ssl))
-        off += out
-        rows += pshape[0] if pshape else 0
-        inner = pshape
-    shape = (len(ts), *inner) if r.stack else (rows, *inner[1:])
-    return Placement(name, target, shape, op, r.on, "fuse" if r.fuse else "stack", i, tuple(parts), block)
+    inner = None
+    for b in blocks:
+        pshapes = []
+        for t in b:
+            pshape = _out_shape(t, op)
+            sl = ssl = None
+            scale = scales[t.name] if op == "dequantize" else None
+            if split:
+                pd = d - 1 if r.stack else d
+                a, c, _ = rank_range(pshape[pd], tp.world, tp.rank, False, f"rules[{i}] splits {t.name} {list(pshape)}", pd, can_pad=False)
+                sl = Slice(1 - pd if op == "transpose" else pd, a, c)
+                ssl = _scale_slice(t, sl, block, i) if scale is not None else None
+                pshape = (*pshape[:pd], c - a, *pshape[pd + 1:])
+            out = out_type.nbytes(math.prod(pshape))
+            parts.append(Part(t, scale, off, out, sl, ssl))
+            off += out
+            pshapes.append(pshape)
+        inner = _fused_shape(pshapes, fd) if r.fuse else pshapes[0]
+    shape = (len(blocks), *inner) if r.stack else inner
+    pack = "stack" if r.stack else "fuse"
+    return Placement(name, target, shape, op, r.on, pack, i, tuple(parts), block)
+
+
+def _fused_shape(shapes: list, dim: int) -> tuple[int, ...]:
+    first = shapes[0]
+    return (*first[:dim], sum(s[dim] for s in shapes), *first[dim + 1:])
+
+
+def _blocks(i: int, name: str, members: list, r: Rule) -> list[list[TensorEntry]]:
+    """The members as blocks of tensors in output order (see `_group`)."""
+    grp = r.stack or r.fuse
+    by_value = {}
+    for value, t in members:
+        if value in by_value:
+            other = sorted([by_value[value].name, t.name])
+            shown = f"{r.stack.over}={value[0]}, {r.fuse.over}={value[1]}" if r.stack and r.fuse else f"{grp.over}={value}"
+            raise BindError(f"rules[{i}] groups both {other[0]} and {other[1]} into {name} as {shown}; "
+                            f"add the placeholders they differ by to `into`", code="group-duplicate")
+        by_value[value] = t
+    if r.fuse and not r.stack:
+        return [_fuse_parts(i, name, r, by_value, "")]
+    if not r.fuse:
+        order = _stack_order(list(by_value), name, i, grp.order)
+        return [[by_value[v]] for v in order]
+    items: dict[str, dict] = {}
+    for (s, f), t in by_value.items():
+        items.setdefault(s, {})[f] = t
+    order = _stack_order(list(items), name, i, grp.order)
+    return [_fuse_parts(i, name, r, items[s], f" item {r.stack.over}={s}") for s in order]
+
+
+def _fuse_parts(i: int, name: str, r: Rule, by_value: dict, where: str) -> list[TensorEntry]:
+    missing = [v for v in r.fuse.order if v not in by_value]
+    if missing:
+        raise BindError(f"rules[{i}] fuses {name}{where} from {r.fuse.order}, but parts {missing} are missing "
+                        f"(found {sorted(by_value)})", code="fuse-incomplete")
+    return [by_value[v] for v in r.fuse.order]
 
 
 def _stack_order(values: list[str], name: str, i: int, order: list[str] | None) -> list[str]:

@@ -113,3 +113,11 @@ class Interrupted(ExecuteError):
 
     exit_code = 130  # 128 + SIGINT, as shells report a process ended by Ctrl-C
     default_code = "interrupted"
+
+
+class HandoffError(PlancError):
+    """Loaded tensors and a PyTorch module do not fit together (missing or unexpected keys, shapes),
+    or torch is not installed."""
+
+    exit_code = 2
+    default_code = "handoff"

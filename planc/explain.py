@@ -58,6 +58,8 @@ def explain_doc(plan: Plan) -> dict:
         "runs": runs,
         "top_contributors": _top(plan),
         "skipped": len(plan.skipped),
+        "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
+                    for t in plan.tensors],
         "refusal": plan.refusal._asdict() if plan.refusal else None,
     }
 

@@ -89,12 +89,19 @@ class IO(_Model):
 
 
 class Group(_Model):
-    into: str
-    """Name of the tensor built, using the placeholders of `match` (e.g. `model.layers.{L}.mlp.experts.down_proj`)."""
+    into: str | None = None
+    """Name of the tensor built, using the placeholders of `match` (e.g. `model.layers.{L}.mlp.experts.down_proj`).
+    Required, except on a `fuse` inside a `stack`: the stack's `into` names the tensor."""
     over: str
     """The placeholder whose values are stacked or fused (e.g. `E`)."""
     order: list[Annotated[str, BeforeValidator(_value_name)]] | None = None
     """Values of `over` in output order. Required for `fuse`; for `stack`, default: numeric order."""
+
+
+class Fuse(Group):
+    dim: int = Field(0, ge=0)
+    """Dim of the source tensors to concatenate along. Placed by offset, so the dims before it must
+    all be 1 (dim 0 always qualifies); rows that would interleave are refused (`fuse-interleaved`)."""
 
 
 class Dequantize(_Model):
@@ -135,8 +142,12 @@ class Rule(_Model):
     """Do not load matching tensors."""
     on: Literal["device", "host"] = "device"
     """Where conversions and packs run."""
-    fuse: Group | None = None
-    """Concatenate the matched tensors along dim 0 into one tensor, in `order`."""
+    rename: str | None = None
+    """Load a single tensor under another name: a template using the placeholders of `match`
+    (e.g. `model.layers.{L}.mlp.gate.weight`)."""
+    fuse: Fuse | None = None
+    """Concatenate the matched tensors along `dim` (default 0) into one tensor, in `order`. With
+    `stack` too: each stacked item is the fuse of its parts (e.g. `[E, 2I, H]` from w1 and w3)."""
     stack: Group | None = None
     """Stack same-shaped matched tensors into one tensor with a new leading dim."""
     dequantize: Dequantize | None = None
@@ -157,9 +168,15 @@ class Rule(_Model):
     @model_validator(mode="after")
     def _coherent(self):
         if self.fuse and self.stack:
-            raise ValueError("a rule can fuse or stack, not both")
-        if self.skip and (self.fuse or self.stack or self.dequantize or self.transpose or self.dtype != "keep"):
+            if self.fuse.into is not None:
+                raise ValueError("a fuse inside a stack takes no `into`: the stack's `into` names the tensor")
+            if self.fuse.over == self.stack.over:
+                raise ValueError(f"fuse.over and stack.over must be different placeholders (both {self.fuse.over!r})")
+        if self.skip and (self.fuse or self.stack or self.dequantize or self.transpose or self.dtype != "keep"
+                          or self.rename):
             raise ValueError("a skip rule takes no other action")
+        if self.rename is not None and (self.fuse or self.stack):
+            raise ValueError("rename is for single tensors; fuse and stack name their tensor with `into`")
         if self.transpose and self.fuse:
             raise ValueError("transpose with fuse is not supported (fused parts would not be contiguous)")
         if self.dequantize and self.dtype == "float32":
@@ -173,17 +190,24 @@ class Rule(_Model):
         if twice:
             raise ValueError(f"match {self.match!r} uses placeholders {twice} more than once")
         names = set(found)
+        if self.rename is not None:
+            _check_template(self.rename, names, "rename")
         for key, grp in (("fuse", self.fuse), ("stack", self.stack)):
             if grp is None:
                 continue
             if grp.over not in names:
                 raise ValueError(f"{key}.over {grp.over!r} is not a placeholder of match {self.match!r}")
-            missing = sorted(set(_PLACEHOLDER.findall(grp.into)) - names)
+            # A fuse inside a stack builds no tensor of its own: the stack's `into` names it.
+            into = self.stack.into if key == "fuse" and self.stack else grp.into
+            label = "stack" if self.stack else key
+            if into is None:
+                raise ValueError(f"{key} needs `into`: the name of the tensor it builds")
+            missing = sorted(set(_PLACEHOLDER.findall(into)) - names)
             if missing:
-                raise ValueError(f"{key}.into uses placeholders {missing} that match {self.match!r} does not define")
-            if grp.over in _PLACEHOLDER.findall(grp.into):
-                raise ValueError(f"{key}.into must not use the grouped placeholder {{{grp.over}}}")
-            _check_template(grp.into, names, f"{key}.into")
+                raise ValueError(f"{label}.into uses placeholders {missing} that match {self.match!r} does not define")
+            if grp.over in _PLACEHOLDER.findall(into):
+                raise ValueError(f"{label}.into must not use the grouped placeholder {{{grp.over}}}")
+            _check_template(into, names, f"{label}.into")
             if key == "fuse" and not grp.order:
                 raise ValueError("fuse needs `order`: the values of the grouped placeholder in output order")
             if grp.order and len(set(grp.order)) != len(grp.order):

@@ -161,6 +161,11 @@ def check_contract(d: dict):
         assert all(isinstance(r[k], int) for k in RUN_KEYS)
     if d["refusal"] is not None:
         assert REFUSAL_KEYS <= set(d["refusal"])
+    assert [t["name"] for t in d["tensors"]] == sorted(t["name"] for t in d["tensors"])
+    assert len(d["tensors"]) == d["totals"]["tensors"]
+    for t in d["tensors"]:
+        assert set(t) == {"name", "shape", "dtype", "bytes"}
+        assert all(isinstance(x, int) for x in t["shape"]) and isinstance(t["bytes"], int)
 
 
 def test_explain_json_contract(capsys, ckpt):
@@ -173,6 +178,9 @@ def test_explain_json_contract(capsys, ckpt):
     assert d["totals"]["tensors"] == 3 and len(d["runs"]) >= 2
     assert max(r["host_peak_bytes"] for r in d["runs"]) == d["peak"]["host_bytes"]
     assert sum(r["read_bytes"] for r in d["runs"]) == d["totals"]["read_bytes"]
+    assert d["tensors"] == [{"name": "emb", "shape": [16, 16], "dtype": "F16", "bytes": 512},
+                            {"name": "l.0.b", "shape": [64], "dtype": "F32", "bytes": 256},
+                            {"name": "l.0.w", "shape": [8, 64], "dtype": "F16", "bytes": 1024}]
 
 
 def test_explain_json_contract_refused(capsys, ckpt):

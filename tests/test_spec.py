@@ -106,7 +106,17 @@ def test_placeholder_used_twice(tmp_path):
 @pytest.mark.parametrize("rule, words", [
     ({"match": "a", "skip": True, "dtype": "float16"}, "skip rule takes no other action"),
     ({"match": "a.{L}.{P}", "fuse": {"into": "x.{L}", "over": "P", "order": ["q"]},
-      "stack": {"into": "y.{L}", "over": "P"}}, "fuse or stack, not both"),
+      "stack": {"into": "y.{L}", "over": "P"}}, "a fuse inside a stack takes no `into`"),
+    ({"match": "a.{L}.{P}", "fuse": {"over": "P", "order": ["q"]},
+      "stack": {"into": "y.{L}", "over": "P"}}, "must be different placeholders"),
+    ({"match": "a.{L}.{E}.{P}", "fuse": {"over": "P", "order": ["q"]},
+      "stack": {"into": "y.{L}.{P}", "over": "E"}}, "stack.into must not use the grouped placeholder {P}"),
+    ({"match": "a.{L}.{P}", "fuse": {"over": "P", "order": ["q"]}}, "fuse needs `into`"),
+    ({"match": "a.{L}", "rename": "b.{M}"}, "rename 'b.{M}' is not a name template"),
+    ({"match": "a.{L}", "rename": "b.{L}", "skip": True}, "skip rule takes no other action"),
+    ({"match": "a.{L}.{P}", "rename": "b.{L}", "stack": {"into": "y.{L}", "over": "P"}}, "rename is for single tensors"),
+    ({"match": "a.{L}.{P}", "stack": {"into": "y.{L}", "over": "P", "dim": 1}}, "stack.dim: unknown key"),
+    ({"match": "a.{L}.{P}", "fuse": {"into": "y.{L}", "over": "P", "order": ["q"], "dim": -1}}, "fuse.dim"),
     ({"match": "a.{L}.{P}", "fuse": {"into": "x.{L}", "over": "P", "order": ["q"]}, "transpose": True}, "transpose with fuse"),
     ({"match": "a", "dequantize": {}, "dtype": "float32"}, "dequantize produces bfloat16 or float16"),
 ])

@@ -102,6 +102,12 @@ class LoadedModel:
     def items(self):
         return self.tensors.items()
 
+    def state_dict(self) -> dict:
+        """name -> torch.Tensor in the true dtype, sharing the arena (copied to host under the simulator)."""
+        from ..torch_handoff import state_dict
+
+        return state_dict(self)
+
     def free(self) -> None:
         from .alloc import release
 

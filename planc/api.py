@@ -1,0 +1,102 @@
+"""The Python API: a spec, a saved plan or a `Plan` -> a `LoadedModel`, or a ready PyTorch module.
+
+    model = planc.load("specs/transformers-llama.yaml")         # compile, admit, execute
+    tensors = model.state_dict()                                  # name -> torch.Tensor, no copy
+    result = planc.load_into(meta_module, "plan.json")            # fill a meta-device module
+
+A spec path is compiled (`planc.compile.compile_spec`), a plan path (JSON with `kind:
+planc-plan`) is read (`planc.plan.load_plan`) and re-admitted by the executor; both then run
+through `planc.execute.execute`. Nothing here imports torch or numba until it is used.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BindError, PlanFormatError
+
+
+def _plan(spec_or_plan, rank: int | None):
+    from .compile import compile_spec
+    from .ir import Plan
+    from .plan import load_plan
+    from .spec import load_spec
+
+    if isinstance(spec_or_plan, Plan):
+        return _check_rank(spec_or_plan, rank, "the plan given")
+    path = Path(spec_or_plan)
+    if path.suffix.lower() == ".json":
+        try:
+            return _check_rank(load_plan(path), rank, str(path))
+        except PlanFormatError as e:
+            if e.code not in ("plan-kind", "plan-syntax"):
+                raise
+            # Not a plan: a JSON spec, compiled below (its errors then name the spec's fields).
+    if rank is None:
+        size = load_spec(path).spec.tensor_parallel.size
+        env = os.environ.get("RANK")
+        if size > 1 and env is None:
+            raise BindError(f"{path}: tensor_parallel.size is {size}: pass rank= (0..{size - 1}) or set RANK",
+                            code="bad-rank")
+        rank = int(env) if size > 1 else 0
+    return compile_spec(path, rank)
+
+
+def _check_rank(plan, rank: int | None, what: str):
+    if rank is not None:
+        have = plan.tensor_parallel.rank
+        if have != rank:
+            raise BindError(f"{what} is the plan of rank {have}, but rank {rank} was asked for", code="bad-rank")
+    return plan
+
+
+def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, verify: bool = False,
+         progress: bool = False):
+    """Load a checkpoint onto the device. Returns a `LoadedModel` (name -> device tensor, `.report`).
+
+    `spec_or_plan`: a spec file (YAML or JSON: compiled for `rank`, default `$RANK` when the spec
+    is tensor parallel, else 0), a plan file written by `planc compile -o`, or a `Plan`.
+    `device` overrides the spec's (`cuda:1`); `verify` compares every loaded byte with the
+    checkpoint (`report["verify"]`). Raises a `PlancError` subclass: a refused plan is an
+    `AdmissionError` before anything is allocated.
+    """
+    from .execute import execute
+
+    return execute(_plan(spec_or_plan, rank), verify=verify, device=device, progress=progress)
+
+
+@dataclass
+class LoadResult:
+    """What `load_into` did. `missing_keys` and `unexpected_keys` as `load_state_dict` reports them."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    tied: list[list[str]]  # names sharing one loaded parameter (kept tied)
+    rebuilt_buffers: list[str]  # non-persistent buffers made by their module's own initialisation
+    uninitialized_buffers: list[str]  # left on the meta device (strict=False only)
+    report: dict  # the load's measured report, next to the plan's predictions
+    model: object  # the LoadedModel whose arena holds the tensors
+
+
+def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = None, device: str | None = None,
+              verify: bool = False) -> LoadResult:
+    """Load into `module` (built on the meta device) by assignment, without a copy on a GPU.
+
+    Parameters and persistent buffers take the loaded tensors; tied parameters stay tied;
+    non-persistent buffers (rotary `inv_freq`) are rebuilt by their module's own initialisation.
+    With `strict` (the default) missing or unexpected keys, or buffers that cannot be rebuilt, raise
+    a `HandoffError` and the device memory is released; shapes must always match.
+    """
+    from .torch_handoff import assign, import_torch
+
+    import_torch()  # before anything is loaded: without torch there is nothing to load into
+    model = load(spec_or_plan, rank=rank, device=device, verify=verify)
+    try:
+        done = assign(module, model.state_dict(), strict)
+    except BaseException:
+        model.free()
+        raise
+    return LoadResult(done.missing_keys, done.unexpected_keys, done.tied, done.rebuilt_buffers,
+                      done.uninitialized_buffers, model.report, model)

@@ -1,0 +1,377 @@
+"""The Python API under the CUDA simulator: planc.load, LoadedModel.state_dict, planc.load_into.
+
+The shipped serving layouts are loaded and compared bit for bit with numpy arrays built from the
+tensors the test wrote (rename, fuse, fuse inside a stack, FP8 dequantized into a fused tensor).
+The torch hand-off tests run when torch is installed (skipped otherwise): under the simulator,
+state_dict() copies to host tensors, so a tiny module built on the meta device is filled on the CPU.
+"""
+
+import os
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+from numba import cuda  # noqa: E402
+
+if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
+    pytest.skip("numba was imported before the CUDA simulator could be switched on, and no GPU is present",
+                allow_module_level=True)
+
+import families  # noqa: E402
+import planc  # noqa: E402
+from execute_support import bits, dequant  # noqa: E402
+from planc.compile import compile_spec  # noqa: E402
+from planc.errors import BindError, HandoffError  # noqa: E402
+from planc.plan import save_plan  # noqa: E402
+from test_layouts import shipped  # noqa: E402
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.fixture
+def loaded():
+    models = []
+
+    def load(*a, **kw):
+        m = planc.load(*a, **kw)
+        models.append(m)
+        return m
+
+    yield load
+    for m in models:
+        m.free()
+
+
+def assert_loaded(model, want: dict) -> None:
+    assert sorted(model.keys()) == sorted(want)
+    for name, arr in want.items():
+        got = model[name].to_host()
+        assert got.shape == arr.shape, name
+        assert np.array_equal(bits(got), bits(arr)), name
+
+
+def mixtral_experts(src: dict, gate_up: str, down: str, prefix: str = "block_sparse_moe") -> dict:
+    out = {}
+    for L in range(families.LAYERS):
+        q = f"model.layers.{L}.block_sparse_moe.experts"
+        out[f"model.layers.{L}.{prefix}.experts.{gate_up}"] = np.stack(
+            [np.concatenate([src[f"{q}.{e}.w1.weight"], src[f"{q}.{e}.w3.weight"]]) for e in range(families.E)])
+        out[f"model.layers.{L}.{prefix}.experts.{down}"] = np.stack(
+            [src[f"{q}.{e}.w2.weight"] for e in range(families.E)])
+    return out
+
+
+def qkv(src: dict) -> dict:
+    out = {}
+    for L in range(families.LAYERS):
+        a = f"model.layers.{L}.self_attn"
+        out[f"{a}.qkv_proj.weight"] = np.concatenate([src[f"{a}.{p}_proj.weight"] for p in ("q", "k", "v")])
+    return out
+
+
+def test_transformers_mixtral_bit_exact(tmp_path, loaded):
+    """rename (the router) and fuse inside a stack (gate_up_proj [E, 2I, H]), byte for byte."""
+    src = families.mixtral()
+    model = loaded(shipped(tmp_path, "transformers-mixtral", src), verify=True)
+    assert model.report["verify"]["ok"]
+    want = {n: a for n, a in src.items() if ".block_sparse_moe." not in n}
+    for L in range(families.LAYERS):
+        want[f"model.layers.{L}.mlp.gate.weight"] = src[f"model.layers.{L}.block_sparse_moe.gate.weight"]
+    want.update(mixtral_experts(src, "gate_up_proj", "down_proj", prefix="mlp"))
+    assert_loaded(model, want)
+
+
+def test_vllm_mixtral_bit_exact(tmp_path, loaded):
+    src = families.mixtral(seed=1)
+    model = loaded(shipped(tmp_path, "vllm-mixtral", src, shards=2))
+    want = {n: a for n, a in src.items() if ".experts." not in n and not re.search(r"\.[qkv]_proj\.", n)}
+    want.update(qkv(src))
+    want.update(mixtral_experts(src, "w13_weight", "w2_weight"))
+    assert_loaded(model, want)
+
+
+def test_vllm_llama_bit_exact(tmp_path, loaded):
+    src = families.llama(seed=2)
+    model = loaded(shipped(tmp_path, "vllm-llama", src))
+    want = {n: a for n, a in src.items() if not re.search(r"\.([qkv]|gate|up)_proj\.", n)}
+    want.update(qkv(src))
+    for L in range(families.LAYERS):
+        m = f"model.layers.{L}.mlp"
+        want[f"{m}.gate_up_proj.weight"] = np.concatenate([src[f"{m}.gate_proj.weight"], src[f"{m}.up_proj.weight"]])
+    assert_loaded(model, want)
+
+
+def test_deepseek_v3_fp8_dequantized_into_fused_layout(tmp_path, loaded):
+    src = families.deepseek_v3()
+    model = loaded(shipped(tmp_path, "deepseek-v3-fp8", src))
+
+    def dq(name):
+        return dequant(src[name], src[f"{name}_scale_inv"], "BF16")
+
+    p = "model.layers.1"
+    for L in (0, 1):
+        a = f"model.layers.{L}.self_attn"
+        want = np.concatenate([dq(f"{a}.q_a_proj.weight"), dq(f"{a}.kv_a_proj_with_mqa.weight")])
+        assert np.array_equal(bits(model[f"{a}.fused_qkv_a_proj.weight"].to_host()), bits(want))
+        assert np.array_equal(bits(model[f"{a}.kv_b_proj.weight"].to_host()), bits(dq(f"{a}.kv_b_proj.weight")))
+    w13 = np.stack([np.concatenate([dq(f"{p}.mlp.experts.{e}.gate_proj.weight"), dq(f"{p}.mlp.experts.{e}.up_proj.weight")])
+                    for e in range(families.DS["experts"])])
+    assert np.array_equal(bits(model[f"{p}.mlp.experts.w13_weight"].to_host()), bits(w13))
+    w2 = np.stack([dq(f"{p}.mlp.experts.{e}.down_proj.weight") for e in range(families.DS["experts"])])
+    assert np.array_equal(bits(model[f"{p}.mlp.experts.w2_weight"].to_host()), bits(w2))
+    bias = f"{p}.mlp.gate.e_score_correction_bias"
+    assert np.array_equal(model[bias].to_host(), src[bias])
+
+
+def test_load_takes_a_plan_file_and_a_plan(tmp_path, loaded):
+    src = families.llama()
+    spec = shipped(tmp_path, "transformers-llama", src)
+    plan = compile_spec(spec)
+    save_plan(plan, tmp_path / "plan.json")
+    for target in (tmp_path / "plan.json", str(tmp_path / "plan.json"), plan):
+        model = loaded(target)
+        assert_loaded(model, src)
+        assert model.report["copies"]["issued"] == plan.totals.copies
+    with pytest.raises(BindError) as info:
+        planc.load(plan, rank=1)
+    assert info.value.code == "bad-rank"
+
+
+def test_tensor_parallel_spec_needs_a_rank(tmp_path, monkeypatch, loaded):
+    src = families.llama()
+    spec = shipped(tmp_path, "vllm-llama", src)
+    doc = yaml.safe_load(spec.read_text())
+    doc["tensor_parallel"] = {"size": 2}
+    spec.write_text(yaml.safe_dump(doc))
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(BindError) as info:
+        planc.load(spec)
+    assert info.value.code == "bad-rank" and "tensor_parallel.size is 2" in info.value.message
+    monkeypatch.setenv("RANK", "1")
+    model = loaded(spec)  # replicated tensors only: every rank loads them whole
+    assert model.report["tensor_parallel"] == {"rank": 1, "size": 2}
+    assert_loaded(model, {n: a for n, a in src.items() if "layers" not in n or "norm" in n or "down_proj" in n
+                          or "o_proj" in n} | qkv(src) | {
+        f"model.layers.{L}.mlp.gate_up_proj.weight": np.concatenate(
+            [src[f"model.layers.{L}.mlp.gate_proj.weight"], src[f"model.layers.{L}.mlp.up_proj.weight"]])
+        for L in range(families.LAYERS)})
+
+
+def test_json_spec_is_compiled(tmp_path, loaded):
+    src = families.llama()
+    spec = shipped(tmp_path, "transformers-llama", src)
+    js = tmp_path / "spec.json"
+    import json
+
+    js.write_text(json.dumps(yaml.safe_load(spec.read_text())))
+    assert_loaded(loaded(js), src)
+
+
+# ------------------------------------------------------------------------------------------
+# torch hand-off (skipped without torch)
+
+
+def test_state_dict_true_dtypes(tmp_path, loaded):
+    torch = pytest.importorskip("torch")
+    src = families.deepseek_v3()
+    spec = shipped(tmp_path, "deepseek-v3-fp8", src)
+    doc = yaml.safe_load(spec.read_text())
+    doc["rules"] = [{"match": "*"}]  # FP8 kept as stored
+    spec.write_text(yaml.safe_dump(doc))
+    sd = loaded(spec).state_dict()
+    assert sorted(sd) == sorted(src)
+    name = "model.layers.0.self_attn.q_a_proj.weight"
+    assert sd[name].dtype == torch.float8_e4m3fn and tuple(sd[name].shape) == src[name].shape
+    assert np.array_equal(sd[name].view(torch.uint8).numpy(), bits(src[name]).reshape(src[name].shape))
+    emb = "model.embed_tokens.weight"
+    assert sd[emb].dtype == torch.bfloat16
+    assert np.array_equal(sd[emb].view(torch.int16).numpy().view(np.uint16), src[emb].view(np.uint16))
+    assert sd["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
+
+
+def _tiny_llama(torch, tie: bool):
+    """A hand-made Llama-shaped module with a rotary embedding (non-persistent inv_freq built from a
+    config, as transformers' is) and, optionally, tied embeddings."""
+    nn = torch.nn
+
+    class Config:
+        head_dim, theta = 8, 10000.0
+
+    class Rotary(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            inv = 1.0 / (config.theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim))
+            self.register_buffer("inv_freq", inv, persistent=False)
+
+    class Counter(nn.Module):  # a non-persistent buffer its own reset_parameters() fills
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("steps", torch.empty(3), persistent=False)
+
+        def reset_parameters(self):
+            self.steps.fill_(7.0)
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(32, 32, bias=False)
+            self.k_proj = nn.Linear(32, 16, bias=False)
+            self.v_proj = nn.Linear(32, 16, bias=False)
+            self.o_proj = nn.Linear(32, 32, bias=False)
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = nn.Linear(32, 24, bias=False)
+            self.up_proj = nn.Linear(32, 24, bias=False)
+            self.down_proj = nn.Linear(24, 32, bias=False)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = nn.RMSNorm(32)
+            self.self_attn = Attn()
+            self.post_attention_layernorm = nn.RMSNorm(32)
+            self.mlp = MLP()
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(40, 32)
+            self.layers = nn.ModuleList([Layer() for _ in range(2)])
+            self.norm = nn.RMSNorm(32)
+            self.rotary_emb = Rotary(Config())
+            self.counter = Counter()
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+            self.lm_head = nn.Linear(32, 40, bias=False)
+            if tie:
+                self.lm_head.weight = self.model.embed_tokens.weight
+
+    with torch.device("meta"):
+        return Model()
+
+
+def test_load_into_meta_module(tmp_path):
+    torch = pytest.importorskip("torch")
+    src = families.llama()
+    module = _tiny_llama(torch, tie=False)
+    res = planc.load_into(module, shipped(tmp_path, "transformers-llama", src))
+    try:
+        assert res.missing_keys == [] and res.unexpected_keys == [] and res.uninitialized_buffers == []
+        assert res.rebuilt_buffers == ["model.counter.steps", "model.rotary_emb.inv_freq"]
+        assert res.report["copies"]["issued"] == res.report["copies"]["predicted"]
+        sd = module.state_dict()
+        for name, arr in src.items():
+            assert sd[name].dtype == torch.bfloat16
+            assert np.array_equal(sd[name].view(torch.int16).numpy().view(np.uint16), arr.view(np.uint16)), name
+        want_inv = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+        assert torch.equal(module.model.rotary_emb.inv_freq, want_inv)
+        assert torch.equal(module.model.counter.steps, torch.full((3,), 7.0))
+        assert not any(t.is_meta for t in list(module.parameters()) + list(module.buffers()))
+        assert isinstance(module.lm_head.weight, torch.nn.Parameter)
+        x = torch.tensor([[1, 2, 3]])
+        h = module.model.embed_tokens(x)
+        assert torch.equal(module.lm_head(h), h @ module.lm_head.weight.T)  # the module runs
+    finally:
+        res.model.free()
+
+
+def test_load_into_keeps_tied_weights_tied(tmp_path):
+    torch = pytest.importorskip("torch")
+    src = families.llama()
+    del src["lm_head.weight"]  # a tied checkpoint stores the embedding once
+    module = _tiny_llama(torch, tie=True)
+    res = planc.load_into(module, shipped(tmp_path, "transformers-llama", src))
+    try:
+        assert res.missing_keys == [] and res.tied == [["lm_head.weight", "model.embed_tokens.weight"]]
+        assert module.lm_head.weight is module.model.embed_tokens.weight
+        assert not module.lm_head.weight.is_meta
+    finally:
+        res.model.free()
+
+
+def test_load_into_strict_names_missing_and_unexpected_keys(tmp_path):
+    torch = pytest.importorskip("torch")
+    src = families.llama()
+    spec = shipped(tmp_path, "vllm-llama", src)  # fused names: the transformers module has none of them
+    module = _tiny_llama(torch, tie=False)
+    with pytest.raises(HandoffError) as info:
+        planc.load_into(module, spec)
+    e = info.value
+    assert e.code == "keys-mismatch"
+    assert "model.layers.0.self_attn.q_proj.weight" in e.message and "model.layers.0.self_attn.qkv_proj.weight" in e.message
+    assert all(p.is_meta for p in module.parameters())  # nothing was assigned
+    res = planc.load_into(module, spec, strict=False)
+    try:
+        assert "model.layers.0.mlp.gate_proj.weight" in res.missing_keys
+        assert "model.layers.1.mlp.gate_up_proj.weight" in res.unexpected_keys
+        assert not module.model.norm.weight.is_meta and module.model.layers[0].mlp.gate_proj.weight.is_meta
+    finally:
+        res.model.free()
+
+
+def test_load_into_shape_mismatch_and_unbuildable_buffer(tmp_path):
+    torch = pytest.importorskip("torch")
+    src = families.llama()
+    src["model.norm.weight"] = np.zeros(31, src["model.norm.weight"].dtype)
+    module = _tiny_llama(torch, tie=False)
+    with pytest.raises(HandoffError) as info:
+        planc.load_into(module, shipped(tmp_path, "transformers-llama", src))
+    assert info.value.code == "shape-mismatch" and "model.norm.weight: loaded [31], module [32]" in info.value.message
+
+    class Opaque(torch.nn.Module):  # a buffer nothing can rebuild
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.zeros(2), persistent=False)
+
+    module = _tiny_llama(torch, tie=False)
+    with torch.device("meta"):
+        module.model.opaque = Opaque()
+    src = families.llama()
+    spec = shipped(tmp_path / "b", "transformers-llama", src)
+    with pytest.raises(HandoffError) as info:
+        planc.load_into(module, spec)
+    assert info.value.code == "buffers-uninitialized" and "model.opaque.table" in info.value.message
+    res = planc.load_into(module, spec, strict=False)
+    try:
+        assert res.uninitialized_buffers == ["model.opaque.table"]
+    finally:
+        res.model.free()
+
+
+# ------------------------------------------------------------------------------------------
+# docs/python.md: every python block runs, in order, in one namespace
+
+
+def test_python_doc_examples_run(tmp_path, monkeypatch):
+    text = (DOCS / "python.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    try:
+        import torch  # noqa: F401
+        has_torch = True
+    except ImportError:
+        has_torch = False
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    ran = 0
+    for code in blocks:
+        if "torch" in code and not has_torch:
+            continue
+        exec(compile(code, "docs/python.md", "exec"), ns)
+        ran += 1
+    assert ran >= (len(blocks) if has_torch else 1)
+    for v in list(ns.values()):
+        if hasattr(v, "free") and hasattr(v, "report"):
+            v.free()
