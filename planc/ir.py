@@ -208,6 +208,12 @@ class Kernel(NamedTuple):
     rows: int
     cols: int
     block: int
+    more: tuple[int, ...] = ()  # further parts converted by the same launch, their bytes following part's
+
+    @property
+    def parts(self) -> tuple[int, ...]:
+        """The parts one launch converts, in the order their bytes lie (on both sides)."""
+        return (self.part, *self.more)
 
 
 class HostPart(NamedTuple):

@@ -595,8 +595,9 @@ class _Checker:
         if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
                 and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and x[1] in KERNEL_OPS and x[4] in SPACES \
                 and x[2] in DTYPES and x[3] in DTYPES and type(x[1]) is str and type(x[2]) is str \
-                and type(x[3]) is str and type(x[4]) is str:
-            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block = x
+                and type(x[3]) is str and type(x[4]) is str and type(x[12]) is list and not x[12]:
+            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more = x
+            more = ()
         else:  # the field-by-field check, which names what is wrong
             _list(x, at, n_k)
             pid = _int(x[0], f"{at}.part", 0, _MAX)
@@ -609,16 +610,28 @@ class _Checker:
             numel, rows = _int(x[8], f"{at}.numel", 0, _MAX), _int(x[9], f"{at}.rows", 0, _MAX)
             cols = _int(x[10], f"{at}.cols", 0, _MAX)
             block = _int(x[11], f"{at}.block", 0, 1 << 20)
-        if pid not in in_run:
-            raise _bad(f"{at}.part", f"part {pid} is not a part of this run")
-        p = parts[pid]
-        if p.path != "direct":
-            raise _bad(f"{at}.part", f"part {pid} takes the host path; its work is not a device kernel")
-        w = p.inputs[0]
-        if op != p.op or src_dtype != w.dtype or dst_dtype != p.out_dtype or dst != p.dst_offset:
-            raise _bad(at, f"does not match part {pid} ({p.op} {w.dtype} -> {p.out_dtype} at arena {p.dst_offset:,})")
-        if numel != math.prod(w.shape) or (op != "convert" and (rows, cols) != tuple(w.shape)) or block != p.block:
-            raise _bad(at, f"shape does not match part {pid}'s input {list(w.shape)}")
+            more = tuple(_int(v, f"{at}.more[{j}]", 0, _MAX) for j, v in enumerate(_list(x[12], f"{at}.more")))
+        if more and op != "convert":
+            raise _bad(f"{at}.more", f"only conversions of several parts share a kernel, not a {op}")
+        if len(set(more)) != len(more) or pid in more:
+            raise _bad(f"{at}.more", "lists a part twice")
+        want_numel, want_dst = 0, dst
+        for q in (pid, *more):
+            if q not in in_run:
+                raise _bad(f"{at}.part", f"part {q} is not a part of this run")
+            p = parts[q]
+            if p.path != "direct":
+                raise _bad(f"{at}.part", f"part {q} takes the host path; its work is not a device kernel")
+            w = p.inputs[0]
+            if op != p.op or src_dtype != w.dtype or dst_dtype != p.out_dtype or want_dst != p.dst_offset:
+                raise _bad(at, f"does not match part {q} ({p.op} {w.dtype} -> {p.out_dtype} at arena "
+                               f"{p.dst_offset:,})")
+            if (op != "convert" and (rows, cols) != tuple(w.shape)) or block != p.block:
+                raise _bad(at, f"shape does not match part {q}'s input {list(w.shape)}")
+            want_numel += math.prod(w.shape)
+            want_dst += p.out_bytes
+        if numel != want_numel:
+            raise _bad(f"{at}.numel", f"is {numel:,}, its parts have {want_numel:,} elements")
         s_size, d_size = max(1, DTYPES[src_dtype].bits // 8), max(1, DTYPES[dst_dtype].bits // 8)
         if src + numel * s_size > limits[space]:
             raise _bad(f"{at}.src_offset", f"[{src:,}, {src + numel * s_size:,}) reaches past the {space} "
@@ -636,7 +649,7 @@ class _Checker:
             raise _bad(f"{at}.scale_offset", f"a {op} reads no scale")
         if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
             raise _bad(at, "only a same-size conversion runs in place in the arena")
-        return Kernel(pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block)
+        return Kernel(pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more)
 
     def _host_part(self, h, at, n_h, parts, in_run, io) -> HostPart:
         _list(h, at, n_h)
@@ -702,11 +715,14 @@ def _coverage(plan: Plan) -> None:
 
 def _run_coverage(r, parts, bisect_right) -> None:
     at = f"runs[{r.index}]"
-    kern: dict = {}
+    kern: dict = {}  # part -> (source space, source offset, scale offset) of its kernel
     for j, k in enumerate(r.kernels):
-        if k.part in kern:
-            raise _bad(f"{at}.kernels[{j}]", f"part {k.part} has a second kernel")
-        kern[k.part] = k
+        src = k.src_offset
+        for pid in k.parts:
+            if pid in kern:
+                raise _bad(f"{at}.kernels[{j}]", f"part {pid} has a second kernel")
+            kern[pid] = (k.src_space, src, k.scale_offset)
+            src += parts[pid].read_bytes
     maps = []  # (file, file start, file end, space, destination start)
     for pid in r.parts:
         p = parts[pid]
@@ -716,13 +732,13 @@ def _run_coverage(r, parts, bisect_right) -> None:
         if (k is None) != (p.op == "copy"):
             raise _bad(f"{at}.kernels", f"part {pid} ({p.op}) {'needs a kernel' if k is None else 'needs no kernel'}")
         if p.landing_bytes == 0:
-            if k is not None and k.src_space != "arena":
-                raise _bad(f"{at}.kernels", f"part {pid} converts in place: its kernel reads the arena")
+            if k is not None and (k[0] != "arena" or k[1] != p.dst_offset):
+                raise _bad(f"{at}.kernels", f"part {pid} converts in place: its kernel reads its own arena bytes")
             space, bases = "arena", (p.dst_offset,)
         else:
-            if k.src_space != "landing":
+            if k[0] != "landing":
                 raise _bad(f"{at}.kernels", f"part {pid} lands its bytes: its kernel reads the landing region")
-            space, bases = "landing", (k.src_offset, k.scale_offset)
+            space, bases = "landing", (k[1], k[2])
         for inp, base in zip(p.inputs, bases):
             if inp.count == 1:
                 maps.append((inp.file, inp.start, inp.start + inp.nbytes, space, base))

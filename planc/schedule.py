@@ -178,7 +178,7 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO) -> Run:
         index=k,
         parts=tuple([n.id for n in parts]),
         requests=requests,
-        kernels=tuple(kernels),
+        kernels=_merged(kernels),
         host_parts=tuple(host_parts),
         landing_region=k % 2,
         landing_bytes=landing,
@@ -188,6 +188,26 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO) -> Run:
         requests_uncoalesced=alone + host_segments,
         copies_uncoalesced=alone + sum(h.copies for h in host_parts),
     )
+
+
+def _merged(kernels: list) -> tuple[Kernel, ...]:
+    """Conversions whose sources and destinations lie end to end become one kernel (a stack of
+    experts converted on load: one launch per stacked tensor and run, not one per expert).
+
+    A run's kernels start once all its copies are done and write disjoint arena ranges, so their
+    order within the run is free: conversions are sorted by source offset and neighbours joined."""
+    conv = sorted((k.src_space, k.src_offset, i) for i, k in enumerate(kernels) if k.op == "convert")
+    out = {i: k for i, k in enumerate(kernels) if k.op != "convert"}  # first kernel's index -> kernel
+    last_i = None
+    for _, _, i in conv:
+        k, last = kernels[i], out.get(last_i)
+        if (last is not None and (k.src_dtype, k.dst_dtype, k.src_space) == (last.src_dtype, last.dst_dtype, last.src_space)
+                and k.src_offset == last.src_offset + DTYPES[k.src_dtype].nbytes(last.numel)
+                and k.dst_offset == last.dst_offset + DTYPES[k.dst_dtype].nbytes(last.numel)):
+            out[last_i] = last._replace(numel=last.numel + k.numel, rows=0, cols=0, more=(*last.more, k.part))
+        else:
+            out[i], last_i = k, i
+    return tuple(out[i] for i in sorted(out))
 
 
 def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kernel:
