@@ -295,7 +295,7 @@ def fused_rate(ckpt: Path, out: Path, repeats: int) -> dict:
     plain.write_text(yaml.safe_dump(doc, sort_keys=False))
     result = {}
     for k, spec in (("fused", fused), ("plain", plain)):
-        totals = compile_spec(spec)["totals"]
+        totals = compile_spec(spec).totals._asdict()
         rates = []
         for _ in range(repeats + 1):  # the first warms up
             m = planc.load(spec)

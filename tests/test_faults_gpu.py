@@ -651,7 +651,8 @@ def test_hundred_load_free_cycles(tmp_path, request):
                                                        "merge_gap": "1MiB"}, host="1GiB")
     plan = compile_spec(spec)
     tot = plan.to_dict()["totals"]
-    assert tot["kernels"] > 200 and tot["scatters"] > 0
+    # over 200 parts converted, dequantized or transposed on the device (neighbours share a launch)
+    assert sum(len(k.parts) for r in plan.runs for k in r.kernels) > 200 and tot["scatters"] > 0
     expected = _cycle_expected(want, layers, experts)
     models: list = []
     load_checked(spec, models)  # cycle 1: verified by the executor, and against numpy here
