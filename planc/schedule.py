@@ -4,7 +4,7 @@
 - Device layout: one arena; tensors laid out in read order, each aligned to its item size, so that
   tensors adjacent in the file are adjacent on the device and their copies coalesce.
 - Runs: the order cut into runs of at most `io.run` read bytes (a part larger than that is a run
-  of its own). At most two runs are in flight.
+  of its own).
 - Requests: within a run, direct-path inputs of one file whose gap is at most `io.merge_gap` join
   one extent; the extent is widened to 4 KiB boundaries (O_DIRECT) and cut into slot-sized
   requests. A request is one `preadv` into one ring slot.

@@ -67,7 +67,7 @@ class IO(_Model):
     slots: int = Field(16, ge=1, le=1024)
     """Slots in the pinned staging ring (ring bytes = slots x slot)."""
     run: ByteSize = 1024 * 2**20
-    """Largest bytes read by one run; at most two runs are in flight."""
+    """Largest bytes read by one run; bounds the landing regions and the reads in flight."""
     direct: Literal["auto", "on", "off"] = "auto"
     """O_DIRECT reads: `auto` uses them where the file system accepts them, `on` requires them, `off` never."""
     merge_gap: ByteSize = 2**20
