@@ -186,6 +186,9 @@ def write_spec(out: Path, base: str, ckpt: Path, dtype: str, name: str) -> Path:
 # timed loads
 
 
+BREAKDOWN: list = []  # per planc load: where the time went
+
+
 def _sync():
     import torch
 
@@ -214,10 +217,17 @@ def planc_load(ckpt: Path, dtype: str, target):
     config = transformers.AutoConfig.from_pretrained(ckpt)
     with torch.device("meta"):
         m = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, TORCH_DTYPES[dtype]))
+    t1 = time.perf_counter()
     res = planc.load_into(m, target)
     m.eval()
     _sync()
-    return m, time.perf_counter() - t0, res
+    t2 = time.perf_counter()
+    rep = res.report
+    # where the time goes: the meta-device module, planc's prepare (fingerprints, live room, device),
+    # the streaming load itself, and the rest (compile or plan decode, hand-off, buffers)
+    BREAKDOWN.append({"meta_s": t1 - t0, "load_into_s": t2 - t1, "prepare_s": rep["timings"].get("prepare"),
+                      "load_s": rep["wall_seconds"], "target": str(target)})
+    return m, t2 - t0, res
 
 
 def logits(model, ids):
@@ -275,10 +285,15 @@ def compare(name: str, ckpt: Path, dtype: str, out: Path, args) -> dict:
             del m
             _drop()
     med = {k: statistics.median(v) for k, v in times.items()}
+    split = {}
+    for kind, suffix in (("planc_spec", ".yaml"), ("planc_plan", ".json")):
+        rows = [b for b in BREAKDOWN[-2 * (args.repeats + 1):] if b["target"].endswith(suffix)][1:]
+        split[kind] = {k: statistics.median([r[k] for r in rows if r[k] is not None] or [0])
+                       for k in ("meta_s", "load_into_s", "prepare_s", "load_s")}
     return {"model": name, "dtype": dtype, "checkpoint": str(ckpt), "first_seconds": first,
             "median_seconds": med, "seconds": times, "logits_equal": equal,
             "speedup_spec": med["from_pretrained"] / med["planc_spec"],
-            "speedup_plan": med["from_pretrained"] / med["planc_plan"], "planc": report}
+            "speedup_plan": med["from_pretrained"] / med["planc_plan"], "planc": report, "breakdown": split}
 
 
 def fused_rate(ckpt: Path, out: Path, repeats: int) -> dict:
