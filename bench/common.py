@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = {
     "copy": [{"match": "*"}],
     "fp16": [{"match": "*", "dtype": "float16"}],
+    "fp16-host": [{"match": "*", "dtype": "float16", "on": "host"}],
     "fp8": [{"match": "*", "source_dtype": ["F8_E4M3"], "dequantize": {}, "dtype": "bfloat16"}, {"match": "*"}],
     "moe-stack": [
         {"match": "model.layers.{L}.mlp.experts.{E}.{W}.weight",

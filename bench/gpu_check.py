@@ -24,7 +24,7 @@ def main() -> int:
     ap.add_argument("data", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--size", default="4GiB")
-    ap.add_argument("--cases", default="dense:copy,dense:fp16,moe:copy,moe:moe-stack,fp8:fp8")
+    ap.add_argument("--cases", default="dense:copy,dense:fp16,dense:fp16-host,moe:copy,moe:moe-stack,fp8:fp8")
     a = ap.parse_args()
     a.data.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -40,10 +40,12 @@ def main() -> int:
         if rc == 0:
             rep = json.loads(out)
             rec["report"] = rep
+            h = rep["host"]
             print(f"{case}: rc=0 {rep['payload_bytes'] / 2**30:.2f} GiB {rep['gb_per_s']:.2f} GB/s "
-                  f"verify={rep['verify']['ok']} req {rep['requests']} copies {rep['copies']} "
-                  f"host growth {rep['host']['growth_bytes'] / 2**20:.0f} MiB (pinned "
-                  f"{rep['host']['pinned_bytes'] / 2**20:.0f} MiB)", flush=True)
+                  f"verify={rep['verify']['ok']} req {rep['requests']} copies {rep['copies']} kernels {rep['kernels']} "
+                  f"host growth {h['growth_bytes'] / 2**20:.1f} MiB / predicted {h['predicted_peak_bytes'] / 2**20:.1f} MiB "
+                  f"= {h['growth_bytes'] / max(1, h['predicted_peak_bytes']):.3f} (pinned {h['pinned_bytes'] / 2**20:.0f} MiB)",
+                  flush=True)
         else:
             print(f"{case}: rc={rc} {err[-1500:]}", flush=True)
         results.append(rec)
