@@ -7,16 +7,22 @@ format refuses a tensor whose bit count is not a whole number of bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import ml_dtypes
-import numpy as np
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
 class DType:
     name: str  # safetensors spelling, e.g. "BF16"
     bits: int
-    numpy: np.dtype | None  # None for packed sub-byte types
+    numpy_name: str | None  # numpy (or ml_dtypes) type name; None for packed sub-byte types
+
+    @property
+    def numpy(self):
+        """The numpy dtype (ml_dtypes for bfloat16 and FP8), or None for packed sub-byte types.
+
+        Resolved on first use: compiling and explaining a plan need bit widths only, and importing
+        numpy with ml_dtypes costs a fresh process a large share of its start."""
+        return _numpy(self.numpy_name)
 
     @property
     def itemsize(self) -> int:
@@ -29,35 +35,44 @@ class DType:
         return None if total_bits % 8 else total_bits // 8
 
 
-def _d(name: str, bits: int, np_dtype) -> DType:
-    return DType(name, bits, None if np_dtype is None else np.dtype(np_dtype))
+@lru_cache(maxsize=None)
+def _numpy(name: str | None):
+    if name is None:
+        return None
+    import numpy as np
+
+    if hasattr(np, name):
+        return np.dtype(getattr(np, name))
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, name))
 
 
 DTYPES: dict[str, DType] = {
     d.name: d
     for d in [
-        _d("BOOL", 8, np.bool_),
-        _d("U8", 8, np.uint8),
-        _d("I8", 8, np.int8),
-        _d("I16", 16, np.int16),
-        _d("U16", 16, np.uint16),
-        _d("F16", 16, np.float16),
-        _d("BF16", 16, ml_dtypes.bfloat16),
-        _d("I32", 32, np.int32),
-        _d("U32", 32, np.uint32),
-        _d("F32", 32, np.float32),
-        _d("F64", 64, np.float64),
-        _d("I64", 64, np.int64),
-        _d("U64", 64, np.uint64),
-        _d("C64", 64, np.complex64),
-        _d("F8_E4M3", 8, ml_dtypes.float8_e4m3fn),
-        _d("F8_E5M2", 8, ml_dtypes.float8_e5m2),
-        _d("F8_E4M3FNUZ", 8, ml_dtypes.float8_e4m3fnuz),
-        _d("F8_E5M2FNUZ", 8, ml_dtypes.float8_e5m2fnuz),
-        _d("F8_E8M0", 8, ml_dtypes.float8_e8m0fnu),
-        _d("F4", 4, None),
-        _d("F6_E2M3", 6, None),
-        _d("F6_E3M2", 6, None),
+        DType("BOOL", 8, "bool_"),
+        DType("U8", 8, "uint8"),
+        DType("I8", 8, "int8"),
+        DType("I16", 16, "int16"),
+        DType("U16", 16, "uint16"),
+        DType("F16", 16, "float16"),
+        DType("BF16", 16, "bfloat16"),
+        DType("I32", 32, "int32"),
+        DType("U32", 32, "uint32"),
+        DType("F32", 32, "float32"),
+        DType("F64", 64, "float64"),
+        DType("I64", 64, "int64"),
+        DType("U64", 64, "uint64"),
+        DType("C64", 64, "complex64"),
+        DType("F8_E4M3", 8, "float8_e4m3fn"),
+        DType("F8_E5M2", 8, "float8_e5m2"),
+        DType("F8_E4M3FNUZ", 8, "float8_e4m3fnuz"),
+        DType("F8_E5M2FNUZ", 8, "float8_e5m2fnuz"),
+        DType("F8_E8M0", 8, "float8_e8m0fnu"),
+        DType("F4", 4, None),
+        DType("F6_E2M3", 6, None),
+        DType("F6_E3M2", 6, None),
     ]
 }
 
