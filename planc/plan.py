@@ -36,19 +36,23 @@ FORMAT = 2
 MAX_PLAN_BYTES = 1 << 30  # a plan file larger than this is refused before it is read
 
 # The field order of each array record, as the file states it.
+# Names repeated by the thousand are written once, in a table, and referred to by index: the
+# output tensor of a part (`tensors`), its reason (`reasons`), the source tensor of an input
+# (`sources`) and the file of an input or request (`checkpoint.files`).
+_INDEXED = {"tensor": "tensor_index", "reason": "reason_index", "file": "file_index"}
 FIELDS = {
     "file": ["path", "size_bytes", "mtime_ns"],
     "tensor": list(Tensor._fields),
-    "part": [f for f in Part._fields if f != "id"],
-    "input": list(Input._fields),
+    "part": [_INDEXED.get(f, f) for f in Part._fields if f != "id"],
+    "input": [{"tensor": "source_index", "file": "file_index"}.get(f, f) for f in Input._fields],
     "run": [f for f in Run._fields if f != "index"],
-    "request": list(Request._fields),
+    "request": [_INDEXED.get(f, f) for f in Request._fields],
     "copy": list(Copy._fields),
     "kernel": list(Kernel._fields),
     "host_part": list(HostPart._fields),
 }
 _TOP = ("kind", "format", "planc", "fields", "spec", "checkpoint", "device", "tensor_parallel", "budget", "io",
-        "layout", "tensors", "parts", "runs", "skipped", "peak", "refusal")
+        "layout", "tensors", "reasons", "sources", "parts", "runs", "skipped", "peak", "refusal")
 
 
 # -- encode ---------------------------------------------------------------------------------------
@@ -56,7 +60,15 @@ _TOP = ("kind", "format", "planc", "fields", "spec", "checkpoint", "device", "te
 @gc_paused()
 def encode(plan: Plan) -> str:
     files = {f.path: i for i, f in enumerate(plan.checkpoint.files)}
-    parts = [[*p[1:6], [[*i[:2], files[i.file], *i[3:]] for i in p.inputs], *p[7:]] for p in plan.parts]
+    tensors = {t.name: i for i, t in enumerate(plan.tensors)}
+    reasons: dict = {}
+    sources: dict = {}
+    for p in plan.parts:
+        reasons.setdefault(p.reason, len(reasons))
+        for i in p.inputs:
+            sources.setdefault(i.tensor, len(sources))
+    parts = [[tensors[p.tensor], p.index, p.op, p.path, reasons[p.reason],
+              [[i.role, sources[i.tensor], files[i.file], *i[3:]] for i in p.inputs], *p[7:]] for p in plan.parts]
     runs = [[r.parts, [[files[q.file], *q[1:]] for q in r.requests], *r[3:]] for r in plan.runs]
     cp = plan.checkpoint
     doc = {
@@ -69,6 +81,8 @@ def encode(plan: Plan) -> str:
         "io": plan.io._asdict(),
         "layout": plan.layout._asdict(),
         "tensors": plan.tensors,
+        "reasons": list(reasons),
+        "sources": list(sources),
         "parts": parts,
         "runs": runs,
         "skipped": plan.skipped,
@@ -268,6 +282,8 @@ class _Checker:
         self.io = io = self._io(doc["io"])
         self.layout = lay = self._layout(doc["layout"], io)
         tensors = self._tensors(doc["tensors"], lay)
+        self.reasons = tuple(_str(x, f"reasons[{k}]") for k, x in enumerate(_list(doc["reasons"], "reasons")))
+        self.sources = tuple(_str(x, f"sources[{k}]") for k, x in enumerate(_list(doc["sources"], "sources")))
         parts = self._parts(doc["parts"], tensors, files)
         runs = self._runs(doc["runs"], parts, files, io, lay)
         skipped = tuple(_str(s, f"skipped[{k}]") for k, s in enumerate(_list(doc["skipped"], "skipped")))
@@ -365,22 +381,23 @@ class _Checker:
         return tuple(out)
 
     def _parts(self, v, tensors, files) -> tuple[Part, ...]:
-        by_name = {t.name: t for t in tensors}
+        n_t, reasons = len(tensors), self.reasons
         n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
         out = []
         for pid, p in enumerate(_list(v, "parts")):
             at = f"parts[{pid}]"
-            if type(p) is list and len(p) == n_f and _nat(p[1], *p[6:8], *p[9:]) and p[2] in OPS and p[3] in PATHS \
-                    and type(p[2]) is str and type(p[3]) is str and type(p[4]) is str and type(p[5]) is list \
-                    and 1 <= len(p[5]) <= 2 and p[8] in DTYPES and type(p[8]) is str and p[11] <= 1 << 20:
-                name, index, op, path, reason, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
+            if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:]) and p[0] < n_t \
+                    and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
+                    and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 2 and p[8] in DTYPES \
+                    and type(p[8]) is str and p[11] <= 1 << 20:
+                ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
             else:  # the field-by-field check, which names what is wrong
                 _list(p, at, n_f)
-                name = _str(p[0], f"{at}.tensor")
+                ti = _int(p[0], f"{at}.tensor_index", 0, n_t - 1)
                 index = _int(p[1], f"{at}.index", 0, _MAX)
                 op = _one_of(p[2], f"{at}.op", OPS)
                 path = _one_of(p[3], f"{at}.path", PATHS)
-                reason = _str(p[4], f"{at}.reason")
+                ri = _int(p[4], f"{at}.reason_index", 0, len(reasons) - 1)
                 raw_inputs = _list(p[5], f"{at}.inputs")
                 if not 1 <= len(raw_inputs) <= 2:
                     raise _bad(f"{at}.inputs", f"must list 1 or 2 inputs, got {len(raw_inputs)}")
@@ -392,9 +409,8 @@ class _Checker:
                 block = _int(p[11], f"{at}.block", 0, 1 << 20)
                 zero = _int(p[12], f"{at}.zero_bytes", 0, _MAX)
                 dst = _int(p[13], f"{at}.dst_offset", 0, _MAX)
-            t = by_name.get(name) if type(name) is str else None
-            if t is None:
-                raise _bad(f"{at}.tensor", f"names no tensor of the plan: {_shown(name)}")
+            t, reason = tensors[ti], reasons[ri]
+            name = t.name
             inputs = tuple(self._input(i, at, k, n_in, files) for k, i in enumerate(raw_inputs))
             if out_dtype != t.dtype:
                 raise _bad(f"{at}.out_dtype", f"is {out_dtype}, its tensor {_shown(name)} is {t.dtype}")
@@ -416,8 +432,8 @@ class _Checker:
             fast = (type(fi) is int and type(start) is int and type(nbytes) is int and type(seg) is int
                     and type(stride) is int and type(count) is int and 0 <= fi < len(files) and 0 <= start <= _MAX
                     and 0 <= nbytes <= _MAX and 0 <= seg <= _MAX and 0 <= stride <= _MAX and 1 <= count <= _MAX
-                    and type(role) is str and role in _ROLES and type(tensor) is str and type(dtype) is str
-                    and dtype in DTYPES)
+                    and type(role) is str and role in _ROLES and type(tensor) is int
+                    and 0 <= tensor < len(self.sources) and type(dtype) is str and dtype in DTYPES)
         else:
             fast = False
         at = None
@@ -428,8 +444,8 @@ class _Checker:
             at = f"{part_at}.inputs[{k}]"
             _list(i, at, n_in)
             role = _one_of(i[0], f"{at}.role", _ROLES)
-            tensor = _str(i[1], f"{at}.tensor")
-            fi = _int(i[2], f"{at}.file", 0, len(files) - 1) if files else _int(i[2], f"{at}.file", 0, -1)
+            tensor = _int(i[1], f"{at}.source_index", 0, len(self.sources) - 1)
+            fi = _int(i[2], f"{at}.file_index", 0, len(files) - 1)
             f = files[fi]
             start = _int(i[3], f"{at}.start", 0, _MAX)
             nbytes = _int(i[4], f"{at}.nbytes", 0, _MAX)
@@ -449,7 +465,7 @@ class _Checker:
             end = start + nbytes
         if end > f.size_bytes:
             raise _bad(f"{part_at}.inputs[{k}].start", f"reads [{start:,}, {end:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
-        return Input(role, tensor, f.path, start, nbytes, dtype, shape, seg, stride, count)
+        return Input(role, self.sources[tensor], f.path, start, nbytes, dtype, shape, seg, stride, count)
 
     def _part_semantics(self, n: Part, at: str) -> None:
         """The sizes the executor allocates and converts by must follow from the part's inputs."""
@@ -546,7 +562,7 @@ class _Checker:
 
     def _request(self, q, at, n_q, n_c, files, io, limits, staging_slots) -> Request:
         _list(q, at, n_q)
-        f = files[_int(q[0], f"{at}.file", 0, len(files) - 1)]
+        f = files[_int(q[0], f"{at}.file_index", 0, len(files) - 1)]
         off = _int(q[1], f"{at}.offset", 0, _MAX)
         if off % DIRECT_ALIGN:
             raise _bad(f"{at}.offset", f"{off:,} is not aligned to {DIRECT_ALIGN} bytes")

@@ -123,10 +123,10 @@ def test_copies_without_merge_whole_plan(abcd):
     assert plan.to_dict() == expected
     # the file is the compact form: records as arrays in the order `fields` states, files by index
     doc = json.loads(encode(plan))
-    assert doc["fields"]["part"][:6] == ["tensor", "index", "op", "path", "reason", "inputs"]
-    assert doc["parts"][0] == ["a", 0, "copy", "direct", "pure copy into the final place",
-                               [["weight", "a", 0, ds, 4096, "F32", [1024], 4096, 4096, 1]],
-                               0, 4096, "F32", 0, 0, 0, 0, 0]
+    assert doc["fields"]["part"][:6] == ["tensor_index", "index", "op", "path", "reason_index", "inputs"]
+    assert doc["reasons"] == ["pure copy into the final place"] and doc["sources"] == ["a", "c", "d"]
+    assert doc["parts"][1] == [1, 0, "copy", "direct", 0, [["weight", 1, 0, ds + 5120, 2048, "F32", [512], 2048, 2048, 1]],
+                               0, 2048, "F32", 0, 0, 0, 0, 4096]
     assert doc["runs"][0][1][0] == [0, 0, 4096, [[ds, "arena", 0, 4096 - ds]], False, -1, 1]
     assert "steps" not in doc and "totals" not in doc  # derived, not stored
 
