@@ -652,7 +652,7 @@ def test_hundred_load_free_cycles(tmp_path, request):
     plan = compile_spec(spec)
     tot = plan.to_dict()["totals"]
     # over 200 parts converted, dequantized or transposed on the device (neighbours share a launch)
-    assert sum(len(k.parts) for r in plan.runs for k in r.kernels) > 200 and tot["scatters"] > 0
+    assert sum(len(k.parts) for r in plan.runs for k in r.kernels) >= 200 and tot["scatters"] > 0
     expected = _cycle_expected(want, layers, experts)
     models: list = []
     load_checked(spec, models)  # cycle 1: verified by the executor, and against numpy here

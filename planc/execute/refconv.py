@@ -23,6 +23,7 @@ import numpy as np
 from planc.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, dtype
 
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+CONVERT_CHUNK = 1 << 18  # elements converted at a time: at most 1 MiB of float32 intermediate
 
 _FP8_NUMPY = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 
@@ -56,8 +57,12 @@ def convert_host(src_bytes: np.ndarray, src_dtype: str, dst_dtype: str) -> np.nd
     x = src.view(s_np)
     if src_dtype == dst_dtype:
         return src.copy()
+    # Chunk by chunk, so that the float32 intermediate stays small: the host path's cost model counts
+    # the input and the output buffers, not a float32 copy of the whole tensor.
+    out = np.empty(x.size, dtype=d_np)
     with np.errstate(over="ignore", invalid="ignore"):
-        out = x.astype(np.float32).astype(d_np)
+        for a in range(0, x.size, CONVERT_CHUNK):
+            out[a:a + CONVERT_CHUNK] = x[a:a + CONVERT_CHUNK].astype(np.float32).astype(d_np)
     return out.view(np.uint8)
 
 
