@@ -18,6 +18,7 @@ import errno  # noqa: E402
 import fcntl  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
+import struct  # noqa: E402
 import weakref  # noqa: E402
 
 import ml_dtypes  # noqa: E402
@@ -689,3 +690,22 @@ def test_page_cache_fraction_sees_resident_and_evicted_pages(tmp_path):
         os.close(fd)
     assert page_cache_fraction(str(path), size) < 0.5
     assert page_cache_fraction(str(tmp_path / "missing.bin"), size) is None
+
+
+def test_simulated_arena_larger_than_host_memory_is_refused_before_allocating(tmp_path, monkeypatch):
+    """Under the simulator device memory is host memory: a 93 GiB arena is a live-room refusal (exit 3),
+    not a MemoryError halfway through allocating."""
+    n = 93 * 2**30 // 4
+    header = json.dumps({"big": {"dtype": "F32", "shape": [n], "data_offsets": [0, n * 4]}}).encode()
+    header += b" " * (-len(header) % 8)
+    ck = tmp_path / "big.safetensors"
+    with open(ck, "wb") as f:  # a sparse file: the header, then a hole of 93 GiB
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + n * 4)
+    plan = compile_spec(spec_file(tmp_path, ck, [{"match": "*"}], io=SMALL_IO))
+    assert plan.fits and plan.layout.arena_bytes == n * 4
+    _no_allocation(monkeypatch)
+    with pytest.raises(AdmissionError) as ei:
+        execute(plan)
+    assert ei.value.exit_code == 3 and ei.value.code == "live-room"
+    assert "simulated device regions" in ei.value.message
