@@ -120,7 +120,7 @@ def decode(data: bytes | str, where: str = "<plan>") -> Plan:
                               code="plan-syntax") from None
     if not isinstance(doc, dict) or doc.get("kind") != "planc-plan":
         raise PlanFormatError(f"{where}: not a planc plan (no kind: planc-plan)", code="plan-kind")
-    if doc.get("format") != FORMAT:
+    if type(doc.get("format")) is not int or doc["format"] != FORMAT:
         raise PlanFormatError(f"{where}: plan format {printable(repr(doc.get('format')))[:40]}, this planc reads "
                               f"format {FORMAT}; compile the spec again", code="plan-version")
     return _Checker(where).plan(doc)
@@ -367,12 +367,12 @@ class _Checker:
     def _parts(self, v, tensors, files) -> tuple[Part, ...]:
         by_name = {t.name: t for t in tensors}
         n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
-        out = []
+        out, labels = [], set()
         for pid, p in enumerate(_list(v, "parts")):
             at = f"parts[{pid}]"
             if type(p) is list and len(p) == n_f and _nat(p[1], *p[6:8], *p[9:]) and p[2] in OPS and p[3] in PATHS \
                     and type(p[2]) is str and type(p[3]) is str and type(p[4]) is str and type(p[5]) is list \
-                    and 1 <= len(p[5]) <= 2 and p[8] in DTYPES and type(p[8]) is str and p[11] <= 1 << 20:
+                    and 1 <= len(p[5]) <= 2 and type(p[8]) is str and p[8] in DTYPES and p[11] <= 1 << 20:
                 name, index, op, path, reason, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
             else:  # the field-by-field check, which names what is wrong
                 _list(p, at, n_f)
@@ -404,6 +404,9 @@ class _Checker:
             if off + out_bytes + zero > t.nbytes:
                 raise _bad(f"{at}.out_bytes", f"[{off:,}, {off + out_bytes + zero:,}) reaches past its tensor "
                                               f"({t.nbytes:,} bytes)")
+            if (name, index) in labels:  # the label names the part's steps: step ids are unique
+                raise _bad(f"{at}.index", f"part {_shown(f'{name}#{index}')} is listed twice")
+            labels.add((name, index))
             part = Part(pid, name, index, op, path, reason, inputs, off, out_bytes, out_dtype, landing, host, block,
                         zero, dst)
             self._part_semantics(part, at)
@@ -498,9 +501,9 @@ class _Checker:
             _list(r, at, n_f)
             pids = _list(r[0], f"{at}.parts")
             for j, pid in enumerate(pids):
-                if pid != next_part or type(pid) is not int:
-                    raise _bad(f"{at}.parts[{j}]", f"expected part {next_part} (runs list every part once, in order), "
-                                                   f"got {_shown(pid)}")
+                if pid != next_part or type(pid) is not int or pid >= len(parts):
+                    raise _bad(f"{at}.parts[{j}]", f"expected part {next_part} of {len(parts)} (runs list every part "
+                                                   f"once, in order), got {_shown(pid)}")
                 next_part += 1
             pids = tuple(pids)
             first = pids[0] if pids else next_part
@@ -593,9 +596,9 @@ class _Checker:
 
     def _kernel(self, x, at, n_k, parts, in_run, limits) -> Kernel:
         if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
-                and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and x[1] in KERNEL_OPS and x[4] in SPACES \
-                and x[2] in DTYPES and x[3] in DTYPES and type(x[1]) is str and type(x[2]) is str \
-                and type(x[3]) is str and type(x[4]) is str:
+                and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and type(x[1]) is str and type(x[2]) is str \
+                and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
+                and x[2] in DTYPES and x[3] in DTYPES:
             pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block = x
         else:  # the field-by-field check, which names what is wrong
             _list(x, at, n_k)
@@ -716,8 +719,9 @@ def _run_coverage(r, parts, bisect_right) -> None:
         if (k is None) != (p.op == "copy"):
             raise _bad(f"{at}.kernels", f"part {pid} ({p.op}) {'needs a kernel' if k is None else 'needs no kernel'}")
         if p.landing_bytes == 0:
-            if k is not None and k.src_space != "arena":
-                raise _bad(f"{at}.kernels", f"part {pid} converts in place: its kernel reads the arena")
+            if k is not None and (k.src_space != "arena" or k.src_offset != p.dst_offset):
+                raise _bad(f"{at}.kernels", f"part {pid} converts in place: its kernel reads the arena at the part's "
+                                            f"offset {p.dst_offset:,}")
             space, bases = "arena", (p.dst_offset,)
         else:
             if k.src_space != "landing":
@@ -757,6 +761,7 @@ def _run_coverage(r, parts, bisect_right) -> None:
         pos = m[1]
         for a, b in sorted(pieces):
             if a != pos:
+                pos = -1
                 break
             pos = b
         if pos != m[2]:
