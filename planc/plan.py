@@ -30,7 +30,7 @@ from .gcpause import gc_paused
 from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
-from .spec import DIRECT_ALIGN
+from .spec import DIRECT_ALIGN, check_device
 
 FORMAT = 2
 MAX_PLAN_BYTES = 1 << 30  # a plan file larger than this is refused before it is read
@@ -259,6 +259,10 @@ class _Checker:
         spec = SpecRef(_str(spec["path"], "spec.path"), _str(spec["sha256"], "spec.sha256"))
         self.files = files = self._checkpoint(doc["checkpoint"])
         device = _str(doc["device"], "device")
+        try:  # the executor selects it by its index
+            check_device(device)
+        except ValueError as e:
+            raise _bad("device", str(e)) from None
         tp = _obj(doc["tensor_parallel"], "tensor_parallel", TensorParallel._fields)
         size = _int(tp["size"], "tensor_parallel.size", 1, 1 << 16)
         tp = TensorParallel(_int(tp["rank"], "tensor_parallel.rank", 0, size - 1), size)
