@@ -317,7 +317,7 @@ def _changes_the_load(plan, base) -> bool:
     return any(a[k] != b[k] for k in keys)
 
 
-def _accepted_sample(limit: int = 12) -> list:
+def _accepted_sample(limit: int = 10) -> list:
     """Up to `limit` accepted blind mutants that change the load, one per (field, kind)."""
     groups = {}
     for m in MUTATIONS:
@@ -480,7 +480,7 @@ def _plan(ckpt, rules, io, budget):
     return compile_loaded(LoadedSpec(spec, "<spec>", ckpt, "0"), read_manifest(ckpt))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(cases())
 def test_replay_properties(case):
     ts, rules, io, budget = case
