@@ -214,6 +214,8 @@ def test_valid_plans_hold_every_record_kind():
             ("transpose", "direct", True), ("dequantize", "direct", True), ("convert", "host", False),
             ("transpose", "host", False)} <= ops
     assert m.totals.scatters >= 1 and m.layout.staging_bytes > 0 and len(m.runs) >= 2
+    # a scatter of wide elements into an arena that is not a whole number of them (a load once failed on it)
+    assert any(q.scatter and m.layout.arena_bytes % q.width for r in m.runs for q in r.requests)
     assert any(h for r in m.runs for h in r.host_parts)
     assert tp.tensor_parallel == (1, 2) and any(i.count > 1 for p in tp.parts for i in p.inputs)
     assert tp.layout.zero and any(p.zero_bytes for p in tp.parts)
@@ -270,10 +272,12 @@ CLI = _cli_sample()
 
 
 @pytest.mark.parametrize("m", CLI, ids=[m.id for m in CLI])
-def test_hostile_plan_cli(m, capsys, allocations):
+def test_hostile_plan_cli(m, capsys, allocations, monkeypatch):
     """`planc run PLAN --verify` and `planc explain PLAN`: exit 2 for a plan error, 3 for a plan that
     refuses, 2 for a checkpoint that is not the fingerprinted one, 0 when the edit is harmless; one
     line on stderr; nothing allocated unless the load goes ahead."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
     doc = m.mutated(DOCS[m.plan])
     path = _write(doc)
     try:
@@ -357,14 +361,49 @@ def test_accepted_mutants_load(allocations):
     assert all(o == "bit-exact" or o.startswith("typed error") for o in outcomes.values()), outcomes
 
 
+# The fields whose blind edits a plan file may carry and still decode, and why that is safe. Any other
+# accepted mutation is a field the codec leaves unchecked: test_corpus_outcomes names it.
+ACCEPTABLE = {
+    "planc": "the version that wrote the plan: shown only",
+    "spec.path": "shown only", "spec.sha": "shown only", "checkpoint.source": "shown only",
+    "skipped": "names shown only", "skipped[]": "names shown only", "parts[].reason": "shown only",
+    "tensor_parallel.size": "the rank's world, shown and matched against RANK; no record depends on it",
+    "budget.host_bytes": "more budget: the replay still fits",
+    "io.workers": "reader threads, bounded (1..256)", "io.run_bytes": "compile-time knob, read by no load",
+    "io.merge_gap_bytes": "compile-time knob, read by no load",
+    "checkpoint.root": "fingerprints: `execute` refuses a file whose size or mtime differ (exit 2)",
+    "checkpoint.files[].path": "fingerprints", "checkpoint.files[].size_bytes": "fingerprints (reads stay inside)",
+    "checkpoint.files[].mtime_ns": "fingerprints",
+    "runs[].requests_uncoalesced": "reported counts", "runs[].copies_uncoalesced": "reported counts",
+    "parts[].index": "a label, unique: names the part's steps",
+    "parts[].block": "read by dequantize only (checked there)",
+    "parts[].inputs[].seg": "read only when count > 1 (checked there)",
+    "parts[].inputs[].stride": "read only when count > 1 (checked there)",
+    "parts[].inputs[].tensor": "the source's name, shown in a verify mismatch",
+    "parts[].inputs[].shape": "same element count: a host-path transpose's rows and cols, or a scale's shape "
+                              "(read by block), in bounds; loads what the records say",
+    "parts[].inputs[].shape[]": "as above",
+    "parts[].inputs[].start": "a host-path read, inside its file: loads what the records say",
+    "tensors[].shape": "the view's shape, same element count",
+    "runs[].kernels[].rows": "read by transpose and dequantize only (checked there)",
+    "runs[].kernels[].cols": "read by transpose and dequantize only (checked there)",
+    "parts": "reordered parts: every record names parts by id, each checked against its run",
+    "runs[].requests": "request order: each request is independent (staging slots are stream-ordered)",
+    "runs[].requests[].copies": "copy order within a request", "runs[].kernels": "kernels of distinct parts",
+    "runs[].host_parts": "host-path parts go one at a time: the peak does not depend on their order",
+}
+
+
 def test_corpus_outcomes():
-    """Every mutation ended in one of the two outcomes; the blind ones are refused far more often
-    than not (an accepted one edits what no load depends on, or changes it safely)."""
+    """Every mutation ended in one of the two outcomes, and every accepted blind one edits a field of
+    ACCEPTABLE (what no load depends on, what the fingerprint check covers, or a change the records
+    still describe safely)."""
     if len(OUTCOMES) < len(MUTATIONS):
         pytest.skip("the corpus did not run in this session (run the whole module)")
     n = Counter(OUTCOMES.values())
     assert set(n) <= {"refused", "accepted"}
-    assert n["refused"] > 20 * n["accepted"], n
+    fields = {"".join(c for c in BY_ID[i].path if not c.isdigit()) for i in ACCEPTED}
+    assert fields <= set(ACCEPTABLE), f"accepted edits of fields the codec does not check: {sorted(fields - set(ACCEPTABLE))}"
     print(f"\nhostile plans: {len(MUTATIONS)} mutations, {n['refused']} refused, {n['accepted']} accepted-safe, "
           f"executed: {dict(EXECUTED)}")
 
