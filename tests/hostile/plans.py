@@ -1,6 +1,6 @@
 """The hostile-plan corpus: valid plans, and every edit of their files that planc must refuse or survive.
 
-`build_plans(folder)` writes one tiny checkpoint (with the safetensors package) and two specs, and
+`build_plans(folder)` writes one tiny checkpoint (with the safetensors package) and three specs, and
 compiles three plans from them:
 
 - `mixed`: every record kind of a one-rank plan: pure copies, a same-size conversion in place, a
@@ -92,7 +92,7 @@ def _spec(folder: Path, name: str, rules, host="64MiB", tp: int | None = None) -
 @dataclass(frozen=True)
 class Built:
     folder: Path
-    want: dict  # tensor name -> array, per plan name
+    want: dict  # source tensor name -> the array written
     plans: dict  # plan name -> Plan
     specs: dict  # plan name -> spec path
 
@@ -371,10 +371,12 @@ def edits(name: str, doc: dict, refusal: dict | None, replay: Callable) -> Itera
             "refuse", "fields")
     yield e("fields-record-added", "fields", _edit(("fields",), lambda x: {**x, "step": ["id"]}), "refuse", "fields")
     # ids and order
-    yield e("tensor-name-repeated", "tensors[1].name", _edit(("tensors",), lambda x: [x[0], [x[0][0]] + x[1][1:]] + x[2:]),
+    yield e("tensor-name-repeated", "tensors[1].name",
+            _edit(("tensors",), lambda x: [x[0], [x[0][0]] + x[1][1:]] + x[2:]),
             "refuse", "tensors[1].name")
     yield e("tensors-reversed", "tensors", _edit(("tensors",), lambda x: x[::-1]), "refuse", "tensors[1].name")
-    yield e("part-listed-twice", "runs[0].parts", _edit(("runs", 0, 0), lambda x: x[:1] + x), "refuse", "runs[0].parts[1]")
+    yield e("part-listed-twice", "runs[0].parts", _edit(("runs", 0, 0), lambda x: x[:1] + x), "refuse",
+            "runs[0].parts[1]")
     if len(doc["runs"]) > 1:
         yield e("runs-swapped", "runs", _edit(("runs",), lambda x: x[::-1]), "refuse", "runs[0]")
     yield e("tp-rank-outside", "tensor_parallel.rank",
@@ -383,7 +385,8 @@ def edits(name: str, doc: dict, refusal: dict | None, replay: Callable) -> Itera
         yield e(f"device-{what}", "device", _set(("device",), v), "refuse", "device")
     # what nothing trusts: the spec's path, the names of skipped tensors, the explanation of a part
     yield e("spec-path", "spec.path", _set(("spec", "path"), "/elsewhere/spec.yaml"), run)
-    yield e("skipped-renamed", "skipped", _edit(("skipped",), lambda x: [s + ".renamed" for s in x] + ["\n\x1b[31m"]), run)
+    yield e("skipped-renamed", "skipped",
+            _edit(("skipped",), lambda x: [s + ".renamed" for s in x] + ["\n\x1b[31m"]), run)
     yield e("part-reason", "parts[0].reason", _set(("parts", 0, 4), "a reason\nover two lines"), run)
 
 
