@@ -30,7 +30,7 @@ from .gcpause import gc_paused
 from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
-from .spec import DIRECT_ALIGN
+from .spec import DIRECT_ALIGN, check_device
 
 FORMAT = 2
 MAX_PLAN_BYTES = 1 << 30  # a plan file larger than this is refused before it is read
@@ -134,7 +134,7 @@ def decode(data: bytes | str, where: str = "<plan>") -> Plan:
                               code="plan-syntax") from None
     if not isinstance(doc, dict) or doc.get("kind") != "planc-plan":
         raise PlanFormatError(f"{where}: not a planc plan (no kind: planc-plan)", code="plan-kind")
-    if doc.get("format") != FORMAT:
+    if type(doc.get("format")) is not int or doc["format"] != FORMAT:
         raise PlanFormatError(f"{where}: plan format {printable(repr(doc.get('format')))[:40]}, this planc reads "
                               f"format {FORMAT}; compile the spec again", code="plan-version")
     return _Checker(where).plan(doc)
@@ -273,6 +273,10 @@ class _Checker:
         spec = SpecRef(_str(spec["path"], "spec.path"), _str(spec["sha256"], "spec.sha256"))
         self.files = files = self._checkpoint(doc["checkpoint"])
         device = _str(doc["device"], "device")
+        try:  # the executor selects it by its index
+            check_device(device)
+        except ValueError as e:
+            raise _bad("device", str(e)) from None
         tp = _obj(doc["tensor_parallel"], "tensor_parallel", TensorParallel._fields)
         size = _int(tp["size"], "tensor_parallel.size", 1, 1 << 16)
         tp = TensorParallel(_int(tp["rank"], "tensor_parallel.rank", 0, size - 1), size)
@@ -383,13 +387,13 @@ class _Checker:
     def _parts(self, v, tensors, files) -> tuple[Part, ...]:
         n_t, reasons = len(tensors), self.reasons
         n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
-        out = []
+        out, labels = [], set()
         for pid, p in enumerate(_list(v, "parts")):
             at = f"parts[{pid}]"
             if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:]) and p[0] < n_t \
                     and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
-                    and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 2 and p[8] in DTYPES \
-                    and type(p[8]) is str and p[11] <= 1 << 20:
+                    and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 2 \
+                    and type(p[8]) is str and p[8] in DTYPES and p[11] <= 1 << 20:
                 ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
             else:  # the field-by-field check, which names what is wrong
                 _list(p, at, n_f)
@@ -420,6 +424,9 @@ class _Checker:
             if off + out_bytes + zero > t.nbytes:
                 raise _bad(f"{at}.out_bytes", f"[{off:,}, {off + out_bytes + zero:,}) reaches past its tensor "
                                               f"({t.nbytes:,} bytes)")
+            if (name, index) in labels:  # the label names the part's steps: step ids are unique
+                raise _bad(f"{at}.index", f"part {_shown(f'{name}#{index}')} is listed twice")
+            labels.add((name, index))
             part = Part(pid, name, index, op, path, reason, inputs, off, out_bytes, out_dtype, landing, host, block,
                         zero, dst)
             self._part_semantics(part, at)
@@ -514,9 +521,9 @@ class _Checker:
             _list(r, at, n_f)
             pids = _list(r[0], f"{at}.parts")
             for j, pid in enumerate(pids):
-                if pid != next_part or type(pid) is not int:
-                    raise _bad(f"{at}.parts[{j}]", f"expected part {next_part} (runs list every part once, in order), "
-                                                   f"got {_shown(pid)}")
+                if pid != next_part or type(pid) is not int or pid >= len(parts):
+                    raise _bad(f"{at}.parts[{j}]", f"expected part {next_part} of {len(parts)} (runs list every part "
+                                                   f"once, in order), got {_shown(pid)}")
                 next_part += 1
             pids = tuple(pids)
             first = pids[0] if pids else next_part
@@ -609,9 +616,9 @@ class _Checker:
 
     def _kernel(self, x, at, n_k, parts, in_run, limits) -> Kernel:
         if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
-                and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and x[1] in KERNEL_OPS and x[4] in SPACES \
-                and x[2] in DTYPES and x[3] in DTYPES and type(x[1]) is str and type(x[2]) is str \
-                and type(x[3]) is str and type(x[4]) is str and type(x[12]) is list and not x[12]:
+                and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and type(x[1]) is str and type(x[2]) is str \
+                and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
+                and x[2] in DTYPES and x[3] in DTYPES and type(x[12]) is list and not x[12]:
             pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more = x
             more = ()
         else:  # the field-by-field check, which names what is wrong
@@ -789,6 +796,7 @@ def _run_coverage(r, parts, bisect_right) -> None:
         pos = m[1]
         for a, b in sorted(pieces):
             if a != pos:
+                pos = -1
                 break
             pos = b
         if pos != m[2]:

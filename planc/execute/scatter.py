@@ -58,8 +58,10 @@ def build_table(plan) -> tuple[np.ndarray, dict]:
 def launch(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, stream) -> None:
     if last <= first:
         return
-    src = staging_u8.view(_VIEW[width])
-    dst = arena_u8.view(_VIEW[width])
+    # A view in wider elements needs a whole number of them: the arena's size need not be one, but every
+    # scattered copy lies in its width-aligned prefix (the plan codec checks offsets and lengths).
+    src = staging_u8[:len(staging_u8) // width * width].view(_VIEW[width])
+    dst = arena_u8[:len(arena_u8) // width * width].view(_VIEW[width])
     nseg = last - first
     if simulated():
         blocks, threads = min(2, nseg), _SIM_THREADS
