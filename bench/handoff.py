@@ -64,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated: bf16 (as stored), fp16 (converted on load)")
     p.add_argument("--tokens", type=int, default=64, help="prompt length for the logits check")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--models", default=None, type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
+                   help=f"only these models (of {', '.join(MODELS)}); default: by --large and --no-mixtral")
     a = p.parse_args(argv)
     bad = sorted(set(a.dtypes) - set(TORCH_DTYPES))
     if bad or not a.dtypes:
@@ -74,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def models_of(args) -> list[str]:
+    if args.models:
+        return args.models
     names = ["llama-2GB"] + (["llama-15GB"] if args.large else []) + (["mixtral-small"] if args.mixtral else [])
     return names
 
