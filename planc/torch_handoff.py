@@ -185,11 +185,17 @@ def _rebuild(sub, names: list[str], device) -> bool:
     config = getattr(sub, "config", None)
     if config is not None:
         try:
-            with torch.device(device):
+            # Built on the CPU, then moved, as transformers does when it materialises a model: a
+            # rotary `inv_freq` computed on the GPU can differ in its last bits (powers of a large
+            # rope_theta), and the logits with it.
+            with torch.device("cpu"):
                 fresh = type(sub)(config)
             if all(not fresh._buffers[b].is_meta for b in names):
                 for b in names:
-                    sub._buffers[b] = fresh._buffers[b]
+                    sub._buffers[b] = fresh._buffers[b].to(device)
+                for attr, v in vars(fresh).items():  # tensors kept as attributes (original_inv_freq)
+                    if isinstance(v, torch.Tensor) and not attr.startswith("_"):
+                        setattr(sub, attr, v.to(device))
                 return True
         except Exception:  # noqa: BLE001 - an init that takes other arguments: try the next recipe
             pass
