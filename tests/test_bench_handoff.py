@@ -61,6 +61,6 @@ def test_hub_layout_round_trip(handoff, tmp_path):
     assert "model.layers.0.block_sparse_moe.experts.3.w3.weight" in names and "model.layers.0.block_sparse_moe.gate.weight" in names
     assert handoff.hub_layout_mixtral(hub) == hub
     plan = compile_spec(handoff.write_spec(tmp_path, "transformers-mixtral", hub, "bf16", "m"))
-    got = {t["name"]: tuple(t["shape"]) for t in plan["tensors"]}
+    got = {t.name: t.shape for t in plan.tensors}
     assert got == {k: tuple(v.shape) for k, v in fused.items()}
     assert json.loads((hub / "model.safetensors.index.json").read_text())["weight_map"]
