@@ -23,12 +23,17 @@ would help. Compile-time admission, re-admission of a saved plan and `explain` a
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .ir import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal, Timeline, Window, part_steps
 from .units import gib
 
 
+@lru_cache(maxsize=1 << 16)
 def host_part_peak(part) -> tuple[int, str, int]:
-    """(peak bytes held, largest step id, its bytes) of one host-path part, by its steps."""
+    """(peak bytes held, largest step id, its bytes) of one host-path part, by its steps.
+
+    Kept per part (parts are immutable values): the codec's check of a run and the replay both ask."""
     held = peak = big = 0
     big_id = ""
     for s in part_steps(part):
