@@ -1,0 +1,35 @@
+"""`compile`, `explain` and `inspect` need headers and budgets only: they import neither numba (the
+GPU loader), nor numpy and ml_dtypes (tensor data), nor torch. Checked in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from planc.synth import write_checkpoint
+
+PROBE = """
+import json, sys
+from planc.cli import main
+for argv in {argvs!r}:
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+print(json.dumps(sorted(m for m in ("numba", "numpy", "ml_dtypes", "torch", "planc.execute") if m in sys.modules)))
+"""
+
+
+def test_compile_explain_inspect_import_no_gpu_or_tensor_libraries(tmp_path):
+    write_checkpoint(tmp_path / "ck", "dense", seed=0)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("checkpoint: ck\nbudget: {host: 64MiB}\nio: {slot: 64KiB, slots: 2}\nrules:\n  - match: '*'\n")
+    plan = tmp_path / "p.json"
+    argvs = [["compile", str(spec), "-o", str(plan)], ["explain", str(plan), "--json"], ["explain", str(spec)],
+             ["inspect", str(tmp_path / "ck")], ["explain", str(plan), "--host", "1MiB"]]
+    out = subprocess.run([sys.executable, "-c", PROBE.format(argvs=argvs)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert plan.exists()
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
