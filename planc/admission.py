@@ -48,19 +48,19 @@ def host_part_peak(part) -> tuple[int, str, int]:
     return peak, big_id, big
 
 
-def run_host_bytes(plan: Plan, run) -> int:
-    """Host bytes beyond the ring while `run` goes: its largest host-path part (one at a time)."""
-    parts = plan.parts
-    return max((host_part_peak(parts[h.part])[0] for h in run.host_parts), default=0)
+def run_host_bytes(parts, host_parts) -> int:
+    """Host bytes beyond the ring while a run goes: its largest host-path part (one at a time)."""
+    return max((host_part_peak(parts[h.part])[0] for h in host_parts), default=0)
 
 
-def timeline(plan: Plan) -> tuple[Window, ...]:
-    lay, parts = plan.layout, plan.parts
+def _windows(plan: Plan, held_and_staged) -> tuple[Window, ...]:
+    """One window per run from `held_and_staged(run)` -> (host bytes beyond the ring, bytes staged)."""
+    lay = plan.layout
     ring, device = lay.ring_bytes, lay.device_bytes
     windows, resident, prev_landing = [], 0, 0
     for run in plan.runs:
-        resident += sum(parts[p].out_bytes for p in run.parts)
-        held = run_host_bytes(plan, run)
+        held, staged = held_and_staged(run)
+        resident += staged
         windows.append(Window(run.index, ring + held, device, ring, held, prev_landing + run.landing_bytes,
                               resident))
         prev_landing = run.landing_bytes
@@ -69,37 +69,37 @@ def timeline(plan: Plan) -> tuple[Window, ...]:
     return tuple(windows)
 
 
+def timeline(plan: Plan) -> tuple[Window, ...]:
+    parts = plan.parts
+    return _windows(plan, lambda run: (run_host_bytes(parts, run.host_parts), sum(parts[p].out_bytes for p in run.parts)))
+
+
 def replay_steps(plan: Plan) -> tuple[Window, ...]:
     """The same timeline, walking every step of the DAG one by one (slow; for tests and `verify`).
 
     Raises ValueError when a step comes before a step it waits for (the order is not topological).
     """
-    parts, lay = plan.parts, plan.layout
+    parts = plan.parts
     done = {ALLOC_RING, ALLOC_DEVICE}
-    ring, device = lay.ring_bytes, lay.device_bytes
-    windows, resident, prev_landing = [], 0, 0
-    for run in plan.runs:
+
+    def walk(run) -> tuple[int, int]:
         host_ids = {h.part for h in run.host_parts}
-        direct = [p for p in run.parts if p not in host_ids]
-        peak = 0
-        for pid in direct + [h.part for h in run.host_parts]:
+        peak = staged = 0
+        for pid in [p for p in run.parts if p not in host_ids] + [h.part for h in run.host_parts]:
             held = 0
             for s in part_steps(parts[pid]):
                 if any(d not in done for d in s.deps):
                     raise ValueError(f"step {s.id} comes before a step it waits for")
                 done.add(s.id)
                 if s.kind == "stage":
-                    resident += s.device_bytes
+                    staged += s.device_bytes
                     held = 0
                 else:
                     held += s.host_bytes
                     peak = max(peak, held)
-        windows.append(Window(run.index, ring + peak, device, ring, peak, prev_landing + run.landing_bytes,
-                              resident))
-        prev_landing = run.landing_bytes
-    if not windows:
-        windows.append(Window(0, ring, device, ring, 0, 0, 0))
-    return tuple(windows)
+        return peak, staged
+
+    return _windows(plan, walk)
 
 
 def admit(plan: Plan) -> Timeline:

@@ -125,13 +125,6 @@ class Input(NamedTuple):
         for k in range(self.count):
             yield self.start + k * self.stride, seg, k * seg
 
-    @property
-    def end(self) -> int:
-        """One past the last file byte read."""
-        if self.count > 1:
-            return self.start + (self.count - 1) * self.stride + self.seg
-        return self.start + self.nbytes
-
 
 class Part(NamedTuple):
     """One source tensor (or its rank's slice) placed into one output tensor."""
@@ -379,10 +372,6 @@ class Plan:
             g.add_node(s.id, kind=s.kind, part=s.part, host_bytes=s.host_bytes, device_bytes=s.device_bytes)
             g.add_edges_from((d, s.id) for d in s.deps)
         return g
-
-    @cached_property
-    def tensor_by_name(self) -> dict:
-        return {t.name: t for t in self.tensors}
 
     def with_decision(self, tl: Timeline) -> "Plan":
         return replace(self, peak=tl.peak, refusal=tl.refusal, timeline=tl.windows)

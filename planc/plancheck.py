@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 
-from .admission import admit, host_part_peak
+from .admission import admit, run_host_bytes
 from .dtypes import DTYPES
 from .errors import PlanFormatError, printable
 from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, FileEntry, HostPart,
@@ -445,7 +445,7 @@ class _Checker:
                       _int(r[6], f"{at}.host_bytes", 0, _MAX), _int(r[7], f"{at}.read_bytes", 0, _MAX),
                       _int(r[8], f"{at}.payload_bytes", 0, _MAX), _int(r[9], f"{at}.requests_uncoalesced", 0, _MAX),
                       _int(r[10], f"{at}.copies_uncoalesced", 0, _MAX))
-            hb = _host_peak(parts, hosts)
+            hb = run_host_bytes(parts, hosts)
             if run.host_bytes != hb:
                 raise _bad(f"{at}.host_bytes", f"is {run.host_bytes:,}, the replay of its host-path parts holds {hb:,}")
             rb = sum(q.length for q in reqs) + sum(parts[h.part].read_bytes for h in hosts)
@@ -703,7 +703,3 @@ def _run_coverage(r, parts, bisect_right) -> None:
         if pos != m[2]:
             raise _bad(at, f"bytes [{m[1]:,}, {m[2]:,}) of {_shown(m[0])} are not copied exactly once by the run's "
                            f"requests")
-
-
-def _host_peak(parts, hosts) -> int:
-    return max((host_part_peak(parts[h.part])[0] for h in hosts), default=0)

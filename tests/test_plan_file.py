@@ -49,14 +49,11 @@ import planc.execute.loader as loader_mod  # noqa: E402
 from execute_support import NP, bits, cast, cli_run, one_line  # noqa: E402
 from hostile.plans import build_plans, corpus, path_texts, walk  # noqa: E402
 from planc import admission  # noqa: E402
-from planc.compile import compile_loaded  # noqa: E402
 from planc.errors import PlanFormatError, PlancError  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.explain import explain_doc  # noqa: E402
-from planc.manifest import read_manifest  # noqa: E402
 from planc.plan import decode, encode, load_plan  # noqa: E402
-from planc.spec import LoadedSpec, validate_spec  # noqa: E402
-from test_properties import cases, write  # noqa: E402
+from test_properties import cases, compile_plan, write  # noqa: E402
 
 # The valid plans are compiled once, when the module is collected: the mutations are named after
 # their field paths, so the parametrization needs the documents.
@@ -519,18 +516,13 @@ def _write_text(text: str) -> Path:
 # 3. replay properties
 
 
-def _plan(ckpt, rules, io, budget):
-    spec = validate_spec({"checkpoint": ckpt, "budget": budget, "io": io, "rules": rules})
-    return compile_loaded(LoadedSpec(spec, "<spec>", ckpt, "0"), read_manifest(ckpt))
-
-
 @settings(max_examples=60, deadline=None)
 @given(cases())
 def test_replay_properties(case):
     ts, rules, io, budget = case
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write(Path(tmp), ts)
-        plan = _plan(ckpt, rules, io, budget)
+        plan = compile_plan(ckpt, rules, io, budget)
         text = encode(plan)
         back = decode(text)
     # the fast replay is the step-by-step one, and admission reads it

@@ -76,9 +76,13 @@ def write(folder: Path, ts: dict) -> str:
     return str(path)
 
 
-def compile_doc(ckpt: str, rules, io, budget):
+def compile_plan(ckpt: str, rules, io, budget):
     spec = validate_spec({"checkpoint": ckpt, "budget": budget, "io": io, "rules": rules})
-    return compile_loaded(LoadedSpec(spec, "<spec>", ckpt, "0"), read_manifest(ckpt)).to_dict()
+    return compile_loaded(LoadedSpec(spec, "<spec>", ckpt, "0"), read_manifest(ckpt))
+
+
+def compile_doc(ckpt: str, rules, io, budget):
+    return compile_plan(ckpt, rules, io, budget).to_dict()
 
 
 def first_failing(d) -> int | None:
