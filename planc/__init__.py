@@ -4,7 +4,7 @@ checkpoint manifest + placement spec -> admitted load plan -> explained -> execu
 """
 
 __version__ = "0.1.0"
-PLAN_FORMAT = 2  # the plan file format (planc.plan.FORMAT)
+PLAN_FORMAT = 3  # the plan file format (planc.plan.FORMAT)
 
 from .api import LoadResult, load, load_into  # noqa: E402  (after the constants the stages import)
 

@@ -56,7 +56,7 @@ def run_host_bytes(parts, host_parts) -> int:
 def _windows(plan: Plan, held_and_staged) -> tuple[Window, ...]:
     """One window per run from `held_and_staged(run)` -> (host bytes beyond the ring, bytes staged)."""
     lay = plan.layout
-    ring, device = lay.ring_bytes, lay.device_bytes
+    ring, device = lay.held_host_bytes, lay.device_bytes
     windows, resident, prev_landing = [], 0, 0
     for run in plan.runs:
         held, staged = held_and_staged(run)
@@ -120,7 +120,7 @@ def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
     budget = plan.budget.host_bytes
     if w.host_bytes <= budget:
         return None
-    io, ring = plan.io, plan.layout.ring_bytes
+    io, ring = plan.io, plan.layout.held_host_bytes
     step, size = ALLOC_RING, ring
     if plan.runs:
         for h in plan.runs[w.run].host_parts:
@@ -128,8 +128,10 @@ def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
             if n > size or (n == size and sid > step):
                 step, size = sid, n
     if step == ALLOC_RING:
+        maps = plan.layout.map_bytes
         knob = (f"lower io.slots (now {io.slots}) or io.slot (now {io.slot_bytes:,} bytes): "
-                f"the ring alone holds {_fmt(ring)}")
+                f"the ring alone holds {_fmt(plan.layout.ring_bytes)}" +
+                (f" and the mapped read windows {_fmt(maps)} (fewer io.workers map fewer)" if maps else ""))
     else:
         knob = (f"this part needs {_fmt(w.host_bytes)} with the ring: run it on the device "
                 f"(on: device), or raise budget.host to {_fmt(w.host_bytes)}")

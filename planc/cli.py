@@ -142,6 +142,42 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         out.print(f"wrote {res.tensors} tensors, {fmt_bytes(res.total_bytes)} in {len(res.files)} file(s): {res.path}")
 
 
+@app.command()
+def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the disk the checkpoints live on.",
+                                        readable=False),
+          size: str = typer.Option("1GiB", help="Scratch file size (at least 64MiB)."),
+          workers: int = typer.Option(16, min=1, max=256, help="Reader threads (as io.workers)."),
+          repeat: int = typer.Option(3, min=1, max=20, help="Timings per figure (the median is kept)."),
+          output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to keep the figures "
+                                                "(default: $PLANC_PROBE, else ~/.cache/planc/io-probe.json).",
+                                                readable=False),
+          as_json: bool = typer.Option(False, "--json")):
+    """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
+    from .probe import measure, save
+
+    try:
+        size_bytes = parse_bytes(size)
+    except ValueError as e:
+        raise _usage(f"--size: {e}")
+    if folder.exists() and not folder.is_dir():
+        raise _usage(f"FOLDER {folder} is a file, not a folder")
+    try:
+        doc = measure(folder, size_bytes, workers, repeat)
+        where = save(doc, output)
+    except OSError as e:
+        raise _usage(f"{folder}: cannot write the probe's scratch file or its result ({e.strerror or e})") from None
+    doc["saved"] = str(where)
+    if as_json:
+        _emit_json(doc)
+        return
+    w, c = doc["warm"], doc["cold"]
+    out.print(f"mapped strided reads: {w['mapped_small_gbps']:.2f} GB/s (1 KiB every 8 KiB), "
+              f"{w['mapped_large_gbps']:.2f} GB/s (64 KiB every 128 KiB); whole rows {w['rows_gbps']:.2f} GB/s warm, "
+              f"{c['rows_gbps']:.2f} GB/s cold")
+    out.print(f"page {w['page_s'] * 1e9:.1f} ns, copy {w['copy_byte_s'] * 1e12:.2f} ps/B, read {w['read_byte_s'] * 1e12:.2f} "
+              f"ps/B, request {w['request_s'] * 1e6:.2f} us; saved to {where}")
+
+
 class _Usage(PlancError):
     exit_code = 2
     default_code = "usage"

@@ -10,6 +10,7 @@ from pathlib import Path
 from . import __version__
 from .admission import admit
 from .bind import bind
+from .costmodel import load_costs
 from .errors import BindError
 from .gcpause import gc_paused
 from .graph import Graph, build_graph
@@ -42,7 +43,7 @@ def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0) -> Pla
     except BindError as e:  # rules and checkpoint disagree: name the spec the rules came from
         raise BindError(f"{loaded.path}: {e.message}", code=e.code) from None
     graph = build_graph(binding)
-    sched = schedule(graph, spec.io)
+    sched = schedule(graph, spec.io, load_costs())
     undecided = plan_of(loaded, manifest, graph, sched, rank)
     return undecided.with_decision(admit(undecided))
 
@@ -59,15 +60,17 @@ def plan_of(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedul
         device=spec.device,
         tensor_parallel=TensorParallel(rank, spec.tensor_parallel.size),
         budget=Budget(spec.budget.host, spec.budget.device),
-        io=IOSettings(io.workers, io.slot, io.slots, io.run, io.direct, io.merge_gap),
+        io=IOSettings(io.workers, io.slot, io.slots, io.run, io.direct, io.merge_gap, io.strided),
         layout=Layout(sched.arena_bytes, tuple(sched.landing_region_bytes), sched.staging_bytes,
-                      sched.scatter_segments, tuple(tuple(z) for z in sched.zero), sched.ring_bytes),
+                      sched.scatter_segments, tuple(tuple(z) for z in sched.zero), sched.ring_bytes,
+                      sched.map_bytes),
         tensors=sched.tensors,
         parts=sched.parts,
         runs=sched.runs,
         skipped=tuple(_skipped(manifest, graph)),
         peak=Peak(0, 0),
         refusal=None,
+        costs=sched.costs,
     )
 
 

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .costmodel import DEFAULTS, choose
 from .errors import printable
 from .ir import Plan
 from .units import fmt_bytes
@@ -54,7 +55,8 @@ def explain_doc(plan: Plan) -> dict:
         "totals": plan.totals._asdict(),
         "paths": _paths(parts),
         "tensor_parallel": plan.tensor_parallel._asdict(),
-        "strided_reads": _strided(parts, plan.io.merge_gap_bytes),
+        "strided_reads": _strided(plan),
+        "costs": (plan.costs or DEFAULTS)._asdict(),
         "runs": runs,
         "top_contributors": _top(plan),
         "skipped": len(plan.skipped),
@@ -76,18 +78,29 @@ def _dominant(r, parts, ring: int) -> str:
     return best
 
 
-def _strided(parts, merge_gap: int) -> dict:
-    """Tensor-parallel slices of a later dim: how their segments are read (decided by io.merge_gap)."""
-    out: dict = {}
-    for p in parts:
+def _strided(plan: Plan) -> list:
+    """Tensor-parallel slices of a later dim: how each is read, the predicted seconds of both ways
+    (`costmodel`, with the plan's cost figures) and why."""
+    out = []
+    costs, slot, mode = plan.costs or DEFAULTS, plan.io.slot_bytes, plan.io.strided
+    for p in plan.parts:
+        if p.path == "host":
+            continue
         for i in p.inputs:
             if i.count > 1:
-                how = "whole rows, sliced on the device" if i.stride - i.seg <= merge_gap else "one read per segment"
-                e = out.setdefault(how, {"inputs": 0, "segments": 0, "bytes": 0})
-                e["inputs"] += 1
-                e["segments"] += i.count
-                e["bytes"] += i.nbytes
-    return dict(sorted(out.items()))
+                how, mapped, rows = choose(costs, i.seg, i.stride, i.count, slot, mode)
+                if mode != "auto" and i.seg <= slot:
+                    why = f"io.strided is {mode}"
+                elif i.seg > slot:
+                    why = "a segment is longer than a slot"
+                else:
+                    why = f"{how} is predicted faster ({costs.source} cost figures)"
+                out.append({"tensor": p.tensor, "source": i.tensor, "method": how, "segments": i.count,
+                            "segment_bytes": i.seg, "stride_bytes": i.stride, "payload_bytes": i.nbytes,
+                            "rows_bytes": (i.count - 1) * i.stride + i.seg,
+                            "predicted_seconds": {"mapped": None if mapped == float("inf") else mapped, "rows": rows},
+                            "why": why})
+    return out
 
 
 def _paths(parts) -> dict:
@@ -146,10 +159,18 @@ def render(plan: Plan, console: Console) -> None:
     console.print(tp)
     if e["strided_reads"]:
         ts = Table(title="strided reads (tensor-parallel slices of a later dim)", show_edge=False)
-        for c in ("read as", "inputs", "segments", "bytes needed"):
-            ts.add_column(c, justify="left" if c == "read as" else "right")
-        for k, v in e["strided_reads"].items():
-            ts.add_row(k, str(v["inputs"]), str(v["segments"]), fmt_bytes(v["bytes"]))
+        for c in ("read as", "slices", "segments", "payload", "whole rows", "predicted s", "why"):
+            ts.add_column(c, justify="left" if c in ("read as", "why") else "right")
+        groups: dict = {}
+        for x in e["strided_reads"]:
+            g = groups.setdefault((x["method"], x["why"]), [0, 0, 0, 0, 0.0])
+            g[0] += 1
+            g[1] += x["segments"]
+            g[2] += x["payload_bytes"]
+            g[3] += x["rows_bytes"]
+            g[4] += x["predicted_seconds"][x["method"]]
+        for (how, why), (n, segs, pay, rows, sec) in sorted(groups.items()):
+            ts.add_row(how, str(n), str(segs), fmt_bytes(pay), fmt_bytes(rows), f"{sec:.4f}", escape(printable(why)))
         console.print(ts)
     tr = Table(title="runs", show_edge=False)
     for c in ("run", "tensors", "read", "requests", "copies", "kernels", "host peak", "device peak", "dominant step"):

@@ -69,6 +69,23 @@ class IOSettings(NamedTuple):
     run_bytes: int
     direct: str
     merge_gap_bytes: int
+    strided: str = "auto"  # auto | mapped | rows
+
+
+class Costs(NamedTuple):
+    """The I/O cost figures the compiler chose read methods by (a probe's, or the defaults).
+
+    A strided slice read through a mapping costs `page_s` per page it touches plus `copy_byte_s` per
+    byte; read as whole rows it costs `read_byte_s` per byte of the rows plus `request_s` per request.
+    Both reach the device at the same link speed (2-D copies carry only the slice), so the link
+    does not enter the choice.
+    """
+
+    source: str  # "default" or the probe file the figures came from
+    page_s: float
+    copy_byte_s: float
+    read_byte_s: float
+    request_s: float
 
 
 class Layout(NamedTuple):
@@ -80,6 +97,12 @@ class Layout(NamedTuple):
     scatter_segments: int  # rows of the scatter table
     zero: tuple[tuple[int, int], ...]  # (arena offset, bytes) zero-filled before the load
     ring_bytes: int  # pinned host ring
+    map_bytes: int = 0  # file windows mapped at once by strided reads (page cache, counted in RSS)
+
+    @property
+    def held_host_bytes(self) -> int:
+        """Host bytes held from the first read to the end: the ring and the mapped windows."""
+        return self.ring_bytes + self.map_bytes
 
     @property
     def landing_bytes(self) -> int:
@@ -161,22 +184,51 @@ class Part(NamedTuple):
 
 
 class Copy(NamedTuple):
+    """Slot bytes to the device: `rows` rows of `nbytes`, `pitch` apart in the slot, packed at the
+    destination (a 2-D copy when rows > 1: a rank's slice of whole rows held in the slot)."""
+
     slot_offset: int
     space: str  # arena | landing
     dst_offset: int
     nbytes: int
+    rows: int = 1
+    pitch: int = 0  # slot bytes from one row's start to the next (rows > 1)
+
+    @property
+    def moved(self) -> int:
+        return self.nbytes * self.rows
+
+    @property
+    def slot_end(self) -> int:
+        return self.slot_offset + (self.rows - 1) * self.pitch + self.nbytes
 
 
 class Request(NamedTuple):
-    """One `preadv` of `length` bytes at `offset` into one ring slot, and where its bytes go."""
+    """One read into one ring slot, and where its bytes go.
+
+    stride == 0: one `preadv` of `length` bytes at `offset` (4 KiB aligned, so that O_DIRECT may
+    serve it). stride > 0, a strided read: `count` segments of `length` bytes, `stride` apart from
+    `offset`, packed one after the other in the slot (a rank's slice of a later dim, read without
+    the bytes of the other ranks); served from the page cache through a mapping.
+    """
 
     file: str
-    offset: int  # 4 KiB aligned
+    offset: int  # 4 KiB aligned unless strided
     length: int  # <= slot; may reach past end of file (a short read there is expected)
     copies: tuple[Copy, ...]
     scatter: bool = False  # copied whole to device staging slot `staging`, then scattered by a kernel
     staging: int = -1
     width: int = 1  # scatter element width: every offset and length is a multiple of it
+    stride: int = 0  # > 0: a strided read; file bytes from one segment's start to the next
+    count: int = 1  # strided read: segments
+
+    @property
+    def read_bytes(self) -> int:
+        return self.length * self.count
+
+    @property
+    def strided(self) -> bool:
+        return self.stride > 0
 
     @property
     def h2d_copies(self) -> int:
@@ -185,7 +237,9 @@ class Request(NamedTuple):
     @property
     def needed(self) -> int:
         """Bytes of the slot that the copies read: what the read must deliver."""
-        return max((c.slot_offset + c.nbytes for c in self.copies), default=0)
+        if self.stride:
+            return self.length * self.count
+        return max((c.slot_end for c in self.copies), default=0)
 
 
 class Kernel(NamedTuple):
@@ -332,6 +386,7 @@ class Plan:
     peak: Peak
     refusal: Refusal | None
     timeline: tuple[Window, ...] = field(default=())
+    costs: Costs | None = None  # the figures the read methods were chosen by
 
     @property
     def fits(self) -> bool:
@@ -397,7 +452,8 @@ ALLOC_RING, ALLOC_DEVICE = "alloc:ring", "alloc:device"
 
 def alloc_steps(lay: Layout) -> tuple[Step, ...]:
     """The allocations made once, before the first read: the pinned ring and the device regions."""
-    return (Step(ALLOC_RING, "alloc", -1, lay.ring_bytes, 0, "pinned host ring", ()),
+    note = "pinned host ring" + (" + mapped read windows" if lay.map_bytes else "")
+    return (Step(ALLOC_RING, "alloc", -1, lay.held_host_bytes, 0, note, ()),
             Step(ALLOC_DEVICE, "alloc", -1, 0, lay.device_bytes, "arena + landing + staging", ()))
 
 
@@ -480,4 +536,5 @@ def plan_dict(plan: Plan) -> dict:
         "layout": rec(plan.layout), "tensors": rec(plan.tensors), "parts": rec(plan.parts),
         "steps": rec(plan.steps), "runs": runs, "timeline": rec(plan.timeline), "skipped": list(plan.skipped),
         "totals": rec(plan.totals), "peak": rec(plan.peak), "fits": plan.fits, "refusal": rec(plan.refusal),
+        "costs": rec(plan.costs),
     }

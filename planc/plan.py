@@ -1,4 +1,4 @@
-"""The plan codec: `ir.Plan` <-> plan file (JSON, format 2); `plancheck` checks every field on load.
+"""The plan codec: `ir.Plan` <-> plan file (JSON, format 3); `plancheck` checks every field on load.
 
 Encoding is compact and byte-identical for identical inputs: small records are JSON objects, the
 records a plan holds by the thousand (tensors, parts, inputs, runs, requests, copies, kernels,
@@ -22,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+from .costmodel import DEFAULTS
 from .errors import PlanFormatError, printable
 from .gcpause import gc_paused
 from .ir import Plan
@@ -61,6 +62,7 @@ def encode(plan: Plan) -> str:
         "skipped": plan.skipped,
         "peak": plan.peak._asdict(),
         "refusal": plan.refusal._asdict() if plan.refusal else None,
+        "costs": (plan.costs or DEFAULTS)._asdict(),
     }
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n"
 

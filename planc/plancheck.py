@@ -19,12 +19,13 @@ import math
 from .admission import admit, run_host_bytes
 from .dtypes import DTYPES
 from .errors import PlanFormatError, printable
-from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, FileEntry, HostPart,
+from .costmodel import MAP_WINDOW, PAGE, STRIDED_MODES
+from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
 from .spec import DIRECT_ALIGN, check_device
 
-FORMAT = 2
+FORMAT = 3
 
 # The field order of each array record, as the file states it.
 # Names repeated by the thousand are written once, in a table, and referred to by index: the
@@ -43,7 +44,7 @@ FIELDS = {
     "host_part": list(HostPart._fields),
 }
 _TOP = ("kind", "format", "planc", "fields", "spec", "checkpoint", "device", "tensor_parallel", "budget", "io",
-        "layout", "tensors", "reasons", "sources", "parts", "runs", "skipped", "peak", "refusal")
+        "layout", "tensors", "reasons", "sources", "parts", "runs", "skipped", "peak", "refusal", "costs")
 
 
 # -- encode ---------------------------------------------------------------------------------------
@@ -195,8 +196,10 @@ class _Checker:
         pk = _obj(doc["peak"], "peak", Peak._fields)
         peak = Peak(_int(pk["host_bytes"], "peak.host_bytes", 0, _MAX), _int(pk["device_bytes"], "peak.device_bytes", 0, _MAX))
         refusal = None if doc["refusal"] is None else self._refusal(doc["refusal"])
+        costs = self._costs(doc["costs"])
         files_t = Checkpoint(self.source, self.root, files)
-        plan = Plan(planc, spec, files_t, device, tp, budget, io, lay, tensors, parts, runs, skipped, peak, refusal)
+        plan = Plan(planc, spec, files_t, device, tp, budget, io, lay, tensors, parts, runs, skipped, peak, refusal,
+                    costs=costs)
         _coverage(plan)
         return self._decision(plan)
 
@@ -224,7 +227,8 @@ class _Checker:
             raise _bad("io.slot_bytes", f"must be a multiple of {DIRECT_ALIGN}, got {slot:,}")
         return IOSettings(_int(v["workers"], "io.workers", 1, 256), slot, _int(v["slots"], "io.slots", 1, 1024),
                           _int(v["run_bytes"], "io.run_bytes", 1, _MAX), _one_of(v["direct"], "io.direct", DIRECT_MODES),
-                          _int(v["merge_gap_bytes"], "io.merge_gap_bytes", 0, _MAX))
+                          _int(v["merge_gap_bytes"], "io.merge_gap_bytes", 0, _MAX),
+                          _one_of(v["strided"], "io.strided", STRIDED_MODES))
 
     def _layout(self, v, io: IOSettings) -> Layout:
         _obj(v, "layout", Layout._fields)
@@ -248,7 +252,18 @@ class _Checker:
             if off + n > arena:
                 raise _bad(at, f"[{off:,}, {off + n:,}) reaches past the arena ({arena:,} bytes)")
             zero.append((off, n))
-        return Layout(arena, regions, staging, segs, tuple(zero), ring)
+        maps = _int(v["map_bytes"], "layout.map_bytes", 0, io.workers * (MAP_WINDOW + PAGE))
+        return Layout(arena, regions, staging, segs, tuple(zero), ring, maps)
+
+    def _costs(self, v) -> Costs:
+        _obj(v, "costs", Costs._fields)
+        vals = []
+        for k in Costs._fields[1:]:
+            x = v[k]
+            if type(x) not in (int, float) or not 0 <= x < 1 or x != x:
+                raise _bad(f"costs.{k}", f"must be seconds between 0 and 1, got {_shown(x)}")
+            vals.append(float(x))
+        return Costs(_str(v["source"], "costs.source"), *vals)
 
     def _refusal(self, v) -> Refusal:
         _obj(v, "refusal", Refusal._fields)
@@ -415,7 +430,7 @@ class _Checker:
     # -- runs -------------------------------------------------------------------------------------
     def _runs(self, v, parts, files, io: IOSettings, lay: Layout) -> tuple[Run, ...]:
         n_f, n_q, n_c, n_k, n_h = (len(FIELDS[k]) for k in ("run", "request", "copy", "kernel", "host_part"))
-        out, next_part, users, scatter_rows = [], 0, 0, 0
+        out, next_part, users, scatter_rows, strided = [], 0, 0, 0, 0
         staging_slots = lay.staging_bytes // io.slot_bytes
         for k, r in enumerate(_list(v, "runs")):
             at = f"runs[{k}]"
@@ -448,7 +463,7 @@ class _Checker:
             hb = run_host_bytes(parts, hosts)
             if run.host_bytes != hb:
                 raise _bad(f"{at}.host_bytes", f"is {run.host_bytes:,}, the replay of its host-path parts holds {hb:,}")
-            rb = sum(q.length for q in reqs) + sum(parts[h.part].read_bytes for h in hosts)
+            rb = sum(q.length * q.count for q in reqs) + sum(parts[h.part].read_bytes for h in hosts)
             if run.read_bytes != rb:
                 raise _bad(f"{at}.read_bytes", f"is {run.read_bytes:,}, its requests and host-path reads are {rb:,}")
             pb = sum(parts[p].read_bytes for p in pids)
@@ -456,6 +471,7 @@ class _Checker:
                 raise _bad(f"{at}.payload_bytes", f"is {run.payload_bytes:,}, its parts read {pb:,}")
             users += len(reqs) + sum(h.copies for h in hosts)
             scatter_rows += sum(len(q.copies) for q in reqs if q.scatter)
+            strided += sum(1 for q in reqs if q.stride)
             out.append(run)
         if next_part != len(parts):
             raise _bad("runs", f"list parts 0..{next_part - 1}, the plan has {len(parts)}")
@@ -463,6 +479,10 @@ class _Checker:
         if lay.ring_bytes != ring:
             raise _bad("layout.ring_bytes", f"is {lay.ring_bytes:,}, the plan's requests and staging copies use "
                                             f"{ring:,} of ring")
+        maps = min(io.workers, strided) * (MAP_WINDOW + PAGE)
+        if lay.map_bytes != maps:
+            raise _bad("layout.map_bytes", f"is {lay.map_bytes:,}, the plan's {strided:,} strided requests map "
+                                           f"{maps:,} bytes at once")
         if lay.scatter_segments != scatter_rows:
             raise _bad("layout.scatter_segments", f"is {lay.scatter_segments:,}, the scattered requests have "
                                                   f"{scatter_rows:,} copies")
@@ -472,48 +492,71 @@ class _Checker:
         _list(q, at, n_q)
         f = files[_int(q[0], f"{at}.file_index", 0, len(files) - 1)]
         off = _int(q[1], f"{at}.offset", 0, _MAX)
-        if off % DIRECT_ALIGN:
-            raise _bad(f"{at}.offset", f"{off:,} is not aligned to {DIRECT_ALIGN} bytes")
         length = _int(q[2], f"{at}.length", 1, io.slot_bytes)
+        stride = _int(q[7], f"{at}.stride", 0, _MAX)
+        if stride:
+            count = _int(q[8], f"{at}.count", 1, io.slot_bytes // length)
+            if stride < length:
+                raise _bad(f"{at}.stride", f"is {stride:,}: a strided read's segments ({length:,} bytes) may not overlap")
+            room = length * count  # the slot bytes a strided read fills, packed
+        else:
+            count = _int(q[8], f"{at}.count", 1, 1)
+            if off % DIRECT_ALIGN:
+                raise _bad(f"{at}.offset", f"{off:,} is not aligned to {DIRECT_ALIGN} bytes")
+            room = length
         scatter = q[4]
         if type(scatter) is not bool:
             raise _bad(f"{at}.scatter", f"must be true or false, got {_shown(scatter)}")
-        if scatter:
+        if scatter and not stride:
             staging = _int(q[5], f"{at}.staging", 0, staging_slots - 1) if staging_slots else \
                 _int(q[5], f"{at}.staging", 0, -1)
             width = _int(q[6], f"{at}.width", 1, 8)
             if width not in (1, 2, 4, 8):
                 raise _bad(f"{at}.width", f"must be 1, 2, 4 or 8, got {width}")
+        elif scatter:
+            raise _bad(f"{at}.scatter", "a strided read is not scattered")
         else:
             staging = _int(q[5], f"{at}.staging", -1, -1)
             width = _int(q[6], f"{at}.width", 1, 1)
         copies, needed = [], 0
         for j, c in enumerate(_list(q[3], f"{at}.copies")):
             if type(c) is list and len(c) == n_c and _nat(c[0], c[2], c[3]) and c[3] >= 1 and c[1] in SPACES \
-                    and type(c[1]) is str:
-                so, space, dst, n = c
+                    and type(c[1]) is str and c[4] == 1 and c[5] == 0 and type(c[4]) is int and type(c[5]) is int:
+                so, space, dst, n, rows, pitch = c
             else:  # the field-by-field check, which names what is wrong
                 ca = f"{at}.copies[{j}]"
                 _list(c, ca, n_c)
-                so = _int(c[0], f"{ca}.slot_offset", 0, length)
+                so = _int(c[0], f"{ca}.slot_offset", 0, room)
                 space = _one_of(c[1], f"{ca}.space", SPACES)
                 dst = _int(c[2], f"{ca}.dst_offset", 0, _MAX)
-                n = _int(c[3], f"{ca}.nbytes", 1, length)
-            if so + n > length:
+                n = _int(c[3], f"{ca}.nbytes", 1, room)
+                rows = _int(c[4], f"{ca}.rows", 1, room)
+                if rows == 1:
+                    pitch = _int(c[5], f"{ca}.pitch", 0, 0)
+                elif stride or scatter:
+                    raise _bad(f"{ca}.rows", "only a whole-row request has 2-D copies")
+                else:
+                    pitch = _int(c[5], f"{ca}.pitch", n, room)
+            end = so + (rows - 1) * pitch + n
+            if end > room:
                 ca = f"{at}.copies[{j}]"
-                raise _bad(ca, f"slot range [{so:,}, {so + n:,}) reaches past the request's {length:,} bytes")
-            if dst + n > limits[space]:
+                raise _bad(ca, f"slot range [{so:,}, {end:,}) reaches past the request's {room:,} bytes")
+            if dst + n * rows > limits[space]:
                 ca = f"{at}.copies[{j}]"
-                raise _bad(ca, f"{space} range [{dst:,}, {dst + n:,}) reaches past the {space} "
+                raise _bad(ca, f"{space} range [{dst:,}, {dst + n * rows:,}) reaches past the {space} "
                                f"({limits[space]:,} bytes)")
             if scatter and (space != "arena" or so % width or dst % width or n % width):
                 ca = f"{at}.copies[{j}]"
                 raise _bad(ca, f"a scattered copy goes to the arena in whole {width}-byte elements")
-            needed = max(needed, so + n)
-            copies.append(Copy(so, space, dst, n))
-        if off + needed > f.size_bytes:
+            needed = max(needed, end)
+            copies.append(Copy(so, space, dst, n, rows, pitch))
+        if stride:
+            top = off + (count - 1) * stride + length
+            if top > f.size_bytes:  # a mapped read must find every byte in the file
+                raise _bad(at, f"reads [{off:,}, {top:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
+        elif off + needed > f.size_bytes:
             raise _bad(at, f"reads [{off:,}, {off + needed:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
-        return Request(f.path, off, length, tuple(copies), scatter, staging, width)
+        return Request(f.path, off, length, tuple(copies), scatter, staging, width, stride, count)
 
     def _kernel(self, x, at, n_k, parts, in_run, limits) -> Kernel:
         if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
@@ -648,6 +691,7 @@ def _run_coverage(r, parts, bisect_right) -> None:
             kern[pid] = (k.src_space, src, k.scale_offset)
             src += parts[pid].read_bytes
     maps = []  # (file, file start, file end, space, destination start)
+    strided: list = []  # _Strided
     for pid in r.parts:
         p = parts[pid]
         if p.path == "host":
@@ -666,20 +710,34 @@ def _run_coverage(r, parts, bisect_right) -> None:
         for inp, base in zip(p.inputs, bases):
             if inp.count == 1:
                 maps.append((inp.file, inp.start, inp.start + inp.nbytes, space, base))
-            else:
-                maps.extend((inp.file, off, off + n, space, base + rel) for off, n, rel in inp.segments())
+            elif inp.nbytes:
+                strided.append(_Strided(inp, space, base))
     maps = [m for m in maps if m[2] > m[1]]
     maps.sort()
-    landing = sorted((m[4], m[4] + m[2] - m[1]) for m in maps if m[3] == "landing")
+    landing = sorted([(m[4], m[4] + m[2] - m[1]) for m in maps if m[3] == "landing"] +
+                     [(x.base, x.base + x.inp.nbytes) for x in strided if x.space == "landing"])
     for (a0, a1), (b0, _) in zip(landing, landing[1:]):
         if b0 < a1:
             raise _bad(f"{at}.kernels", f"two inputs of the run share landing bytes [{b0:,}, {a1:,})")
+    strided.sort(key=lambda x: (x.inp.file, x.inp.start))
+    skeys = [(x.inp.file, x.inp.start) for x in strided]
     keys = [(m[0], m[1]) for m in maps]
     got: list = [[] for _ in maps]
     for j, q in enumerate(r.requests):
+        if q.stride:
+            _strided_request(q, f"{at}.requests[{j}]", strided, skeys, bisect_right)
+            continue
         for c in q.copies:
-            # A copy may carry several inputs that are neighbours both in the file and at the destination.
             fpos, end, dst = q.offset + c.slot_offset, q.offset + c.slot_offset + c.nbytes, c.dst_offset
+            if strided:
+                x = _strided_at(strided, skeys, q.file, fpos, bisect_right)
+                if x is not None:
+                    x.piece(c, fpos, f"{at}.requests[{j}]")
+                    continue
+            if c.rows != 1:
+                raise _bad(f"{at}.requests[{j}]", f"a 2-D copy of {_shown(q.file)} bytes from {fpos:,} is not a "
+                                                  f"slice of whole rows of the run's parts")
+            # A copy may carry several inputs that are neighbours both in the file and at the destination.
             i = bisect_right(keys, (q.file, fpos)) - 1
             while fpos < end:
                 m = maps[i] if 0 <= i < len(maps) else None
@@ -703,3 +761,101 @@ def _run_coverage(r, parts, bisect_right) -> None:
         if pos != m[2]:
             raise _bad(at, f"bytes [{m[1]:,}, {m[2]:,}) of {_shown(m[0])} are not copied exactly once by the run's "
                            f"requests")
+    for x in strided:
+        x.covered(at)
+
+
+class _Strided:
+    """A strided input of a run (`count` segments of `seg` bytes, `stride` apart, packed at `base`)
+    and what the run's copies cover of it: runs of whole rows, and pieces of single rows."""
+
+    __slots__ = ("inp", "space", "base", "full", "partial")
+
+    def __init__(self, inp, space: str, base: int):
+        self.inp, self.space, self.base = inp, space, base
+        self.full: list = []  # (first row, end row)
+        self.partial: dict = {}  # row -> [(start, end) within the segment]
+
+    @property
+    def end(self) -> int:
+        i = self.inp
+        return i.start + (i.count - 1) * i.stride + i.seg
+
+    def rows(self, first: int, n: int, dst: int, space: str, at: str) -> None:
+        i = self.inp
+        if space != self.space or dst != self.base + first * i.seg or first + n > i.count:
+            raise _bad(at, f"rows [{first:,}, {first + n:,}) of the slice of {_shown(i.tensor)} do not go where its "
+                           f"part puts them")
+        self.full.append((first, first + n))
+
+    def piece(self, c: Copy, fpos: int, at: str) -> None:
+        """A copy from a whole-row request: a 2-D copy of whole segments, or a 1-D piece of one."""
+        i = self.inp
+        row, o = divmod(fpos - i.start, i.stride)
+        if c.rows > 1 or (o == 0 and c.nbytes == i.seg):
+            if o or c.nbytes != i.seg or (c.rows > 1 and c.pitch != i.stride):
+                raise _bad(at, f"a 2-D copy of {c.rows:,} rows of {c.nbytes:,} bytes, pitch {c.pitch:,}, does not "
+                               f"take whole segments of the slice of {_shown(i.tensor)} ({i.seg:,} bytes every "
+                               f"{i.stride:,})")
+            self.rows(row, c.rows, c.dst_offset, c.space, at)
+            return
+        if o + c.nbytes > i.seg or c.space != self.space or c.dst_offset != self.base + row * i.seg + o:
+            raise _bad(at, f"a copy of {c.nbytes:,} bytes at file offset {fpos:,} is not inside a segment of the "
+                           f"slice of {_shown(i.tensor)} where its part puts it")
+        self.partial.setdefault(row, []).append((o, o + c.nbytes))
+
+    def covered(self, at: str) -> None:
+        i = self.inp
+        spans = list(self.full)
+        for row, pieces in self.partial.items():
+            pos = 0
+            for a, b in sorted(pieces):
+                if a != pos:
+                    break
+                pos = b
+            if pos != i.seg:
+                raise _bad(at, f"row {row:,} of the slice of {_shown(i.tensor)} is not copied exactly once")
+            spans.append((row, row + 1))
+        pos = 0
+        for a, b in sorted(spans):
+            if a != pos:
+                break
+            pos = b
+        if pos != i.count:
+            raise _bad(at, f"the {i.count:,} rows of the slice of {_shown(i.tensor)} are not copied exactly once by "
+                           f"the run's requests")
+
+
+def _strided_at(strided: list, skeys: list, file: str, fpos: int, bisect_right):
+    """The strided input of the run whose span holds file offset `fpos`, or None."""
+    k = bisect_right(skeys, (file, fpos)) - 1
+    if k >= 0:
+        x = strided[k]
+        if x.inp.file == file and fpos < x.end:
+            return x
+    return None
+
+
+def _strided_request(q, at: str, strided: list, skeys: list, bisect_right) -> None:
+    """A strided read covers whole rows of one strided input: same segment and stride, starting on
+    a row, its copies tiling the packed slot bytes in order to the rows' packed destination."""
+    x = _strided_at(strided, skeys, q.file, q.offset, bisect_right)
+    i = x.inp if x is not None else None
+    if i is None or q.length != i.seg or q.stride != i.stride or (q.offset - i.start) % i.stride:
+        raise _bad(at, f"a strided read of {_shown(q.file)} at {q.offset:,} ({q.count:,} x {q.length:,} bytes every "
+                       f"{q.stride:,}) is not rows of a slice of the run's parts")
+    first = (q.offset - i.start) // i.stride
+    pos, dst, spaces = 0, None, {c.space for c in q.copies}
+    for c in sorted(q.copies):
+        if c.slot_offset != pos:
+            break
+        if dst is None:
+            dst = c.dst_offset
+        elif c.dst_offset != dst + pos:
+            pos = -1
+            break
+        pos += c.nbytes
+    if pos != q.length * q.count or dst is None or len(spaces) != 1:
+        raise _bad(at, f"the copies of a strided read must carry its {q.length * q.count:,} packed bytes once, in "
+                       f"order, to one place")
+    x.rows(first, q.count, dst, spaces.pop(), at)

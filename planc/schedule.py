@@ -8,6 +8,11 @@
 - Requests: within a run, direct-path inputs of one file whose gap is at most `io.merge_gap` join
   one extent; the extent is widened to 4 KiB boundaries (O_DIRECT) and cut into slot-sized
   requests. A request is one `preadv` into one ring slot.
+- Strided inputs (a rank's slice of a later dim: `count` segments `stride` apart) are read one of
+  two ways, chosen per input by `costmodel.choose`: `mapped`, strided requests of as many whole
+  segments as a slot holds, packed (one copy each: the slice's rows are contiguous on the device);
+  or `rows`, the whole rows on the slot grid of their own extent, each request's full rows sent by
+  one 2-D copy (row pitch in the slot -> packed) and a row cut by a slot boundary by 1-D copies.
 - Copies: each request's bytes go to the device as segments (slot range -> arena or landing
   range); neighbouring segments contiguous on both sides are one copy. Host-path parts stage their
   scratch through the ring in slot-sized copies.
@@ -26,9 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import itemgetter
 
+from . import costmodel
 from .dtypes import DTYPES
 from .graph import Graph
-from .ir import Copy, HostPart, Kernel, Part, Request, Run, Tensor
+from .ir import Copy, Costs, HostPart, Kernel, Part, Request, Run, Tensor
 from .spec import DIRECT_ALIGN, IO
 
 _FILE_START = itemgetter(0, 1)  # sort key of (file, start, ...) tuples
@@ -51,6 +57,8 @@ class Schedule:
     staging_bytes: int = 0  # device staging slots for scattered requests
     scatter_segments: int = 0  # rows of the scatter table (uploaded once: one copy)
     zero: tuple = ()  # (arena offset, bytes) zero-filled on the device before the load (padding)
+    map_bytes: int = 0  # file windows mapped at once by strided requests
+    costs: Costs = costmodel.DEFAULTS
 
     @property
     def landing_bytes(self) -> int:
@@ -76,12 +84,12 @@ def layout(graph: Graph) -> tuple[dict, int]:
     return offsets, cursor
 
 
-def schedule(graph: Graph, io: IO) -> Schedule:
+def schedule(graph: Graph, io: IO, costs: Costs = costmodel.DEFAULTS) -> Schedule:
     offsets, arena = layout(graph)
     runs_parts = _cut_runs(graph.parts, io.run)
     runs = []
     for k, parts in enumerate(runs_parts):
-        runs.append(_run(k, parts, offsets, io))
+        runs.append(_run(k, parts, offsets, io, costs))
     regions = (max((r.landing_bytes for r in runs if r.index % 2 == 0), default=0),
                max((r.landing_bytes for r in runs if r.index % 2 == 1), default=0))
     # The ring never has more slots than the plan has requests and host staging copies to fill them.
@@ -92,7 +100,10 @@ def schedule(graph: Graph, io: IO) -> Schedule:
     parts = tuple(n._replace(dst_offset=offsets[n.tensor] + n.offset_bytes) for n in graph.parts)
     zero = tuple((n.dst_offset + n.out_bytes, n.zero_bytes) for n in parts if n.zero_bytes)
     runs, staging_slots, segments = _scatter(runs, io)
-    return Schedule(io, tensors, parts, arena, regions, ring, tuple(runs), staging_slots * io.slot, segments, zero)
+    strided = sum(1 for r in runs for q in r.requests if q.stride)
+    maps = min(io.workers, strided) * (costmodel.MAP_WINDOW + costmodel.PAGE)
+    return Schedule(io, tensors, parts, arena, regions, ring, tuple(runs), staging_slots * io.slot, segments, zero,
+                    maps, costs)
 
 
 def _scatter(runs: list[Run], io: IO) -> tuple[list[Run], int, int]:
@@ -106,7 +117,8 @@ def _scatter(runs: list[Run], io: IO) -> tuple[list[Run], int, int]:
     for r in runs:
         reqs = []
         for q in r.requests:
-            if len(q.copies) >= SCATTER_MIN_COPIES and all(c.space == "arena" for c in q.copies):
+            if (len(q.copies) >= SCATTER_MIN_COPIES and not q.stride
+                    and all(c.space == "arena" and c.rows == 1 for c in q.copies)):
                 width = _width(q.copies)
                 q = Request(q.file, q.offset, q.length, q.copies, True, count % slots, width)
                 count += 1
@@ -137,8 +149,8 @@ def _cut_runs(parts, run_bytes: int) -> list[list[Part]]:
     return runs
 
 
-def _run(k: int, parts: list[Part], offsets: dict, io: IO) -> Run:
-    segs, kernels, host_parts, landed, landing = [], [], [], [], 0
+def _run(k: int, parts: list[Part], offsets: dict, io: IO, costs: Costs = costmodel.DEFAULTS) -> Run:
+    segs, strided, kernels, host_parts, landed, landing = [], [], [], [], [], 0
     host_bytes = host_reads = host_segments = 0
     for n in parts:
         dst = offsets[n.tensor] + n.offset_bytes
@@ -153,7 +165,7 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO) -> Run:
             if w.count == 1:
                 segs.append((w.file, w.start, w.nbytes, "arena", dst))
             else:
-                segs.extend((w.file, off, nb, "arena", dst + rel) for off, nb, rel in w.segments())
+                strided.append((w, "arena", dst))
             if n.op == "convert":
                 kernels.append(_kernel(n, "arena", dst, None, dst))
             continue
@@ -169,11 +181,15 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO) -> Run:
         if inp.count == 1:
             segs.append((inp.file, inp.start, inp.nbytes, "landing", landing))
         else:
-            segs.extend((inp.file, off, nb, "landing", landing + rel) for off, nb, rel in inp.segments())
+            strided.append((inp, "landing", landing))
         landing += inp.nbytes
     for n, dst in landed:
         kernels.append(_kernel(n, "landing", where[(n.id, "weight")], where.get((n.id, "scale")), dst))
     requests, alone = _requests(segs, io)
+    if strided:
+        extra = [q for inp, space, base in strided for q in _strided(inp, space, base, io, costs)]
+        requests = tuple(sorted(requests + tuple(extra), key=_FILE_START))
+        alone += sum(inp.count for inp, _, _ in strided)
     return Run(
         index=k,
         parts=tuple([n.id for n in parts]),
@@ -183,11 +199,54 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO) -> Run:
         landing_region=k % 2,
         landing_bytes=landing,
         host_bytes=host_bytes,
-        read_bytes=sum(r.length for r in requests) + host_reads,
+        read_bytes=sum(r.length * r.count for r in requests) + host_reads,
         payload_bytes=sum(n.read_bytes for n in parts),
         requests_uncoalesced=alone + host_segments,
         copies_uncoalesced=alone + sum(h.copies for h in host_parts),
     )
+
+
+def _strided(inp, space: str, base: int, io: IO, costs: Costs) -> list[Request]:
+    """The requests of one strided input (`count` segments of `seg` bytes, `stride` apart), landing
+    packed at `base` of `space`, read the way the cost model finds cheaper."""
+    seg, stride, count, start, slot = inp.seg, inp.stride, inp.count, inp.start, io.slot
+    how, _, _ = costmodel.choose(costs, seg, stride, count, slot, io.strided)
+    out = []
+    if how == "mapped":
+        per = slot // seg
+        for i in range(0, count, per):
+            m = min(per, count - i)
+            out.append(Request(inp.file, start + i * stride, seg, (Copy(0, space, base + i * seg, m * seg),),
+                               stride=stride, count=m))
+        return out
+    end = start + (count - 1) * stride + seg
+    a, e = start // DIRECT_ALIGN * DIRECT_ALIGN, _align(end, DIRECT_ALIGN)
+    for q in range(a, e, slot):
+        length = min(slot, e - q)
+        hi = q + length
+        first = max(0, (q - start - seg) // stride + 1)  # the first row ending after q
+        last = min(count - 1, (hi - 1 - start) // stride)  # the last row starting before hi
+        copies = []
+        if first <= last:
+            lo_full = first if start + first * stride >= q else first + 1
+            hi_full = last if start + last * stride + seg <= hi else last - 1
+            if lo_full > first:
+                copies.append(_piece(q, hi, start + first * stride, seg, space, base + first * seg))
+            if lo_full <= hi_full:
+                rows = hi_full - lo_full + 1
+                copies.append(Copy(start + lo_full * stride - q, space, base + lo_full * seg, seg,
+                                   rows, stride if rows > 1 else 0))
+            if hi_full < last and (last > first or lo_full <= first):
+                copies.append(_piece(q, hi, start + last * stride, seg, space, base + last * seg))
+        if copies:
+            out.append(Request(inp.file, q, length, tuple(copies)))
+    return out
+
+
+def _piece(q: int, hi: int, row: int, seg: int, space: str, dst: int) -> Copy:
+    """The part of the segment [row, row + seg) inside request [q, hi), as a 1-D copy."""
+    lo, top = max(q, row), min(hi, row + seg)
+    return Copy(lo - q, space, dst + (lo - row), top - lo)
 
 
 def _merged(kernels: list) -> tuple[Kernel, ...]:
@@ -286,6 +345,6 @@ def _copies(a: int, e: int, slot: int, members) -> list[tuple[Copy, ...]]:
             if last and last[1] == space and last[0] + last[3] == slot_off and last[2] + last[3] == d:
                 last[3] += n
             else:
-                copies.append([slot_off, space, d, n])
+                copies.append([slot_off, space, d, n, 1, 0])
             pos = hi
     return [tuple([_tuple_new(Copy, c) for c in copies]) for copies in per]

@@ -72,6 +72,9 @@ class IO(_Model):
     """O_DIRECT reads: `auto` uses them where the file system accepts them, `on` requires them, `off` never."""
     merge_gap: ByteSize = 2**20
     """Neighbouring reads in one file whose gap is at most this many bytes become one request."""
+    strided: Literal["auto", "mapped", "rows"] = "auto"
+    """How a tensor-parallel slice of a later dim is read: `mapped` (only its segments, through a mapping of
+    the page cache), `rows` (whole rows, then a 2-D copy of the slice), or `auto` (the cheaper by the cost model)."""
 
     @field_validator("run")
     @classmethod

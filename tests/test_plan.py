@@ -34,7 +34,9 @@ def compile_doc(tmp_path, rules, *, io, budget=None, name="spec.yaml"):
 
 
 def reqs(run):
-    return [(q["file"], q["offset"], q["length"], [tuple(c) for c in q["copies"]]) for q in run["requests"]]
+    """Requests as (file, offset, length, copies), a 1-D copy as (slot offset, space, dst, bytes)."""
+    return [(q["file"], q["offset"], q["length"], [tuple(c[:4]) if c[4:] == [1, 0] else tuple(c) for c in q["copies"]])
+            for q in run["requests"]]
 
 
 # ----------------------------------------------------------------------------- direct path, copies
@@ -88,10 +90,10 @@ def test_copies_without_merge_whole_plan(abcd):
         "tensor_parallel": {"rank": 0, "size": 1},
         "budget": {"host_bytes": 2**30, "device_bytes": None},
         "io": {"workers": 16, "slot_bytes": 4096, "slots": 2, "run_bytes": 2**20, "direct": "auto",
-               "merge_gap_bytes": 0},
+               "merge_gap_bytes": 0, "strided": "auto"},
         # ring = slots x slot; arena = a + c + d laid out in read order
         "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "staging_bytes": 0, "scatter_segments": 0,
-                   "zero": [], "ring_bytes": 8192},
+                   "zero": [], "ring_bytes": 8192, "map_bytes": 0},
         "tensors": [
             {"name": "a", "dtype": "F32", "shape": [1024], "offset_bytes": 0, "nbytes": 4096},
             {"name": "c", "dtype": "F32", "shape": [512], "offset_bytes": 4096, "nbytes": 2048},
@@ -102,12 +104,12 @@ def test_copies_without_merge_whole_plan(abcd):
             "index": 0, "parts": [0, 1, 2], "tensors": 3, "read_bytes": 20480, "payload_bytes": 12288,
             "host_bytes": 0, "landing_bytes": 0, "landing_region": 0,
             # a alone: one extent; the gap a -> c (1024 bytes) exceeds merge_gap 0; c and d touch: one extent.
-            "requests": [{**q, "scatter": False, "staging": -1, "width": 1} for q in [
-                {"file": f, "offset": 0, "length": 4096, "copies": [[ds, "arena", 0, 4096 - ds]]},
-                {"file": f, "offset": 4096, "length": 4096, "copies": [[0, "arena", 4096 - ds, ds]]},
-                {"file": f, "offset": 4096, "length": 4096, "copies": [[ds + 1024, "arena", 4096, 3072 - ds]]},
-                {"file": f, "offset": 8192, "length": 4096, "copies": [[0, "arena", 7168 - ds, 4096]]},
-                {"file": f, "offset": 12288, "length": 4096, "copies": [[0, "arena", 11264 - ds, ds + 1024]]}]],
+            "requests": [{**q, "scatter": False, "staging": -1, "width": 1, "stride": 0, "count": 1} for q in [
+                {"file": f, "offset": 0, "length": 4096, "copies": [[ds, "arena", 0, 4096 - ds, 1, 0]]},
+                {"file": f, "offset": 4096, "length": 4096, "copies": [[0, "arena", 4096 - ds, ds, 1, 0]]},
+                {"file": f, "offset": 4096, "length": 4096, "copies": [[ds + 1024, "arena", 4096, 3072 - ds, 1, 0]]},
+                {"file": f, "offset": 8192, "length": 4096, "copies": [[0, "arena", 7168 - ds, 4096, 1, 0]]},
+                {"file": f, "offset": 12288, "length": 4096, "copies": [[0, "arena", 11264 - ds, ds + 1024, 1, 0]]}]],
             "kernels": [], "host_parts": [],
             "requests_uncoalesced": 6, "copies_uncoalesced": 6}],  # a: 2 pages, c: 1, d: 3
         "timeline": [{"run": 0, "host_bytes": 8192, "device_bytes": 12288, "ring_bytes": 8192,
@@ -119,6 +121,8 @@ def test_copies_without_merge_whole_plan(abcd):
         "peak": {"host_bytes": 8192, "device_bytes": 12288},
         "fits": True,
         "refusal": None,
+        "costs": {"source": "default", "page_s": 1.2e-7, "copy_byte_s": 2.0e-11, "read_byte_s": 4.0e-11,
+                  "request_s": 2.0e-6},
     }
     assert plan.to_dict() == expected
     # the file is the compact form: records as arrays in the order `fields` states, files by index
@@ -127,7 +131,7 @@ def test_copies_without_merge_whole_plan(abcd):
     assert doc["reasons"] == ["pure copy into the final place"] and doc["sources"] == ["a", "c", "d"]
     assert doc["parts"][1] == [1, 0, "copy", "direct", 0, [["weight", 1, 0, ds + 5120, 2048, "F32", [512], 2048, 2048, 1]],
                                0, 2048, "F32", 0, 0, 0, 0, 4096]
-    assert doc["runs"][0][1][0] == [0, 0, 4096, [[ds, "arena", 0, 4096 - ds]], False, -1, 1]
+    assert doc["runs"][0][1][0] == [0, 0, 4096, [[ds, "arena", 0, 4096 - ds, 1, 0]], False, -1, 1, 0, 1]
     assert "steps" not in doc and "totals" not in doc  # derived, not stored
 
 
@@ -232,7 +236,7 @@ def test_kernels_and_landing_regions(tmp_path):
     assert r2["kernels"] == []
     assert [(r["landing_region"], r["landing_bytes"]) for r in d["runs"]] == [(0, 4096), (1, 2072), (0, 0)]
     # device = arena 7192 + landing regions (even runs 4096, odd runs 2072)
-    assert d["layout"] == {"arena_bytes": 7192, "landing_region_bytes": [4096, 2072], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
+    assert d["layout"] == {"arena_bytes": 7192, "landing_region_bytes": [4096, 2072], "ring_bytes": 8192, "staging_bytes": 0, "scatter_segments": 0, "zero": [], "map_bytes": 0}
     assert d["timeline"] == [
         {"run": 0, "host_bytes": 8192, "device_bytes": 13360, "ring_bytes": 8192, "host_inflight_bytes": 0,
          "landing_bytes": 4096, "resident_bytes": 2048},
@@ -277,7 +281,7 @@ def test_dequantize_lands_weight_and_scale(tmp_path):
     assert run["kernels"] == [{"part": 0, "op": "dequantize", "src_dtype": "F8_E4M3", "dst_dtype": "BF16",
                                "src_space": "landing", "src_offset": 8, "scale_offset": 0, "dst_offset": 0,
                                "numel": 650, "rows": 130, "cols": 5, "block": 128, "more": []}]
-    assert d["layout"] == {"arena_bytes": 1300, "landing_region_bytes": [658, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
+    assert d["layout"] == {"arena_bytes": 1300, "landing_region_bytes": [658, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": [], "map_bytes": 0}
     assert d["peak"] == {"host_bytes": 4096, "device_bytes": 1958}
     assert d["skipped"] == []
     assert [i["role"] for i in d["parts"][0]["inputs"]] == ["weight", "scale"]
@@ -325,7 +329,7 @@ def test_host_path_costs(host_ckpt):
     assert [(w["host_bytes"], w["host_inflight_bytes"]) for w in d["timeline"]] == [
         (4096 + 6144, 6144), (4096 + 12288, 12288), (4096, 0)]
     assert d["peak"] == {"host_bytes": 16384, "device_bytes": 10240}
-    assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
+    assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": [], "map_bytes": 0}
     t = d["totals"]
     assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (4, 4, 4, 4)
     assert (t["read_bytes"], t["payload_bytes"], t["kernels"]) == (4096 + 8192 + 8192, 16384, 0)
@@ -392,7 +396,7 @@ def test_nothing_placed_allocates_nothing(abcd):
     tmp_path, _ = abcd
     d = compile_doc(tmp_path, [{"match": "*", "skip": True}], io={"slot": 4096}, budget={"host": 0}).to_dict()
     assert d["fits"]
-    assert d["layout"] == {"arena_bytes": 0, "landing_region_bytes": [0, 0], "ring_bytes": 0, "staging_bytes": 0, "scatter_segments": 0, "zero": []}
+    assert d["layout"] == {"arena_bytes": 0, "landing_region_bytes": [0, 0], "ring_bytes": 0, "staging_bytes": 0, "scatter_segments": 0, "zero": [], "map_bytes": 0}
     assert d["runs"] == [] and d["skipped"] == ["a", "b", "c", "d"]
     assert d["peak"] == {"host_bytes": 0, "device_bytes": 0}
 

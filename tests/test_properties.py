@@ -163,7 +163,7 @@ def test_every_byte_copied_once_to_its_place(case):
         for q in r["requests"]:
             assert q["file"] == fname
             assert q["offset"] % 4096 == 0 and 0 < q["length"] <= io["slot"] and q["length"] % 4096 == 0
-            for slot_off, space, dst, n in q["copies"]:
+            for slot_off, space, dst, n, _rows, _pitch in q["copies"]:
                 assert n > 0 and slot_off + n <= q["length"]
                 lo = q["offset"] + slot_off
                 assert lo + n <= size

@@ -153,19 +153,27 @@ def test_each_rank_reads_only_its_bytes(ckpt, n):
     # the row-parallel inputs are strided: one record (base, stride, length, count) per input, shown by explain
     o = [i for part in plans[0].parts if part.tensor == "l.0.attn.o_proj.weight" for i in part.inputs]
     assert o[0].count == H and o[0].seg == H // n * 2 and o[0].stride == H * 2
-    assert set(explain_doc(plans[0])["strided_reads"]) <= {"whole rows, sliced on the device", "one read per segment"}
+    assert {r["method"] for r in explain_doc(plans[0])["strided_reads"]} <= {"mapped", "rows"}
 
 
-def test_segments_or_rows_by_merge_gap(ckpt):
-    d, _ = ckpt
+@pytest.mark.parametrize("how", ["mapped", "rows"])
+def test_row_parallel_slices_by_mapped_reads_or_whole_rows(ckpt, how):
+    d, t = ckpt
     rules = [{"match": "l.*.mlp.down_proj.weight", "split": {"dim": 1}}, {"match": "*", "skip": True}]
-    rows = compile_spec(_spec(d, 2, rules, {"slot": "64KiB", "merge_gap": "1KiB"}, "g1.yaml"), 1)
-    segs = compile_spec(_spec(d, 2, rules, {"slot": "64KiB", "merge_gap": 0}, "g0.yaml"), 1)
-    # whole rows: one request reading all rows; segments: one request per row's 4 KiB page run
-    assert rows.totals.requests == 1
-    assert rows.totals.read_bytes >= H * I * 2
-    assert list(explain_doc(segs)["strided_reads"]) == ["one read per segment"]
-    assert segs.totals.payload_bytes == rows.totals.payload_bytes == H * I
+    plans = compile_all_ranks(_spec(d, 2, rules, {"slot": "64KiB", "strided": how}, f"s-{how}.yaml"))
+    for p in plans:
+        assert p.totals.payload_bytes == H * I and p.totals.scatters == 0
+        reqs = [q for r in p.runs for q in r.requests]
+        if how == "mapped":  # one strided record carries every row: only the rank's bytes are read
+            assert p.totals.read_bytes == H * I and all(q.stride == I * 2 and q.count == H for q in reqs)
+            assert len(reqs) == 1 and p.layout.map_bytes > 0
+        else:  # whole rows read, one 2-D copy per request sends the slice
+            assert p.totals.read_bytes >= H * I * 2 and not any(q.stride for q in reqs)
+            assert any(c.rows > 1 and c.pitch == I * 2 for q in reqs for c in q.copies)
+            assert p.layout.map_bytes == 0
+    got = [_load(p)["l.0.mlp.down_proj.weight"] for p in plans]
+    assert np.array_equal(_bits(np.concatenate(got, axis=1)), _bits(t["l.0.mlp.down_proj.weight"]))
+    assert [r["method"] for r in explain_doc(plans[0])["strided_reads"]] == [how]
 
 
 def test_uneven_split_names_the_tensor_and_padding_zero_fills(ckpt):
@@ -218,3 +226,34 @@ def test_cli_rank_all_and_env(ckpt, tmp_path, capsys, monkeypatch):
     assert main(["run", str(tmp_path / "plans" / "rank-1.json")]) == 2  # RANK=2 but the plan is rank 1
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert main(["compile", str(spec)]) == 2
+
+
+@pytest.mark.parametrize("how", ["mapped", "rows"])
+def test_row_slices_unaligned_straddling_slots_one_element_per_row_and_padding(tmp_path, how):
+    """Rows of 2,000 bytes at an offset that is no multiple of 4 KiB, slots of 4 KiB (rows cut by
+    slot boundaries, as rows; 8 segments a request, mapped), a slice of one element per row, a
+    padded dim-0 split beside them and a converted slice: every rank bit-exact, copies as planned."""
+    rng = np.random.default_rng(3)
+    t = {"a.head": _arr(rng, (7,), np.float32),
+         "b.wide": rng.standard_normal((37, 1000)).astype(np.float16),
+         "c.narrow": rng.standard_normal((50, 4)).astype(np.float16),
+         "d.padded": _arr(rng, (10, 3), np.float32),
+         "e.conv": _arr(rng, (9, 64))}
+    save_file(t, str(tmp_path / "m.safetensors"))
+    rules = [{"match": "b.wide", "split": {"dim": 1}}, {"match": "c.narrow", "split": {"dim": 1}},
+             {"match": "d.padded", "split": {"dim": 0, "pad": True}},
+             {"match": "e.conv", "split": {"dim": 1}, "dtype": "float16"}, {"match": "*"}]
+    io = {"workers": 3, "slot": "4KiB", "slots": 3, "run": "16KiB", "strided": how}
+    plans = compile_all_ranks(_spec(tmp_path, 4, rules, io, f"u-{how}.yaml"))
+    got = [_load(p) for p in plans]
+    assert plans[0].totals.scatters == 0
+    if how == "rows":
+        assert any(c.rows > 1 for p in plans for r in p.runs for q in r.requests for c in q.copies)
+    else:
+        assert all(any(q.stride for r in p.runs for q in r.requests) for p in plans)
+    for name in ("b.wide", "c.narrow"):
+        assert np.array_equal(_bits(np.concatenate([g[name] for g in got], axis=1)), _bits(t[name])), name
+    e = np.concatenate([g["e.conv"] for g in got], axis=1)
+    assert np.array_equal(e, t["e.conv"].astype(np.float32).astype(np.float16))
+    d = np.concatenate([g["d.padded"] for g in got])
+    assert np.array_equal(_bits(d[:10]), _bits(t["d.padded"])) and not d[10:].any()

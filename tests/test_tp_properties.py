@@ -31,18 +31,19 @@ def _case(draw):
         split = draw(st.sampled_from(["replicate", {"dim": dim}]))
         rules.append({"match": name, "split": split})
     merge_gap = draw(st.sampled_from([0, 64, 1 << 20]))
-    return n, tensors, rules, merge_gap
+    strided = draw(st.sampled_from(["auto", "mapped", "rows"]))
+    return n, tensors, rules, merge_gap, strided
 
 
 @settings(max_examples=40, deadline=None)
 @given(_case())
 def test_ranks_partition_split_tensors(case):
-    n, tensors, rules, merge_gap = case
+    n, tensors, rules, merge_gap, strided = case
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         save_file(tensors, d / "m.safetensors")
         spec = {"checkpoint": "m.safetensors", "budget": {"host": "64MiB"}, "tensor_parallel": {"size": n},
-                "io": {"slot": "4KiB", "slots": 2, "merge_gap": merge_gap}, "rules": rules}
+                "io": {"slot": "4KiB", "slots": 2, "merge_gap": merge_gap, "strided": strided}, "rules": rules}
         (d / "s.yaml").write_text(yaml.safe_dump(spec))
         man = read_manifest(d / "m.safetensors")
         plans = compile_all_ranks(d / "s.yaml")
@@ -66,9 +67,9 @@ def test_ranks_partition_split_tensors(case):
         arena = np.zeros(p.layout.arena_bytes, dtype=np.int64)
         for r in p.to_dict()["runs"]:
             for q in r["requests"]:
-                for _slot_off, space, dst, nb in q["copies"]:
+                for _slot_off, space, dst, nb, rows, _pitch in q["copies"]:
                     assert space == "arena"
-                    arena[dst:dst + nb] += 1
+                    arena[dst:dst + nb * rows] += 1
         assert arena.max(initial=0) <= 1
         assert arena.sum() == p.totals.payload_bytes
     for name, c in counts.items():

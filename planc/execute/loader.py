@@ -193,6 +193,8 @@ class Loader:
             code="live-room", refusal={"run": r.index, "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
 
     def _read(self, req, slot: int) -> int:
+        if req.stride:
+            return self.reader.read_strided(req.file, req.offset, req.length, req.stride, req.count, self.ring[slot])
         return self.reader.read_into(req.file, req.offset, req.length, self.ring[slot], req.needed)
 
     def _slot(self, k: int) -> int:
@@ -251,16 +253,23 @@ class Loader:
         elif self.raw:
             stream_h, arena_p, landing_p, _ = self.raw
             host = buf.ctypes.data
-            for slot_off, space, dst, n in req.copies:
+            for slot_off, space, dst, n, rows, pitch in req.copies:
                 base = arena_p if space == "arena" else landing_p[r.landing_region]
-                seam.copy_h2d(base + dst, host + slot_off, n, stream_h)
-                moved += n
+                if rows == 1:
+                    seam.copy_h2d(base + dst, host + slot_off, n, stream_h)
+                else:
+                    seam.copy_h2d_2d(base + dst, host + slot_off, pitch, n, rows, stream_h)
+                moved += n * rows
             self.counters["copies"] += len(req.copies)
         else:
-            for slot_off, space, dst, n in req.copies:
-                self._dst(space, r, dst, n).copy_to_device(buf[slot_off:slot_off + n], stream=self.stream)
+            for slot_off, space, dst, n, rows, pitch in req.copies:
+                if rows == 1:
+                    src = buf[slot_off:slot_off + n]
+                else:  # the simulator's 2-D copy: the same rows, gathered on the host
+                    src = np.ascontiguousarray(seam.rows_view(buf, slot_off, pitch, n, rows)).reshape(-1)
+                self._dst(space, r, dst, n * rows).copy_to_device(src, stream=self.stream)
                 self.counters["copies"] += 1
-                moved += n
+                moved += n * rows
         self.timings["issue"] += time.perf_counter() - t1
         self._fence(slot)
         self.remaining[r.index] -= 1

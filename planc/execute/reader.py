@@ -175,8 +175,60 @@ class Reader:
             self._retired.append(f.fd)  # closed with the reader: a concurrent read may still be using it
             self.files[rel] = OpenFile(f.path, fd, False, "O_DIRECT read refused: buffered", f.size)
 
-    def read_plain(self, rel: str, offset: int, buf) -> None:
-        """Buffered read of exactly len(buf) bytes (host path: owned, unaligned buffers)."""
+    def read_strided(self, rel: str, offset: int, length: int, stride: int, count: int, buf) -> int:
+        """Copy `count` segments of `length` bytes, `stride` apart from `offset`, packed into `buf`.
+
+        The segments come out of the page cache through a read-only mapping of the file, at most
+        `costmodel.MAP_WINDOW` bytes of it at a time, unmapped before the next window: the pages
+        of other ranks' bytes between the segments are mapped but never read, and the mapped pages
+        the RSS counts stay within the plan's `layout.map_bytes`. Reading through a mapping beyond
+        the end of the file faults, so the file's size is checked against the read first.
+        """
+        import numpy as np
+
+        from ..costmodel import MAP_WINDOW
+
+        fd, path = self._plain_fd(rel)
+        top = offset + (count - 1) * stride + length
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as e:
+            raise ReadError(f"{path}: cannot stat: {e.strerror}", code="read-failed") from None
+        if size < top:
+            raise ReadError(f"{path}: file ended at {size} bytes, short of the planned strided read up to {top} "
+                            f"(was it truncated after compile?)", code="read-short")
+        page = mmap.PAGESIZE
+        out = buf[:length * count]
+        piece = min(length, MAP_WINDOW)  # a segment longer than a window is copied in pieces
+        per = max(1, MAP_WINDOW // stride) if piece == length else 1
+        k = 0
+        while k < count:
+            m = min(per, count - k)
+            for p0 in range(0, length, piece):
+                w = min(piece, length - p0)
+                lo = offset + k * stride + p0
+                a = lo // page * page
+                try:
+                    mm = mmap.mmap(fd, lo + (m - 1) * stride + w - a, prot=mmap.PROT_READ, offset=a)
+                except OSError as e:
+                    raise ReadError(f"{path}: cannot map bytes [{a}, {lo + (m - 1) * stride + w}) for reading: "
+                                    f"{e.strerror}", code="read-failed") from None
+                try:
+                    src = np.frombuffer(mm, np.uint8)
+                    view = np.lib.stride_tricks.as_strided(src[lo - a:], (m, w), (stride, 1), writeable=False)
+                    dst = np.lib.stride_tricks.as_strided(out[k * length + p0:], (m, w), (length, 1))
+                    np.copyto(dst, view)
+                    del src, view, dst
+                finally:
+                    mm.close()
+            k += m
+        with self._lock:
+            self.requests += 1
+            self.bytes_read += length * count
+        return length * count
+
+    def _plain_fd(self, rel: str) -> tuple[int, str]:
+        """A buffered descriptor of `rel`, opened once per file."""
         path = os.path.join(self.root, rel)
         with self._lock:
             fd = self._plain.get(rel)
@@ -185,6 +237,11 @@ class Reader:
                     fd = self._plain[rel] = os.open(path, os.O_RDONLY)
                 except OSError as e:
                     raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code="read-open") from None
+        return fd, path
+
+    def read_plain(self, rel: str, offset: int, buf) -> None:
+        """Buffered read of exactly len(buf) bytes (host path: owned, unaligned buffers)."""
+        fd, path = self._plain_fd(rel)
         pread_exact(fd, buf, offset, path)
         with self._lock:
             self.bytes_read += len(buf)

@@ -48,7 +48,7 @@ def build_table(plan) -> tuple[np.ndarray, dict]:
                 continue
             w = q.width
             first = len(rows)
-            for slot_off, _space, dst, n in q.copies:
+            for slot_off, _space, dst, n, _rows, _pitch in q.copies:
                 rows.append((slot_off // w, dst // w, n // w))
             where[(r.index, qi)] = (first, len(rows))
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)

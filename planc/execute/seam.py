@@ -65,6 +65,8 @@ def _driver():
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         lib.cuMemcpyHtoDAsync_v2.restype = ctypes.c_int
+        lib.cuMemcpy2DAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.cuMemcpy2DAsync_v2.restype = ctypes.c_int
         lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         lib.cuModuleLoadData.restype = ctypes.c_int
@@ -102,3 +104,46 @@ def _check(rc: int, what: str) -> None:
 def copy_h2d(dst_ptr: int, src_ptr: int, nbytes: int, stream_h: int) -> None:
     """Async copy of `nbytes` from pinned host memory at `src_ptr` to device memory at `dst_ptr`."""
     _check(_driver().cuMemcpyHtoDAsync_v2(dst_ptr, src_ptr, nbytes, stream_h), "cuMemcpyHtoDAsync")
+
+
+_memcpy2d = None
+
+
+def _memcpy2d_type():
+    """ctypes layout of CUDA_MEMCPY2D (cuda.h)."""
+    global _memcpy2d
+    if _memcpy2d is None:
+        import ctypes
+
+        sz, ptr, u64, mt = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
+
+        class CUDA_MEMCPY2D(ctypes.Structure):
+            _fields_ = [("srcXInBytes", sz), ("srcY", sz), ("srcMemoryType", mt), ("srcHost", ptr),
+                        ("srcDevice", u64), ("srcArray", ptr), ("srcPitch", sz),
+                        ("dstXInBytes", sz), ("dstY", sz), ("dstMemoryType", mt), ("dstHost", ptr),
+                        ("dstDevice", u64), ("dstArray", ptr), ("dstPitch", sz),
+                        ("WidthInBytes", sz), ("Height", sz)]
+
+        _memcpy2d = CUDA_MEMCPY2D
+    return _memcpy2d
+
+
+_HOST, _DEVICE = 1, 2  # CUmemorytype
+
+
+def copy_h2d_2d(dst_ptr: int, src_ptr: int, pitch: int, width: int, rows: int, stream_h: int) -> None:
+    """Async 2-D copy: `rows` rows of `width` bytes, `pitch` apart in pinned host memory at
+    `src_ptr`, packed at device memory `dst_ptr` (a rank's slice of whole rows held in a slot)."""
+    import ctypes
+
+    p = _memcpy2d_type()(srcMemoryType=_HOST, srcHost=src_ptr, srcPitch=pitch, dstMemoryType=_DEVICE,
+                         dstDevice=dst_ptr, dstPitch=width, WidthInBytes=width, Height=rows)
+    _check(_driver().cuMemcpy2DAsync_v2(ctypes.byref(p), stream_h), "cuMemcpy2DAsync")
+
+
+def rows_view(buf, offset: int, pitch: int, width: int, rows: int):
+    """The `rows` x `width` bytes at `offset` of host array `buf`, rows `pitch` apart, as a 2-D view
+    (what a 2-D copy reads; the simulator copies it through this)."""
+    import numpy as np
+
+    return np.lib.stride_tricks.as_strided(buf[offset:], (rows, width), (pitch, 1), writeable=False)

@@ -6,7 +6,9 @@ compiles three plans from them:
 - `mixed`: every record kind of a one-rank plan: pure copies, a same-size conversion in place, a
   conversion into a landing buffer, a transpose, an FP8 dequantization (weight + scale), experts
   stacked through the scatter kernel, and host-path parts (a conversion and a transpose on the host);
-- `tp`: rank 1 of 2 of a tensor-parallel spec: a split of dim 1 (a strided input) and an uneven split
+- `tp`: rank 1 of 2 of a tensor-parallel spec: a split of dim 1 (a strided input, read by a strided
+  request) and an uneven split; `tp-rows`: rank 0 of the same spec with the slice read as whole rows
+  (a 2-D copy)
   of dim 0 with `pad: true` (a zero-filled padding region);
 - `refused`: `mixed` compiled against a host budget below its peak (it has a refusal).
 
@@ -80,8 +82,8 @@ TP_RULES = [
 ]
 
 
-def _spec(folder: Path, name: str, rules, host="64MiB", tp: int | None = None) -> Path:
-    doc = {"checkpoint": "m.safetensors", "device": "cuda:0", "budget": {"host": host}, "io": IO, "rules": rules}
+def _spec(folder: Path, name: str, rules, host="64MiB", tp: int | None = None, io=None) -> Path:
+    doc = {"checkpoint": "m.safetensors", "device": "cuda:0", "budget": {"host": host}, "io": io or IO, "rules": rules}
     if tp:
         doc["tensor_parallel"] = {"size": tp}
     p = folder / name
@@ -107,9 +109,13 @@ def build_plans(folder: Path) -> Built:
     assert plan.fits, plan.refusal
     refused = _spec(folder, "refused.yaml", MIXED_RULES, host=plan.peak.host_bytes - 1)
     tp = _spec(folder, "tp.yaml", TP_RULES, tp=2)
-    plans = {"mixed": plan, "tp": compile_spec(tp, 1), "refused": compile_spec(refused)}
+    rows = _spec(folder, "tp-rows.yaml", TP_RULES, tp=2, io={**IO, "strided": "rows"})
+    plans = {"mixed": plan, "tp": compile_spec(tp, 1), "refused": compile_spec(refused), "tp-rows": compile_spec(rows, 0)}
     assert plans["tp"].fits and not plans["refused"].fits
-    return Built(folder, src, plans, {"mixed": mixed, "tp": tp, "refused": refused})
+    # the two ways a row-parallel slice is read: a strided request, and whole rows with a 2-D copy
+    assert any(q.stride for r in plans["tp"].runs for q in r.requests)
+    assert any(c.rows > 1 for r in plans["tp-rows"].runs for q in r.requests for c in q.copies)
+    return Built(folder, src, plans, {"mixed": mixed, "tp": tp, "refused": refused, "tp-rows": rows})
 
 
 # --------------------------------------------------------------------------- field paths
@@ -358,7 +364,7 @@ def edits(name: str, doc: dict, refusal: dict | None, replay: Callable) -> Itera
             yield e(f"peak-{k}{what}", f"peak.{k}", _set(("peak", k), v), "refuse", "peak")
         yield e(f"peak-{k}-negative", f"peak.{k}", _set(("peak", k), -peak[k]), "refuse", f"peak.{k}")
     # the header
-    for what, v in (("1", 1), ("3", 3), ("text", "2"), ("null", None)):
+    for what, v in (("2", 2), ("4", 4), ("text", "3"), ("null", None)):
         yield e(f"format-{what}", "format", _set(("format",), v), "refuse", "plan format")
     yield e("format-removed", "format", _remove(("format",)), "refuse", "plan format")
     for what, v in (("spec", "planc-spec"), ("null", None)):
@@ -402,6 +408,7 @@ def _past(doc) -> int:
 WALKED = {
     "mixed": None,
     "tp": lambda t: t.startswith(("tensor_parallel", "layout", "parts", "runs", "tensors")),
+    "tp-rows": lambda t: t.startswith("runs"),
     "refused": lambda t: t.startswith(("refusal", "budget", "peak")),
 }
 

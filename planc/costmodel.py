@@ -1,0 +1,84 @@
+"""How a tensor-parallel slice of a later dim is read: through a mapping, or as whole rows.
+
+A dim-1 slice of a row-major [R, C] weight is R segments of C/N elements, a row apart. Two ways
+read it, and both bring the device only the slice:
+- `mapped`: the segments are copied out of the page cache through a mapping of the file, one
+  window at a time, packed into a ring slot (a strided request); the pages the other ranks' bytes
+  sit on are mapped but never read. Cost: `page_s` per page touched + `copy_byte_s` per byte.
+- `rows`: the whole rows are read into ring slots (O_DIRECT when cold), and a 2-D copy sends
+  only the slice to the device. Cost: `read_byte_s` per byte of the rows + `request_s` per request.
+
+The figures are machine-wide (all readers together). They come from `planc probe`, which measures
+them on this machine and keeps the result (`probe_path()`), else from `DEFAULTS`, measured on an
+H200 host (16 cores; 16 readers, page cache warm; `bench/probe_strided.py`, 2026-12-01):
+mapped reads of 1 KiB segments 8 KiB apart ran at 10-12 GB/s of payload (10 M segments/s),
+whole rows at 25-28 GB/s of rows, and 2-D copies from pinned memory at 47-54 GB/s, as fast as 1-D
+copies of the same bytes. The choice per input and its predicted seconds are in `explain`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from .ir import Costs
+
+PAGE = 4096
+STRIDED_MODES = ("auto", "mapped", "rows")  # io.strided
+MAP_WINDOW = 8 << 20  # file bytes a strided read maps at a time (its pages count in the RSS until unmapped)
+DEFAULTS = Costs("default", page_s=1.2e-7, copy_byte_s=2.0e-11, read_byte_s=4.0e-11, request_s=2.0e-6)
+
+
+def probe_path() -> Path:
+    """Where `planc probe` keeps its figures: $PLANC_PROBE, else ~/.cache/planc/io-probe.json
+    (`PLANC_PROBE=off`: use the defaults whatever was measured)."""
+    v = os.environ.get("PLANC_PROBE")
+    if v:
+        return Path(v)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "planc" / "io-probe.json"
+
+
+def load_costs(path: Path | None = None) -> Costs:
+    """The probe's figures when a valid probe file exists, else the defaults (never an error: a
+    damaged probe file only costs the choice its measured figures)."""
+    if path is None and os.environ.get("PLANC_PROBE") == "off":
+        return DEFAULTS
+    p = path or probe_path()
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        vals = [float(doc[k]) for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")]
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULTS
+    if not all(math.isfinite(v) and 0 < v < 1 for v in vals):
+        return DEFAULTS
+    return Costs(str(p), *vals)
+
+
+def pages_touched(seg: int, stride: int, count: int) -> int:
+    """Pages a mapped read of `count` segments of `seg` bytes, `stride` apart, touches (about)."""
+    span = (count - 1) * stride + seg
+    return min(count * (-(-seg // PAGE) + 1), -(-span // PAGE) + 1)
+
+
+def mapped_seconds(c: Costs, seg: int, stride: int, count: int) -> float:
+    return pages_touched(seg, stride, count) * c.page_s + seg * count * c.copy_byte_s
+
+
+def rows_seconds(c: Costs, seg: int, stride: int, count: int, slot: int) -> float:
+    span = (count - 1) * stride + seg
+    return span * c.read_byte_s + -(-span // slot) * c.request_s
+
+
+def choose(c: Costs, seg: int, stride: int, count: int, slot: int, mode: str = "auto") -> tuple[str, float, float]:
+    """("mapped" | "rows", predicted seconds mapped, predicted seconds as rows) for one input;
+    `mode` (io.strided) other than auto forces the method (a segment longer than a slot is always
+    read as rows: a mapped read packs whole segments into one slot)."""
+    rows = rows_seconds(c, seg, stride, count, slot)
+    if seg > slot:
+        return "rows", math.inf, rows
+    mapped = mapped_seconds(c, seg, stride, count)
+    if mode in ("mapped", "rows"):
+        return mode, mapped, rows
+    return ("mapped" if mapped <= rows else "rows"), mapped, rows

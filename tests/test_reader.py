@@ -1,0 +1,47 @@
+"""Strided reads through a mapping, against numpy slicing of the same file's bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planc import costmodel
+from planc.errors import ReadError
+from planc.execute.reader import Reader
+
+
+@pytest.fixture()
+def blob(tmp_path):
+    data = np.random.default_rng(5).integers(0, 256, 300_000, dtype=np.uint8)
+    (tmp_path / "f.bin").write_bytes(data.tobytes())
+    return tmp_path, data
+
+
+@pytest.mark.parametrize("window", [1 << 20, 8192, 4096, 1000])
+@pytest.mark.parametrize("offset,length,stride,count", [
+    (0, 1024, 8192, 30), (123, 2, 16, 5000), (4095, 4097, 9000, 20), (77, 3000, 3001, 90), (5, 1, 1, 1),
+    (299_000, 1000, 1000, 1)])
+def test_read_strided_equals_numpy_slicing(blob, monkeypatch, window, offset, length, stride, count):
+    monkeypatch.setattr(costmodel, "MAP_WINDOW", window)  # windows and segment pieces smaller than the reads
+    d, data = blob
+    r = Reader(str(d), "off")
+    buf = np.full(length * count + 64, 0xAB, dtype=np.uint8)
+    try:
+        assert r.read_strided("f.bin", offset, length, stride, count, buf) == length * count
+    finally:
+        r.close()
+    want = np.lib.stride_tricks.as_strided(data[offset:], (count, length), (stride, 1)).reshape(-1)
+    assert np.array_equal(buf[:length * count], want)
+    assert (buf[length * count:] == 0xAB).all()  # nothing written past the packed segments
+    assert r.bytes_read == length * count and r.requests == 1
+
+
+def test_read_strided_past_the_end_is_a_typed_error_not_a_fault(blob):
+    d, _ = blob
+    r = Reader(str(d), "off")
+    try:
+        with pytest.raises(ReadError) as ei:
+            r.read_strided("f.bin", 299_000, 100, 1000, 3, np.empty(300, np.uint8))
+        assert ei.value.code == "read-short" and "f.bin" in ei.value.message
+    finally:
+        r.close()
