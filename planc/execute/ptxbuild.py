@@ -98,6 +98,7 @@ def build(out: Path, ccs=signatures.CCS, log=print) -> dict:
             except Exception as e:  # noqa: BLE001 - reported with the launch it failed on
                 raise PtxBuildError(f"{name} {signatures.sig_tag(sig)} sm_{cc[0]}{cc[1]}: "
                                     f"{type(e).__name__}: {e}") from e
+            ptx = _stable(ptx)
             found = _ENTRY.findall(ptx)
             if len(found) != 1:
                 raise PtxBuildError(f"{name} {signatures.sig_tag(sig)}: {len(found)} kernel entries in its PTX, "
@@ -114,6 +115,17 @@ def build(out: Path, ccs=signatures.CCS, log=print) -> dict:
            "kernels": entries}
     (out / "index.json").write_text(_dump(doc))
     return doc
+
+
+def _stable(ptx: str) -> str:
+    """The PTX with its module-scope `.common .global` declarations (numba's per-function environment
+    pointers) in sorted order: numba emits them in an order that varies between builds, and the
+    order of declarations means nothing to PTX. A rebuild from the same sources then changes no file."""
+    lines = ptx.split("\n")
+    idx = [i for i, ln in enumerate(lines) if ln.startswith(".common .global ")]
+    for i, ln in zip(idx, sorted(lines[i] for i in idx)):
+        lines[i] = ln
+    return "\n".join(lines)
 
 
 def _dump(doc: dict) -> str:
