@@ -37,6 +37,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from planc import settings
 from planc.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
 from planc.execute import launch
 from planc.execute.refconv import fp8_table
@@ -76,7 +77,7 @@ def _cache_writable() -> bool:
     With the cache, a process after the first loads each kernel's compiled code from disk instead of
     compiling it again (about 0.5-1 s per kernel). Without a writable folder, kernels compile per process.
     """
-    if os.environ.get("PLANC_KERNEL_CACHE", "1") == "0":
+    if not settings.numba_cache():
         return False
     places = [os.environ.get("NUMBA_CACHE_DIR"), os.path.join(os.path.dirname(__file__), "__pycache__"),
               os.path.join(os.path.expanduser("~"), ".cache")]

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from . import ptxindex, seam
 
 _lock = threading.Lock()
@@ -51,7 +52,7 @@ _salt: str | None = None
 
 def enabled() -> bool:
     """Launch through the driver: on a GPU, unless PLANC_RAW_LAUNCH=0."""
-    return os.environ.get("PLANC_RAW_LAUNCH", "1") != "0" and not seam.simulated()
+    return settings.raw_launch() and not seam.simulated()
 
 
 def stats() -> dict:
@@ -72,7 +73,7 @@ def since(before: dict) -> dict:
 def _cache_dir() -> Path | None:
     global _dir
     if _dir is None:
-        d = Path(os.environ.get("PLANC_KERNEL_DIR") or Path.home() / ".cache" / "planc" / "kernels")
+        d = settings.kernel_dir()
         try:
             d.mkdir(parents=True, exist_ok=True)
             if not os.access(d, os.W_OK):
