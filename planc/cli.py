@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import __version__
+from . import __version__, settings
 from .errors import PlancError, printable, shorten_words
 from .units import fmt_bytes, parse_bytes
 
@@ -552,7 +552,7 @@ def main(argv=None) -> int:
         return rc if isinstance(rc, int) else 0  # a command's typer.Exit(n) comes back as n here
     except PlancError as e:
         _say(f"planc: {e.message} [{e.code}]")
-        if os.environ.get("PLANC_DEBUG"):
+        if settings.debug():
             raise
         return e.exit_code
     except typer.Exit as e:
@@ -571,7 +571,7 @@ def main(argv=None) -> int:
             where = ctx.command_path if ctx is not None else "planc"
             _say(f"planc: {e.format_message()} (see {where} --help) [usage]")
             return 2
-        if os.environ.get("PLANC_DEBUG"):
+        if settings.debug():
             raise
         _say(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)")
         return 1

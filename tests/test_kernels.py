@@ -386,7 +386,7 @@ def test_fp8_device_table_is_cached():
 # transpose
 
 
-@pytest.mark.parametrize("itemsize", [1, 2, 4])
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
 def test_transpose_non_square(itemsize):
     rng = np.random.default_rng(itemsize)
     rows, cols = 37, 70  # tiles of 32: partial tiles along both edges
@@ -409,7 +409,7 @@ def test_transpose_thin_and_exact_tiles(rows, cols):
 def test_transpose_refuses_bad_arguments():
     buf = cuda.device_array(64, dtype=np.uint8)
     with pytest.raises(ValueError, match="itemsize"):
-        K.transpose2d(buf, buf, 2, 2, 8)
+        K.transpose2d(buf, buf, 2, 2, 3)
     with pytest.raises(ValueError, match="overlap"):
         K.transpose2d(buf[:32], buf[16:48], 4, 8, 1)
     K.transpose2d(buf, buf, 0, 5, 4)  # empty

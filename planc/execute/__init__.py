@@ -69,6 +69,7 @@ def admit_live(plan) -> dict:
 
 def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device: str | None = None):
     """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure."""
+    from . import launch
     from .alloc import release
     from .loader import Loader
     from .memory import hwm_bytes, reset_hwm, rss_bytes
@@ -87,6 +88,7 @@ def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, devic
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()
     free_before = memory_info()
+    kernel_code = launch.stats()
     loader = Loader(plan)
     loader.device = dev
     loader.timings["prepare"] = time.perf_counter() - t_prep
@@ -129,6 +131,7 @@ def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, devic
     tensors = {t.name: DeviceTensor(t.name, t.dtype, t.shape, t.offset_bytes, t.nbytes, arena, idx)
                for t in plan.tensors}
     report = _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, simulated())
+    report["kernel_code"] = launch.since(kernel_code)  # where this load's kernels came from (launch.stats)
     model = LoadedModel(tensors, report, arena)
     t_rel = time.perf_counter()
     release(full=False)

@@ -11,7 +11,7 @@ exactly the bits of the host reference in `planc.execute.refconv`:
   uint16 buffer): each element is read and then written by one thread.
 * FP8 (E4M3 / E5M2) block dequantization: float32(fp8) * float32 scale, rounded once to BF16,
   F16, or kept as float32. FP8 decodes through a 256-entry float32 table built from ml_dtypes.
-* 2-D transpose of 1-, 2- and 4-byte elements through a shared-memory tile.
+* 2-D transpose of 1-, 2-, 4- and 8-byte elements through a shared-memory tile.
 
 Integer work happens in int64 on purpose: numba widens integer arithmetic to 64 bits on the
 GPU while the simulator keeps numpy's widths (there `uint16 << 16` is 0), so each value is
@@ -37,6 +37,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from planc import settings
 from planc.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
 from planc.execute import launch
 from planc.execute.refconv import fp8_table
@@ -62,7 +63,7 @@ warnings.filterwarnings(
 )
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def simulated() -> bool:
@@ -76,7 +77,7 @@ def _cache_writable() -> bool:
     With the cache, a process after the first loads each kernel's compiled code from disk instead of
     compiling it again (about 0.5-1 s per kernel). Without a writable folder, kernels compile per process.
     """
-    if os.environ.get("PLANC_KERNEL_CACHE", "1") == "0":
+    if not settings.numba_cache():
         return False
     places = [os.environ.get("NUMBA_CACHE_DIR"), os.path.join(os.path.dirname(__file__), "__pycache__"),
               os.path.join(os.path.expanduser("~"), ".cache")]
@@ -351,12 +352,23 @@ _k_transpose = {
     1: _transpose_kernel(numba.uint8),
     2: _transpose_kernel(numba.uint16),
     4: _transpose_kernel(numba.uint32),
+    8: _transpose_kernel(numba.uint64),
 }
 
-# Stable names of the kernels (the on-disk cubins of planc.execute.launch are keyed by them).
-_NAMES = {id(k): n for n, k in (("copy", _k_copy), ("f32_to_bf16", _k_f32_to_bf16), ("f32_to_f16", _k_f32_to_f16),
-                                ("bf16_to_f32", _k_bf16_to_f32), ("f16_to_f32", _k_f16_to_f32),
-                                ("bf16_to_f16", _k_bf16_to_f16), ("f16_to_bf16", _k_f16_to_bf16))}
+# Stable names of the kernels: the shipped PTX (planc.execute.signatures) and the on-disk cubins of
+# planc.execute.launch are keyed by them.
+KERNELS = {
+    "copy": _k_copy,
+    "f32_to_bf16": _k_f32_to_bf16,
+    "f32_to_f16": _k_f32_to_f16,
+    "bf16_to_f32": _k_bf16_to_f32,
+    "f16_to_f32": _k_f16_to_f32,
+    "bf16_to_f16": _k_bf16_to_f16,
+    "f16_to_bf16": _k_f16_to_bf16,
+    **{f"dequant_{d}": k for d, k in _k_dequant.items()},
+    **{f"transpose_{s}": k for s, k in _k_transpose.items()},
+}
+_NAMES = {id(k): n for n, k in KERNELS.items() if not n.startswith(("dequant_", "transpose_"))}
 
 # (src dtype, dst dtype) -> kernel; identical dtypes copy.
 _CONVERT_KERNELS = {
@@ -465,7 +477,7 @@ def launch_dequant_fp8(
 
 
 def launch_transpose(src, dst, rows: int, cols: int, stream=0) -> None:
-    """src, dst: uint8, uint16 or uint32 arrays of rows * cols elements."""
+    """src, dst: uint8, uint16, uint32 or uint64 arrays of rows * cols elements."""
     if rows <= 0 or cols <= 0:
         return
     if simulated():
@@ -607,10 +619,10 @@ def dequantize_fp8(
 def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0) -> None:
     """Write the [cols, rows] transpose of the row-major [rows, cols] matrix in `src_u8`.
 
-    Elements of 1, 2 or 4 bytes; source and destination must not overlap.
+    Elements of 1, 2, 4 or 8 bytes; source and destination must not overlap.
     """
     if itemsize not in _UINT:
-        raise ValueError(f"itemsize must be 1, 2 or 4, got {itemsize}")
+        raise ValueError(f"itemsize must be 1, 2, 4 or 8, got {itemsize}")
     if rows < 0 or cols < 0:
         raise ValueError(f"bad shape [{rows}, {cols}]")
     nbytes = rows * cols * itemsize

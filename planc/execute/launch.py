@@ -1,20 +1,27 @@
-"""Kernel launches through the driver, once a kernel's machine code is on disk.
+"""Kernel launches through the driver, from PTX shipped with the package: no compile at load time.
 
-numba's first launch of a kernel in a process costs 0.5-1 s even when its on-disk cache hits:
-typing the arguments, setting up the CUDA target, rebuilding the cached library. In a load of a
-few seconds that is most of the difference from a pure copy. So the first time a kernel runs
-with a given argument signature, numba compiles it as usual and its cubin is written to
-`~/.cache/planc/kernels` (or `PLANC_KERNEL_DIR`); every later launch, in this process or the next,
-loads that cubin with `cuModuleLoadData` and calls `cuLaunchKernel` with the arguments packed as
-numba's kernel ABI lays them out:
+numba's first launch of a kernel in a process costs 0.5-1 s and about 100 MB of host memory (LLVM)
+even when its on-disk cache hits: typing the arguments, setting up the CUDA target, rebuilding the
+cached library. In a load of a few seconds that is most of the difference from a pure copy. So
+every launch the executor makes (`planc.execute.signatures`) is built to PTX ahead of time
+(`planc.execute.ptxbuild`) and shipped in `planc/execute/ptx`. A launch loads its kernel's PTX
+with `cuModuleLoadData` (the driver JIT-compiles it for the device and keeps the result in its own
+compute cache, so a later process skips even that) and calls `cuLaunchKernel` with the arguments
+packed as numba's kernel ABI lays them out:
 
 * an array is (meminfo, parent, nitems, itemsize, data, shape[ndim], strides[ndim]), each 8 bytes;
 * an int64 scalar is 8 bytes.
 
+Only when a launch has no usable PTX (a signature not shipped, a device below the lowest shipped
+capability, a driver that refuses the PTX's ISA version, or an index built from other kernel
+sources) does it take the earlier path: numba compiles the kernel at its first launch, its cubin
+is written to `~/.cache/planc/kernels` (or `PLANC_KERNEL_DIR`), and later launches, in this process
+or the next, load that cubin. `stats()` counts each kind of load (`kernels_compiled` is the number
+of launches numba compiled) and says why each fallback happened.
+
 The cubin's file name hashes the kernel's name and signature, the device's compute capability,
 the numba-cuda version and the source of the kernel modules, so a changed kernel is compiled anew.
-Under the simulator, with `PLANC_RAW_LAUNCH=0`, or when no cache folder is writable, every launch
-goes through numba.
+Under the simulator and with `PLANC_RAW_LAUNCH=0` every launch goes through numba.
 """
 
 from __future__ import annotations
@@ -28,24 +35,45 @@ from pathlib import Path
 
 import numpy as np
 
-from . import seam
+from .. import settings
+from . import ptxindex, seam
 
 _lock = threading.Lock()
-_functions: dict = {}  # (name, signature, device) -> CUfunction handle (int), or None: not on disk
+_functions: dict = {}  # (name, signature, context) -> CUfunction handle (int)
 _modules: list = []  # loaded modules stay for the process (a few KiB each)
 _given_up: set = set()  # (name, signature) whose cubin could not be written
+_compiled: set = set()  # (name, signature) launched through numba on a GPU: compiled in this process
+_bad_ptx: dict = {}  # (name, signature, cc) -> why the driver refused the shipped PTX
+_stats = {"kernels_from_ptx": 0, "kernels_from_cubin": 0, "kernels_compiled": 0}
+_fallbacks: list[str] = []  # why each compiled launch had no shipped PTX (in order)
 _dir: Path | None = None
 _salt: str | None = None
 
 
 def enabled() -> bool:
-    return os.environ.get("PLANC_RAW_LAUNCH", "1") != "0" and not seam.simulated() and _cache_dir() is not None
+    """Launch through the driver: on a GPU, unless PLANC_RAW_LAUNCH=0."""
+    return settings.raw_launch() and not seam.simulated()
+
+
+def stats() -> dict:
+    """Module loads in this process so far: from shipped PTX, from the cubin cache, compiled by numba
+    (with why each had no shipped PTX). `since` turns two snapshots into one load's counts."""
+    with _lock:
+        return {**_stats, "fallbacks": list(_fallbacks)}
+
+
+def since(before: dict) -> dict:
+    """The counts of `stats()` now, less those of the snapshot `before`."""
+    now = stats()
+    out = {k: now[k] - before.get(k, 0) for k in _stats}
+    out["fallbacks"] = now["fallbacks"][len(before.get("fallbacks", [])):]
+    return out
 
 
 def _cache_dir() -> Path | None:
     global _dir
     if _dir is None:
-        d = Path(os.environ.get("PLANC_KERNEL_DIR") or Path.home() / ".cache" / "planc" / "kernels")
+        d = settings.kernel_dir()
         try:
             d.mkdir(parents=True, exist_ok=True)
             if not os.access(d, os.W_OK):
@@ -126,42 +154,91 @@ def _context() -> int:
     return int(ctx.value or 0)
 
 
-def _load(name: str, sig: tuple) -> int | None:
+def _module_function(image: bytes, entry: str) -> tuple[int | None, int]:
+    """(CUfunction, 0) of `entry` in a PTX or cubin image, or (None, the failing CUresult)."""
+    cu = seam._driver()
+    mod, f = ctypes.c_void_p(), ctypes.c_void_p()
+    rc = cu.cuModuleLoadData(ctypes.byref(mod), image)
+    if rc == 0:
+        _modules.append(mod)
+        rc = cu.cuModuleGetFunction(ctypes.byref(f), mod, entry.encode())
+    return (int(f.value), 0) if rc == 0 else (None, rc)
+
+
+def _error_text(rc: int) -> str:
+    msg = ctypes.c_char_p()
+    seam._driver().cuGetErrorString(rc, ctypes.byref(msg))
+    return msg.value.decode() if msg.value else f"CUresult {rc}"
+
+
+def _load_shipped(name: str, sig: tuple, cc: tuple) -> tuple[int | None, str | None]:
+    """(the function from the shipped PTX, None), or (None, why it cannot serve this launch)."""
+    bad = _bad_ptx.get((name, sig, cc))
+    if bad:
+        return None, bad
+    e, why = ptxindex.choose(name, sig, cc)
+    if e is None:
+        return None, why
+    try:
+        image = ptxindex.path_of(e).read_bytes()
+    except OSError as err:
+        why = f"{name} {e.file}: shipped PTX unreadable ({err})"
+    else:
+        fn, rc = _module_function(image, e.entry)
+        if fn is not None:
+            return fn, None
+        why = (f"{name} {e.file}: the driver refused PTX {e.ptx_version} for sm_{cc[0]}{cc[1]}: {_error_text(rc)}"
+               + (" (the driver is older than the NVVM that built it)" if rc == 222 else ""))
+    _bad_ptx[(name, sig, cc)] = why
+    return None, why
+
+
+def _load(name: str, sig: tuple) -> tuple[int | None, str | None]:
+    """(CUfunction for the launch, None), or (None, why there is no shipped PTX for it): from the
+    shipped PTX first, then from the cubin cache of an earlier numba compile."""
     key = (name, sig, _context())
     fn = _functions.get(key)
     if fn is not None:
-        return fn
+        return fn, None
     with _lock:
         if key in _functions:
-            return _functions[key]
-        path = _file(name, sig, _compute_capability())
-        fn = None
+            return _functions[key], None
+        cc = _compute_capability()
+        fn, why = _load_shipped(name, sig, cc)
+        if fn is not None:
+            _functions[key] = fn
+            _stats["kernels_from_ptx"] += 1
+            return fn, None
+        if _cache_dir() is None:
+            return None, why
+        path = _file(name, sig, cc)
         try:
             meta = json.loads(path.with_suffix(".json").read_text())
             image = path.read_bytes()
         except (OSError, ValueError):
             meta = None
         if meta is not None:
-            cu = seam._driver()
-            mod, f = ctypes.c_void_p(), ctypes.c_void_p()
-            if (cu.cuModuleLoadData(ctypes.byref(mod), image) != 0
-                    or cu.cuModuleGetFunction(ctypes.byref(f), mod, str(meta.get("entry", "")).encode()) != 0):
+            fn, _rc = _module_function(image, str(meta.get("entry", "")))
+            if fn is None:
                 # A damaged or foreign file: dropped, so that numba compiles the kernel and writes it anew.
                 for p in (path, path.with_suffix(".json")):
                     try:
                         p.unlink()
                     except OSError:
                         pass
-                return None
-            _modules.append(mod)
-            fn = int(f.value)
+                return None, why
             _functions[key] = fn
-        return fn
+            _stats["kernels_from_cubin"] += 1
+            if (name, sig) not in _compiled:  # not this process's own compile, counted already
+                _fallbacks.append(f"{why}; loaded the cubin of an earlier compile")
+        return fn, why
 
 
 def _save(kernel, name: str, sig: tuple) -> bool:
     """After numba launched `kernel`, write its cubin for `sig`; False when it could not (best
     effort: a failure only means that launches of it go through numba)."""
+    if _cache_dir() is None:
+        return False
     try:
         cc = _compute_capability()
         for types, ov in list(kernel.overloads.items()):
@@ -217,17 +294,30 @@ def _raw_launch(fn: int, grid, block, stream, args) -> None:
     seam._check(seam._driver().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
 
 
+def _count_compile(name: str, sig, why: str) -> None:
+    with _lock:
+        if (name, sig) not in _compiled:
+            _compiled.add((name, sig))
+            _stats["kernels_compiled"] += 1
+            _fallbacks.append(f"{why}; compiled by numba")
+
+
 def go(kernel, name: str, grid, block, stream, *args) -> None:
     """Launch `kernel` (a numba CUDA kernel) named `name` with `args` on `stream`."""
     if enabled():
         sig = signature(args)
-        if sig is not None and (name, sig) not in _given_up:
-            fn = _load(name, sig)
+        if sig is None:
+            _count_compile(name, sig, f"{name}: an argument other than a C-contiguous array or an int")
+        elif (name, sig) not in _given_up:
+            fn, why = _load(name, sig)
             if fn is not None:
                 _raw_launch(fn, grid, block, stream, args)
                 return
+            _count_compile(name, sig, why)
             kernel[grid, block, stream](*args)
             if not _save(kernel, name, sig):
                 _given_up.add((name, sig))  # numba launches this one from now on, without asking the disk
             return
+    elif not seam.simulated():
+        _count_compile(name, signature(args), f"{name}: PLANC_RAW_LAUNCH=0")
     kernel[grid, block, stream](*args)

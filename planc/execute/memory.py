@@ -7,23 +7,18 @@ Live room = min(MemAvailable, cgroup limit - cgroup usage net of reclaimable fil
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-DEFAULT_RESERVE = 256 * 2**20
 
 
 def reserve_bytes() -> int:
-    v = os.environ.get("PLANC_HOST_RESERVE")
-    if v:
-        from ..errors import SpecError
-        from ..units import parse_bytes
+    from ..settings import SettingError, host_reserve_bytes
 
-        try:
-            return parse_bytes(v)
-        except ValueError as e:
-            raise SpecError(f"PLANC_HOST_RESERVE: {e}", code="bad-env") from None
-    return DEFAULT_RESERVE
+    try:
+        return host_reserve_bytes()
+    except SettingError as e:
+        from ..errors import SpecError
+
+        raise SpecError(str(e), code="bad-env") from None
 
 
 def _meminfo(key: str) -> int | None:

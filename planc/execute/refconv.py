@@ -12,7 +12,7 @@ Semantics, all on little-endian raw bytes (the safetensors layout):
   ml_dtypes cast turns a BF16 NaN into an infinity.
 * FP8 block dequantization: ``out = target(float32(w) * float32(scale[r // B, c // B]))``, one
   float32 product rounded once to the target.
-* 2-D transpose of a row-major [rows, cols] matrix of 1-, 2- or 4-byte elements.
+* 2-D transpose of a row-major [rows, cols] matrix of 1-, 2-, 4- or 8-byte elements.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from planc.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, dtype
 
-_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 CONVERT_CHUNK = 1 << 18  # elements converted at a time: at most 1 MiB of float32 intermediate
 
 _FP8_NUMPY = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
@@ -107,7 +107,7 @@ def transpose_host(src_bytes: np.ndarray, rows: int, cols: int, itemsize: int) -
     """Raw bytes of the [cols, rows] transpose of a row-major [rows, cols] matrix."""
     src = _as_u8(src_bytes)
     if itemsize not in _UINT_OF_SIZE:
-        raise ValueError(f"itemsize must be 1, 2 or 4, got {itemsize}")
+        raise ValueError(f"itemsize must be 1, 2, 4 or 8, got {itemsize}")
     if src.size != rows * cols * itemsize:
         raise ValueError(f"{src.size} bytes for a [{rows}, {cols}] matrix of {itemsize}-byte items")
     m = src.view(_UINT_OF_SIZE[itemsize]).reshape(rows, cols)

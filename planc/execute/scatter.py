@@ -79,6 +79,10 @@ def _zero(dst, n):
         i += s
 
 
+# Stable names of the kernels, as planc.execute.signatures lists their launches.
+KERNELS = {**{f"scatter_{w}": _scatter for w in _VIEW}, "zero": _zero}
+
+
 def zero(arena_u8, regions, stream) -> int:
     """Zero-fill (offset, bytes) regions of the arena: the padding of uneven tensor-parallel splits.
     Returns the kernels launched (one per non-empty region)."""

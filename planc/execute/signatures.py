@@ -1,0 +1,119 @@
+"""Every kernel launch the executor can make: kernel name and argument signature.
+
+The executor's kernels are launched through the driver from PTX built ahead of time and shipped
+with the package (`planc/execute/ptx`). A launch whose (name, signature) has no PTX is compiled
+by numba at load time, which costs 0.5-1 s and about 100 MB of host memory; so this table is the
+complete, explicit set of launches, derived from the dtype tables the compiler itself uses:
+
+* convert: every ordered pair of `FLOAT_CONVERTIBLE` dtypes (a pair of equal dtypes copies);
+* dequantize: every `FLOAT_CONVERTIBLE` target (each `FP8_DEQUANTIZABLE` source uses the same
+  kernel: only its 256-entry decode table differs);
+* transpose: elements of 1, 2, 4 and 8 bytes (every whole-byte dtype in `planc.dtypes`);
+* scatter: the request widths the schedule picks (1, 2, 4, 8 bytes);
+* zero: the zero-fill of tensor-parallel padding.
+
+A signature is what `planc.execute.launch.signature` computes from the arguments of a launch:
+('a', numpy dtype string, ndim) per C-contiguous device array, ('i',) per integer (int64).
+This module imports neither numba nor numpy: the shipped-PTX check runs on any machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from planc.dtypes import FLOAT_CONVERTIBLE
+
+# Compute capabilities PTX is built for. The driver JIT-compiles PTX for any device of the same or
+# a later capability, so the lowest one covers every newer GPU; later ones are built for codegen
+# that the lowest cannot use.
+CCS: tuple[tuple[int, int], ...] = ((8, 0), (9, 0))
+
+# The files whose text the kernels' machine code depends on. Any change to them needs the PTX built
+# again (`REBUILD`); the shipped index records the hash of these sources.
+SOURCES = ("kernels.py", "scatter.py")
+REBUILD = "bash bench/build_ptx.sh"
+
+_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
+_UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+F32 = "<f4"
+I64 = "<i8"
+INT = ("i",)
+
+# (src dtype, dst dtype) -> map kernel name; equal dtypes copy.
+CONVERT_KERNEL = {
+    ("F32", "BF16"): "f32_to_bf16",
+    ("F32", "F16"): "f32_to_f16",
+    ("BF16", "F32"): "bf16_to_f32",
+    ("F16", "F32"): "f16_to_f32",
+    ("BF16", "F16"): "bf16_to_f16",
+    ("F16", "BF16"): "f16_to_bf16",
+}
+TRANSPOSE_SIZES = (1, 2, 4, 8)
+SCATTER_WIDTHS = (1, 2, 4, 8)
+
+
+def arr(dtype_str: str, ndim: int = 1) -> tuple:
+    return ("a", dtype_str, ndim)
+
+
+def convert_launch(src: str, dst: str) -> tuple[str, tuple]:
+    """(name, signature) of the launch converting `src` to `dst` (safetensors names)."""
+    s, d = _ITEMSIZE[src], _ITEMSIZE[dst]
+    name = "copy" if src == dst else CONVERT_KERNEL[(src, dst)]
+    return name, (arr(_UINT[s]), arr(_UINT[d]), INT)
+
+
+def dequant_launch(out_dtype: str) -> tuple[str, tuple]:
+    """(name, signature) of the FP8 dequantization into `out_dtype` (the FP8 kind is in the table)."""
+    return f"dequant_{out_dtype}", (arr(_UINT[1]), arr(F32), arr(F32), arr(_UINT[_ITEMSIZE[out_dtype]]),
+                                    INT, INT, INT, INT)
+
+
+def transpose_launch(itemsize: int) -> tuple[str, tuple]:
+    return f"transpose_{itemsize}", (arr(_UINT[itemsize]), arr(_UINT[itemsize]), INT, INT)
+
+
+def scatter_launch(width: int) -> tuple[str, tuple]:
+    return f"scatter_{width}", (arr(_UINT[width]), arr(_UINT[width]), arr(I64, 2), INT, INT)
+
+
+def zero_launch() -> tuple[str, tuple]:
+    return "zero", (arr(_UINT[1]), INT)
+
+
+def launches() -> list[tuple[str, tuple]]:
+    """Every (kernel name, signature) the executor launches, each once, in a stable order."""
+    out = [convert_launch(a, b) for a in sorted(FLOAT_CONVERTIBLE) for b in sorted(FLOAT_CONVERTIBLE)]
+    out += [dequant_launch(d) for d in sorted(FLOAT_CONVERTIBLE)]
+    out += [transpose_launch(s) for s in TRANSPOSE_SIZES]
+    out += [scatter_launch(w) for w in SCATTER_WIDTHS]
+    out.append(zero_launch())
+    seen, unique = set(), []
+    for x in out:
+        if x not in seen:
+            seen.add(x)
+            unique.append(x)
+    return unique
+
+
+def sig_tag(sig: tuple) -> str:
+    """A short, file-name-safe spelling of a signature: 'u2.u4.i' (2-D arrays get their ndim)."""
+    parts = []
+    for s in sig:
+        if s[0] == "i":
+            parts.append("i")
+        else:
+            t = s[1].lstrip("<|>=")
+            parts.append(t if s[2] == 1 else f"{t}x{s[2]}")
+    return ".".join(parts)
+
+
+def source_hash() -> str:
+    """sha256 of the kernel sources (`SOURCES`), as the shipped index records it."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update(name.encode() + b"\0")
+        h.update((here / name).read_bytes().replace(b"\r\n", b"\n"))
+    return h.hexdigest()

@@ -1,0 +1,240 @@
+"""The PTX shipped in planc/execute/ptx is complete and current, checked without a GPU.
+
+Complete: every launch the executor can make (each op and dtype pair the compiler can emit, each
+scatter width the schedule picks) is in `planc.execute.signatures`, found here by driving the
+real dispatchers under the simulator and recording what they hand to `launch.go`; and every one of
+those has a PTX file per shipped compute capability. Current: the index's source hash is that of
+today's kernel sources, so a kernel edited without building the PTX again fails here, with the
+command that rebuilds it.
+"""
+
+import os
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+import re  # noqa: E402
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from planc.dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE  # noqa: E402
+from planc.execute import ptxindex, signatures  # noqa: E402
+
+INDEX = ptxindex.read()
+
+
+def test_index_was_built_from_the_current_kernel_sources():
+    why = ptxindex.stale_reason(INDEX)
+    assert why is None, f"{why}, then commit planc/execute/ptx"
+    assert signatures.REBUILD in ptxindex.stale_reason({"source_hash": "other"})
+
+
+def test_every_launch_has_ptx_for_every_capability():
+    have = {(e.name, e.signature, e.cc): e for e in INDEX["kernels"]}
+    missing = [f"{n} {signatures.sig_tag(s)} sm_{cc[0]}{cc[1]}" for n, s in signatures.launches()
+               for cc in signatures.CCS if (n, s, cc) not in have]
+    assert not missing, f"no shipped PTX for {missing}; rebuild it with `{signatures.REBUILD}`"
+    assert [tuple(c) for c in INDEX["ccs"]] == list(signatures.CCS)
+
+
+def test_each_ptx_file_holds_its_entry_for_its_capability():
+    for e in INDEX["kernels"]:
+        text = ptxindex.path_of(e).read_text()
+        assert re.search(rf"^\.target sm_{e.cc[0]}{e.cc[1]}\b", text, re.M), e.file
+        assert re.search(rf"\.entry {re.escape(e.entry)}\(", text), e.file
+        assert re.search(rf"^\.version {re.escape(e.ptx_version)}$", text, re.M), e.file
+
+
+def test_no_stray_files():
+    listed = {e.file for e in INDEX["kernels"]}
+    on_disk = {p.name for p in ptxindex.DIR.glob("*.ptx")}
+    assert on_disk == listed
+    assert len(listed) == len(INDEX["kernels"]) == len(signatures.launches()) * len(signatures.CCS)
+
+
+def test_choose_takes_the_highest_capability_not_above_the_device():
+    name, sig = signatures.zero_launch()
+    assert ptxindex.choose(name, sig, (9, 0))[0].cc == (9, 0)
+    assert ptxindex.choose(name, sig, (10, 0))[0].cc == (9, 0)
+    assert ptxindex.choose(name, sig, (8, 6))[0].cc == (8, 0)
+    e, why = ptxindex.choose(name, sig, (7, 5))
+    assert e is None and "sm_80 and up" in why
+    e, why = ptxindex.choose(name, (("i",),), (9, 0))
+    assert e is None and "no shipped PTX" in why
+
+
+def test_signature_strings_are_numpys():
+    for s, t in ((signatures._UINT[1], np.uint8), (signatures._UINT[2], np.uint16), (signatures._UINT[4], np.uint32),
+                 (signatures._UINT[8], np.uint64), (signatures.F32, np.float32), (signatures.I64, np.int64)):
+        assert np.dtype(t).str == s
+
+
+# -- every launch the executor makes is listed ------------------------------------------------------
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    if not numba.config.ENABLE_CUDASIM:
+        pytest.skip("records launches under the simulator")
+    from planc.execute import launch
+
+    seen = set()
+
+    def record(kernel, name, grid, block, stream, *args):
+        sig = []
+        for a in args:
+            if isinstance(a, (int, np.integer)):
+                sig.append(("i",))
+            else:
+                assert a.flags["C_CONTIGUOUS"] if hasattr(a, "flags") else a.is_c_contiguous(), name
+                sig.append(("a", np.dtype(a.dtype).str, a.ndim))
+        seen.add((name, tuple(sig)))
+
+    monkeypatch.setattr(launch, "go", record)
+    return seen
+
+
+def test_the_table_is_every_launch_the_dispatchers_make(recorded):
+    from planc.execute import kernels, scatter
+    from planc.schedule import _width
+
+    buf = cuda.device_array(4096, dtype=np.uint8)
+    out = cuda.device_array(4096, dtype=np.uint8)
+    for a in sorted(FLOAT_CONVERTIBLE):  # every convert the compiler emits (bind: F32 / F16 / BF16 only)
+        for b in sorted(FLOAT_CONVERTIBLE):
+            kernels.convert(buf, out, a, b, 16)
+            if DTYPES[a].bits == DTYPES[b].bits:
+                kernels.convert(buf, buf, a, b, 16)  # in place
+    for f in sorted(FP8_DEQUANTIZABLE):  # dequantize: an FP8 source into a float target
+        for b in sorted(FLOAT_CONVERTIBLE):
+            kernels.dequantize_fp8(buf[:64], buf[64:128], out, f, b, 8, 8, 8)
+    sizes = sorted({d.bits // 8 for d in DTYPES.values() if d.bits % 8 == 0})  # transpose: any whole-byte dtype
+    for s in sizes:
+        kernels.transpose2d(buf, out, 4, 4, s)
+    Copy = type("Copy", (), {})
+    widths = set()
+    for w in (1, 2, 4, 8):  # the widths the schedule can pick for a scattered request
+        c = Copy()
+        c.slot_offset = c.dst_offset = c.nbytes = w * 3
+        widths.add(_width([c]))
+    table = cuda.to_device(np.zeros((1, 3), np.int64))
+    for w in sorted(widths):
+        scatter.launch(buf, out, table, 0, 1, w, 0)
+    scatter.zero(out, [(0, 64)], 0)
+    listed = set(signatures.launches())
+    assert recorded - listed == set(), f"launches without shipped PTX: {sorted(recorded - listed)}"
+    assert listed - recorded == set(), f"listed but never launched: {sorted(listed - recorded)}"
+
+
+def test_every_listed_kernel_name_has_a_dispatcher():
+    from planc.execute import ptxbuild
+
+    reg = ptxbuild.registry()
+    assert {n for n, _ in signatures.launches()} <= set(reg)
+
+
+# -- the load path, with the driver calls stood in for ------------------------------------------------
+
+
+class _Kernel:
+    """A numba kernel as `launch.go` sees it: `kernel[grid, block, stream](*args)` launches (and compiles)."""
+
+    def __init__(self):
+        self.launched = 0
+        self.overloads = {}
+
+    def __getitem__(self, conf):
+        def run(*args):
+            self.launched += 1
+        return run
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    """launch.py with a stand-in driver on a device of capability 9.0; returns the loaded images."""
+    from planc.execute import launch
+
+    class Loaded(list):
+        refuse = None  # a CUresult the stand-in driver answers cuModuleLoadData with
+
+    loaded = Loaded()
+
+    def module_function(image, entry):
+        loaded.append((image[:200], entry))
+        return (len(loaded), 0) if loaded.refuse is None else (None, loaded.refuse)
+
+    for name, value in (("_functions", {}), ("_given_up", set()), ("_compiled", set()), ("_bad_ptx", {}),
+                        ("_fallbacks", []), ("_stats", dict.fromkeys(launch._stats, 0))):
+        monkeypatch.setattr(launch, name, value)
+    monkeypatch.setattr(launch, "enabled", lambda: True)
+    monkeypatch.setattr(launch, "_context", lambda: 1)
+    monkeypatch.setattr(launch, "_compute_capability", lambda: (9, 0))
+    monkeypatch.setattr(launch, "_cache_dir", lambda: None)
+    monkeypatch.setattr(launch, "_module_function", module_function)
+    monkeypatch.setattr(launch, "_error_text", lambda rc: f"error {rc}")
+    monkeypatch.setattr(launch, "_raw_launch", lambda fn, grid, block, stream, args: loaded.append(("launch", fn)))
+    monkeypatch.setattr(launch, "signature", lambda args: signatures.zero_launch()[1] if len(args) == 2 else None)
+    return loaded
+
+
+def test_a_launch_loads_its_shipped_ptx_once_and_compiles_nothing(driver):
+    from planc.execute import launch
+
+    k, before = _Kernel(), launch.stats()
+    for _ in range(3):
+        launch.go(k, "zero", 1, 32, 0, object(), 5)
+    got = launch.since(before)
+    assert k.launched == 0 and got == {"kernels_from_ptx": 1, "kernels_from_cubin": 0, "kernels_compiled": 0,
+                                       "fallbacks": []}
+    image, entry = driver[0]
+    assert b".target sm_90" in image and entry == ptxindex.choose("zero", signatures.zero_launch()[1], (9, 0))[0].entry
+    assert [x for x in driver if x[0] == "launch"] == [("launch", 1)] * 3
+
+
+def test_a_signature_without_ptx_is_compiled_and_counted_once(driver):
+    from planc.execute import launch
+
+    k = _Kernel()
+    for _ in range(2):
+        launch.go(k, "zero", 1, 32, 0, object(), 5, 6)  # signature None: numba's launch
+        launch.go(k, "nonesuch", 1, 32, 0, object(), 5)
+    got = launch.stats()
+    assert k.launched == 4 and got["kernels_compiled"] == 2 and got["kernels_from_ptx"] == 0
+    assert "no shipped PTX for this signature; compiled by numba" in got["fallbacks"][1]
+
+
+def test_ptx_the_driver_refuses_falls_back_with_the_reason(driver):
+    from planc.execute import launch
+
+    driver.refuse = 222
+    k = _Kernel()
+    launch.go(k, "zero", 1, 32, 0, object(), 5)
+    launch.go(k, "zero", 1, 32, 0, object(), 5)
+    got = launch.stats()
+    assert k.launched == 2 and got["kernels_compiled"] == 1 and len(driver) == 1  # refused once, not retried
+    assert "refused PTX" in got["fallbacks"][0] and "older than the NVVM" in got["fallbacks"][0]
+
+
+def test_a_stale_index_is_not_used(driver, monkeypatch):
+    from planc.execute import launch
+
+    monkeypatch.setattr(signatures, "source_hash", lambda: "changed")
+    ptxindex.usable.cache_clear()
+    try:
+        k = _Kernel()
+        launch.go(k, "zero", 1, 32, 0, object(), 5)
+        got = launch.stats()
+        assert k.launched == 1 and driver == [] and got["kernels_compiled"] == 1
+        assert signatures.REBUILD in got["fallbacks"][0]
+    finally:
+        monkeypatch.undo()
+        ptxindex.usable.cache_clear()
+
+
+def test_raw_launch_off_goes_through_numba(monkeypatch):
+    from planc.execute import launch
+
+    monkeypatch.setenv("PLANC_RAW_LAUNCH", "0")
+    assert not launch.enabled()

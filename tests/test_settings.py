@@ -1,0 +1,43 @@
+"""PLANC_* settings are read in planc/settings.py alone, and each is documented."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from planc import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_planc_variable_is_read_outside_settings():
+    offenders = []
+    for p in (ROOT / "planc").rglob("*.py"):
+        if p.name == "settings.py":
+            continue
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"""environ(\.get)?\s*[\[(]\s*["']PLANC_""", line):
+                offenders.append(f"{p.relative_to(ROOT)}:{i}")
+    assert not offenders, f"read PLANC_* through planc.settings: {offenders}"
+
+
+def test_every_setting_is_documented():
+    names = set(re.findall(r'"(PLANC_[A-Z_]+)"', (ROOT / "planc" / "settings.py").read_text()))
+    assert names
+    for doc in ("cli.md", "execution.md"):
+        text = (ROOT / "docs" / doc).read_text()
+        assert not [n for n in names if f"`{n}`" not in text], doc
+
+
+def test_values(monkeypatch):
+    monkeypatch.setenv("PLANC_RAW_LAUNCH", "0")
+    monkeypatch.setenv("PLANC_HOST_RESERVE", "1GiB")
+    monkeypatch.setenv("PLANC_KERNEL_DIR", "/tmp/k")
+    assert not settings.raw_launch() and settings.host_reserve_bytes() == 1 << 30
+    assert settings.kernel_dir() == Path("/tmp/k")
+    monkeypatch.delenv("PLANC_RAW_LAUNCH")
+    monkeypatch.delenv("PLANC_HOST_RESERVE")
+    assert settings.raw_launch() and settings.host_reserve_bytes() == settings.DEFAULT_HOST_RESERVE
+    monkeypatch.setenv("PLANC_HOST_RESERVE", "lots")
+    with pytest.raises(settings.SettingError, match="PLANC_HOST_RESERVE"):
+        settings.host_reserve_bytes()
