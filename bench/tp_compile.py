@@ -204,6 +204,14 @@ def write_spec(out: Path, ckpt: Path, m: Model, tp: int, io: dict) -> Path:
 # --------------------------------------------------------------------------- one measured process
 
 
+def _methods(strided: list) -> dict:
+    """How many row-parallel inputs each read method took (explain's `strided_reads`)."""
+    out: dict = {}
+    for x in strided:
+        out[x["method"]] = out.get(x["method"], 0) + 1
+    return dict(sorted(out.items()))
+
+
 def worker(spec: str, rank: int, plan_path: str) -> None:
     """Compile one rank in this fresh process; print one JSON line of what the plan reads and weighs."""
     t0 = time.perf_counter()
@@ -223,7 +231,7 @@ def worker(spec: str, rank: int, plan_path: str) -> None:
         "requests": tot["requests"], "requests_uncoalesced": tot.get("requests_uncoalesced"),
         "copies": tot["copies"], "kernels": tot.get("kernels"), "scatters": tot.get("scatters"),
         "tensors": tot["tensors"], "parts": len(plan.parts), "host_peak_bytes": doc["peak"]["host_bytes"],
-        "strided_reads": doc.get("strided_reads", {}), "merge_gap_bytes": doc["io"].get("merge_gap_bytes"),
+        "strided_reads": _methods(doc.get("strided_reads", [])), "merge_gap_bytes": doc["io"].get("merge_gap_bytes"),
         "plan_bytes": os.path.getsize(plan_path),
     }))
 
@@ -295,7 +303,7 @@ def print_table(rows: list[dict], checks: list[dict], repeat: int) -> None:
         if "error" in r:
             print(f"| {r['model']} | {r['tp']} | {r['rank']} | error: {r['error'].splitlines()[-1][:80]} |")
             continue
-        how = ", ".join(f"{k} ({v['inputs']})" for k, v in r["strided_reads"].items()) or "-"
+        how = ", ".join(f"{k} ({n})" for k, n in r["strided_reads"].items()) or "-"
         print(f"| {r['model']} | {r['tp']} | {r['rank']} | {r['payload_bytes'] / 2**30:.3f} | "
               f"{r['read_bytes'] / 2**30:.3f} | {r['read_bytes'] / max(1, r['payload_bytes']):.2f} | "
               f"{r['requests']:,} | {r['copies']:,} | {r['plan_bytes'] / 2**20:.2f} | {r['compile_s']:.3f} | {how} |")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 from .ir import Costs
@@ -32,20 +31,24 @@ DEFAULTS = Costs("default", page_s=1.2e-7, copy_byte_s=2.0e-11, read_byte_s=4.0e
 
 
 def probe_path() -> Path:
-    """Where `planc probe` keeps its figures: $PLANC_PROBE, else ~/.cache/planc/io-probe.json
-    (`PLANC_PROBE=off`: use the defaults whatever was measured)."""
-    v = os.environ.get("PLANC_PROBE")
-    if v:
-        return Path(v)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "planc" / "io-probe.json"
+    """Where `planc probe` keeps its figures (`settings.probe_file`; with PLANC_PROBE=off, the default
+    place, which compile then does not read)."""
+    from . import settings
+
+    p = settings.probe_file()
+    if p is None:
+        return Path.home() / ".cache" / "planc" / "io-probe.json"
+    return p
 
 
 def load_costs(path: Path | None = None) -> Costs:
     """The probe's figures when a valid probe file exists, else the defaults (never an error: a
     damaged probe file only costs the choice its measured figures)."""
-    if path is None and os.environ.get("PLANC_PROBE") == "off":
+    from . import settings
+
+    p = path or settings.probe_file()
+    if p is None:
         return DEFAULTS
-    p = path or probe_path()
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
         vals = [float(doc[k]) for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")]

@@ -53,6 +53,18 @@ def host_reserve_bytes() -> int:
         raise SettingError(f"PLANC_HOST_RESERVE: {e}") from None
 
 
+def probe_file() -> Path | None:
+    """PLANC_PROBE: the file `planc probe` writes and `planc compile` reads its I/O cost figures from;
+    default ~/.cache/planc/io-probe.json (under $XDG_CACHE_HOME when set); `off`: None, the built-in
+    figures are used whatever was measured."""
+    v = os.environ.get("PLANC_PROBE")
+    if v == "off":
+        return None
+    if v:
+        return Path(v)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "planc" / "io-probe.json"
+
+
 def debug() -> bool:
     """PLANC_DEBUG (set to anything): errors print their traceback after the one-line message."""
     return bool(os.environ.get("PLANC_DEBUG"))
