@@ -61,6 +61,10 @@ class Manifest:
     def has(self, name: str) -> bool:
         return name in self._by_name
 
+    def find(self, name: str) -> TensorEntry | None:
+        """The tensor named `name`, or None: one look-up where `has` then `tensor` take two."""
+        return self._by_name.get(name)
+
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
