@@ -35,6 +35,7 @@ from .spec import Rule, Spec
 from .split import Slice, rank_range
 
 _MAX_LISTED = 20
+_tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
 
 
 class Part(NamedTuple):  # a tuple: there is one per source tensor, and it is built fast
@@ -87,47 +88,46 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
         raise BindError(f"rank {rank} is outside tensor_parallel.size {world} (ranks 0..{world - 1})", code="bad-rank")
     tp = _TP(world, rank)
     rules = list(spec.rules)
-    # What matching reads of each rule, looked up once rather than once per tensor.
-    tests = [(i, None if r.source_dtype is None else frozenset(r.source_dtype), r.pattern().match,
-              r.fuse.over if r.fuse else None, r.fuse.order if r.fuse else None) for i, r in enumerate(rules)]
+    # What matching reads of each rule, looked up once rather than once per tensor; a rule with
+    # `source_dtype` is only tried on tensors of those dtypes (`candidates`, per dtype).
+    tests = [(None if r.source_dtype is None else frozenset(r.source_dtype), r.pattern().match,
+              r.fuse.over if r.fuse else None, r.fuse.order if r.fuse else None) for r in rules]
+    candidates: dict[str, list] = {}
     dequantizes = [bool(r.dequantize) and not r.skip for r in rules]
     # The tensor a group builds is named by the stack's `into` when a rule stacks (a fuse inside a
     # stack has none of its own), else by the fuse's.
     into_names = [tuple(f for _, f, _, _ in Formatter().parse((r.stack or r.fuse).into) if f)
                   if r.fuse or r.stack else () for r in rules]
 
-    def first_rule(t: TensorEntry):
-        dtype, name = t.dtype, t.name
-        for i, dtypes, match, over, order in tests:
-            if dtypes is not None and dtype not in dtypes:
-                continue
-            m = match(name)
-            if not m:
-                continue
-            if over is not None and m.group(over) not in order:
-                continue
-            return i, m
-        return None, None
-
-    matched = {}
+    matched = []  # (rule index or None, match) per manifest tensor, in manifest order
     consumed: dict[str, str] = {}
     scales: dict[str, TensorEntry] = {}  # weight name -> its checked scale tensor
     for t in manifest.tensors:
-        i, _ = matched[t.name] = first_rule(t)
+        tries = candidates.get(t.dtype)
+        if tries is None:
+            tries = candidates[t.dtype] = [(i, match, over, order) for i, (dtypes, match, over, order)
+                                           in enumerate(tests) if dtypes is None or t.dtype in dtypes]
+        name = t.name
+        for i, match, over, order in tries:  # first match wins
+            m = match(name)
+            if m and (over is None or m.group(over) in order):
+                break
+        else:
+            i, m = None, None
+        matched.append((i, m))
         if i is not None and dequantizes[i]:
-            scale = scales[t.name] = _scale_for(t, rules[i], i, manifest)
-            consumed[scale.name] = t.name
-    unmatched = sorted(n for n, (i, _) in matched.items() if i is None and n not in consumed)
+            scale = scales[name] = _scale_for(t, rules[i], i, manifest)
+            consumed[scale.name] = name
+    unmatched = sorted(t.name for t, (i, _) in zip(manifest.tensors, matched) if i is None and t.name not in consumed)
     if unmatched:
         shown = ", ".join(unmatched[:_MAX_LISTED]) + (f" ... (+{len(unmatched) - _MAX_LISTED} more)" if len(unmatched) > _MAX_LISTED else "")
         raise BindError(f"{len(unmatched)} tensor(s) match no rule: {shown}; add a rule for them or a catch-all `match: \"*\"`",
                         code="unmatched")
 
     singles, groups, skipped, intos = [], {}, [], {}
-    for t in manifest.tensors:
+    for t, (i, m) in zip(manifest.tensors, matched):
         if t.name in consumed:
             continue
-        i, m = matched[t.name]
         r = rules[i]
         if r.skip:
             skipped.append(t.name)
@@ -236,7 +236,8 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
     target = _target(first, r, i)
     op = _op(first, r, i, target)
     fd = r.fuse.dim if r.fuse else 0
-    for t in ts[1:]:
+    alike = len({(t.dtype, t.shape) for t in ts}) == 1  # a stack's members, mostly: nothing to check
+    for t in [] if alike else ts[1:]:
         if t.dtype != first.dtype:
             raise BindError(f"rules[{i}] groups {name}: {t.name} is {t.dtype} but {first.name} is {first.dtype}",
                             code="group-mismatch")
@@ -277,6 +278,7 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
                         code="split-fuse")
     parts, off = [], 0
     out_type = DTYPES[target]
+    sizes: dict = {}  # output bytes by part shape: a stack's parts mostly share one
     inner = None
     for b in blocks:
         pshapes = []
@@ -290,8 +292,10 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
                 sl = Slice(1 - pd if op == "transpose" else pd, a, c)
                 ssl = _scale_slice(t, sl, block, i) if scale is not None else None
                 pshape = (*pshape[:pd], c - a, *pshape[pd + 1:])
-            out = out_type.nbytes(math.prod(pshape))
-            parts.append(Part(t, scale, off, out, sl, ssl))
+            out = sizes.get(pshape)
+            if out is None:
+                out = sizes[pshape] = out_type.nbytes(math.prod(pshape))
+            parts.append(_tuple_new(Part, (t, scale, off, out, sl, ssl, 0)))
             off += out
             pshapes.append(pshape)
         inner = _fused_shape(pshapes, fd) if r.fuse else pshapes[0]
@@ -344,13 +348,14 @@ def _stack_order(values: list[str], name: str, i: int, order: list[str] | None) 
             raise BindError(f"rules[{i}] stacks {name} in order {order}: missing {missing}, unexpected {extra}",
                             code="stack-incomplete")
         return list(order)
-    if all(v.isdigit() for v in values):
-        nums = sorted(int(v) for v in values)
+    if all(map(str.isdigit, values)):
+        nums = sorted(map(int, values))
         if nums != list(range(len(nums))):
             gaps = sorted(set(range(nums[-1] + 1)) - set(nums))[:10]
             raise BindError(f"rules[{i}] stacks {name} over indices that are not 0..{len(nums) - 1}: missing {gaps}",
                             code="stack-incomplete")
-        return [str(n) for n in nums] if all(str(int(v)) == v for v in values) else sorted(values, key=int)
+        canonical = list(map(str, nums))  # "7", not "07": then the values are these, in this order
+        return canonical if set(canonical) == set(values) else sorted(values, key=int)
     return sorted(values)
 
 
@@ -362,12 +367,13 @@ def _scale_for(t: TensorEntry, r: Rule, i: int, manifest: Manifest) -> TensorEnt
         raise BindError(f"rules[{i}] dequantizes {t.name} of shape {list(t.shape)}; block scales need a 2-D weight",
                         code="bad-dequantize")
     name = r.dequantize.scale.format(name=t.name)
-    if not manifest.has(name):
+    s = manifest.find(name)
+    if s is None:
         raise BindError(f"rules[{i}] dequantizes {t.name} but its scale tensor {name} is not in the checkpoint",
                         code="scale-missing")
-    s = manifest.tensor(name)
     b = r.dequantize.block
-    want = (-(-t.shape[0] // b), -(-t.shape[1] // b))
+    rows, cols = t.shape
+    want = (-(-rows // b), -(-cols // b))
     if s.dtype != "F32" or tuple(s.shape) != want:
         raise BindError(f"scale {name} of {t.name} is {s.dtype} {list(s.shape)}; expected F32 {list(want)} "
                         f"for {b}x{b} blocks of {list(t.shape)}", code="scale-shape")

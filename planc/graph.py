@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import prod
 from operator import itemgetter
 
 from .bind import Binding, Placement
@@ -24,6 +23,8 @@ from .bind import Part as BoundPart
 from .ir import Input, Part
 from .dtypes import DTYPES
 from .split import ranged
+
+_tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ def build_graph(binding: Binding) -> Graph:
 
 def _input(role: str, t, sl) -> Input:
     if sl is None:  # the whole tensor: what `ranged` gives, without building it
-        n = DTYPES[t.dtype].nbytes(prod(t.shape)) or 0
-        return Input(role, t.name, t.file, t.start, n, t.dtype, tuple(t.shape), n, n, 1)
+        # The manifest reader refuses an entry whose bytes are not dtype x shape: t.nbytes is them.
+        n = t.nbytes
+        return _tuple_new(Input, (role, t.name, t.file, t.start, n, t.dtype, tuple(t.shape), n, n, 1))
     g = ranged(t.start, t.shape, t.dtype, sl)
     return Input(role, t.name, t.file, g.start, g.nbytes, t.dtype, g.shape, g.seg, g.stride, g.count)
 
@@ -70,8 +72,8 @@ def _part_node(pid: int, pl: Placement, k: int, part: BoundPart, inputs: tuple[I
         path, reason, landing, host = "direct", "same-size conversion runs in place on the device", 0, 0
     else:
         path, reason, landing, host = "direct", _reason("landing", pl.op), in_bytes, 0
-    return Part(pid, pl.name, k, pl.op, path, reason, inputs, part.offset_bytes, part.out_bytes,
-                    pl.dtype, landing, host, pl.block, part.zero_bytes)
+    return _tuple_new(Part, (pid, pl.name, k, pl.op, path, reason, inputs, part.offset_bytes, part.out_bytes,
+                             pl.dtype, landing, host, pl.block, part.zero_bytes, -1))
 
 
 # Notes and reasons repeat across tens of thousands of steps and parts: one string each.

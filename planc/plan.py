@@ -35,14 +35,13 @@ MAX_PLAN_BYTES = 1 << 30  # a plan file larger than this is refused before it is
 def encode(plan: Plan) -> str:
     files = {f.path: i for i, f in enumerate(plan.checkpoint.files)}
     tensors = {t.name: i for i, t in enumerate(plan.tensors)}
+    # Reasons and source names are numbered in the order the parts first name them.
     reasons: dict = {}
     sources: dict = {}
-    for p in plan.parts:
-        reasons.setdefault(p.reason, len(reasons))
-        for i in p.inputs:
-            sources.setdefault(i.tensor, len(sources))
-    parts = [[tensors[p.tensor], p.index, p.op, p.path, reasons[p.reason],
-              [[i.role, sources[i.tensor], files[i.file], *i[3:]] for i in p.inputs], *p[7:]] for p in plan.parts]
+    reason, source = reasons.setdefault, sources.setdefault
+    parts = [[tensors[p.tensor], p.index, p.op, p.path, reason(p.reason, len(reasons)),
+              [[i.role, source(i.tensor, len(sources)), files[i.file], *i[3:]] for i in p.inputs], *p[7:]]
+             for p in plan.parts]
     runs = [[r.parts, [[files[q.file], *q[1:]] for q in r.requests], *r[3:]] for r in plan.runs]
     cp = plan.checkpoint
     doc = {
@@ -64,7 +63,9 @@ def encode(plan: Plan) -> str:
         "refusal": plan.refusal._asdict() if plan.refusal else None,
         "costs": (plan.costs or DEFAULTS)._asdict(),
     }
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n"
+    # No cycle check: the document is built just above from tuples and lists, and cannot hold one;
+    # the check would record and forget every one of its million containers.
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, check_circular=False) + "\n"
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

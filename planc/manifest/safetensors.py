@@ -19,6 +19,7 @@ import posixpath
 import re
 import stat
 import struct
+from operator import itemgetter
 
 from planc.dtypes import DTYPES
 from planc.errors import ManifestError
@@ -31,6 +32,10 @@ INDEX_SUFFIX = ".safetensors.index.json"
 METADATA_KEY = "__metadata__"
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 _PREFIX = struct.Struct("<Q")
+_BITS = {name: d.bits for name, d in DTYPES.items()}
+_NAME = itemgetter(0)  # of a TensorEntry
+_tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
+_SPAN_ORDER = itemgetter(3, 4, 0)  # (begin, end, name) of an `_entry` tuple
 
 
 # --------------------------------------------------------------------------- entry point
@@ -84,14 +89,17 @@ def _read_index(index_path: str, source: str) -> Manifest:
     if not weight_map:
         raise ManifestError(f"{index_path}: weight_map names no tensors", code="no-shards")
 
-    # Normalise every shard name once (few distinct names, many tensors).
+    # Normalise every shard name once (few distinct names, many tensors), in the order the index
+    # first names them, so that the first bad name is the one a tensor-by-tensor pass would meet.
+    first = dict(zip(reversed(weight_map.values()), reversed(weight_map)))  # name -> its first tensor
     normalised: dict[str, str] = {}
-    wanted: dict[str, str] = {}  # tensor -> normalised shard path
-    for tensor, raw in weight_map.items():
-        shard = normalised.get(raw)
-        if shard is None:
-            shard = normalised[raw] = _shard_name(index_path, root, raw, tensor)
-        wanted[tensor] = shard
+    for raw in dict.fromkeys(weight_map.values()):
+        normalised[raw] = _shard_name(index_path, root, raw, first[raw])
+    # tensor -> normalised shard path (the index itself when every name is already normal)
+    if all(k == v for k, v in normalised.items()):
+        wanted = weight_map
+    else:
+        wanted = {tensor: normalised[raw] for tensor, raw in weight_map.items()}
 
     read = []
     for shard in sorted(set(normalised.values())):
@@ -101,6 +109,14 @@ def _read_index(index_path: str, source: str) -> Manifest:
                 code="index-missing-shard",
             )
         read.append(_read_shard(root, shard))
+    found = sum(len(tensors) for _, tensors in read)
+    # Each shard's tensors all indexed to it, as many as the index names: then every tensor is
+    # where the index says and no name is in two shards (one of them would not be its indexed
+    # shard). Otherwise the checks below, one tensor at a time, say which tensor is wrong.
+    if found == len(wanted) and all(
+        list(map(wanted.get, map(_NAME, tensors))).count(shard.path) == len(tensors) for shard, tensors in read
+    ):
+        return _manifest(root, source, read)
     _check_unique_names(index_path, read)
 
     for shard, tensors in read:
@@ -112,7 +128,6 @@ def _read_index(index_path: str, source: str) -> Manifest:
                     f"{index_path}: tensor {t.name!r} is in shard {shard.path!r} but {where}",
                     code="index-mismatch",
                 )
-    found = sum(len(tensors) for _, tensors in read)
     if found != len(wanted):
         present = {t.name for _, tensors in read for t in tensors}
         for tensor, shard in wanted.items():
@@ -140,11 +155,7 @@ def _load_index(index_path: str) -> dict[str, str]:
     finally:
         os.close(fd)
     try:
-        doc = json.loads(
-            raw.decode("utf-8"),
-            object_pairs_hook=_unique_pairs,
-            parse_constant=_refuse_constant,
-        )
+        doc = _load_json(raw, raw.decode("utf-8"))
     except _DuplicateKey as dup:
         raise ManifestError(
             f"{index_path}: key {dup.key!r} appears twice in one object", code="index-duplicate"
@@ -203,6 +214,8 @@ def _shard_name(index_path: str, root: str, raw: str, tensor: str) -> str:
 
 
 def _check_unique_names(where: str, read: list[tuple[ShardInfo, list[TensorEntry]]]) -> None:
+    if len({t.name for _, tensors in read for t in tensors}) == sum(len(tensors) for _, tensors in read):
+        return  # no name twice; else find the first one repeated, shard by shard
     owner: dict[str, str] = {}
     for shard, tensors in read:
         for t in tensors:
@@ -262,7 +275,7 @@ def _read_shard(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry]]:
     data_start = 8 + header_len
     data_len = size - data_start
     spans = [_entry(path, tname, value) for tname, value in header.items()]
-    spans.sort(key=lambda s: (s[3], s[4], s[0]))
+    spans.sort(key=_SPAN_ORDER)
 
     tensors: list[TensorEntry] = []
     cursor = 0
@@ -281,7 +294,7 @@ def _read_shard(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry]]:
                 f"{cursor - begin} bytes overlap",
                 code="overlap",
             )
-        tensors.append(TensorEntry(tname, dt, shape, name, data_start + begin, end - begin))
+        tensors.append(_tuple_new(TensorEntry, (tname, dt, shape, name, data_start + begin, end - begin)))
         cursor = end
         prev = tname
     if cursor > data_len:
@@ -316,7 +329,7 @@ def _parse_header(path: str, raw: bytes) -> dict:
             code="header-not-utf8",
         ) from None
     try:
-        header = json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)
+        header = _load_json(raw, text)
     except _DuplicateKey as dup:
         raise ManifestError(
             f"{path}: header key {dup.key!r} appears twice in one object", code="header-duplicate-key"
@@ -350,7 +363,32 @@ def _metadata(path: str, value, present: bool) -> tuple[tuple[str, str], ...]:
 
 
 def _entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ...], int, int]:
-    """Check one header entry; return (name, dtype, shape, begin, end) with data-relative offsets."""
+    """Check one header entry; return (name, dtype, shape, begin, end) with data-relative offsets.
+
+    Entries that are well formed (all of them, in a checkpoint that reads) pass the short test
+    below; anything it does not accept goes to `_checked_entry`, which names what is wrong."""
+    if type(value) is dict and len(value) == 3:
+        dt, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
+        if type(dt) is str and type(shape) is list and type(offsets) is list and len(offsets) == 2:
+            bits = _BITS.get(dt)
+            begin, end = offsets
+            if bits is not None and type(begin) is int and type(end) is int and 0 <= begin <= end:
+                cap = (end - begin) * 8  # numel * bits must equal it; a product past it cannot
+                numel = 1
+                for d in shape:
+                    if type(d) is not int or d < 0:
+                        break
+                    numel *= d
+                    if numel > cap:
+                        break
+                else:
+                    if numel * bits == cap:
+                        return name, dt, tuple(shape), begin, end
+    return _checked_entry(path, name, value)
+
+
+def _checked_entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ...], int, int]:
+    """`_entry` for any entry: each check in turn, the first that fails raised with its figures."""
     if type(value) is not dict:
         raise ManifestError(
             f"{path}: tensor {name!r}: entry is a JSON {_json_kind(value)}, not an object",
@@ -527,6 +565,36 @@ else:  # pragma: no cover - platforms without pread
 
 
 # --------------------------------------------------------------------------- JSON helpers
+
+
+def _load_json(raw: bytes, text: str):
+    """`text` (the decoding of `raw`) parsed; `_DuplicateKey` for a key repeated in one object.
+
+    Checking every object as it is parsed (`object_pairs_hook`) costs a Python call per tensor, a
+    tenth of reading a large checkpoint's headers; most texts are first parsed plainly and counted
+    instead (`_keys_unique`). Whatever that cannot vouch for, and any text that does not parse, is
+    parsed again object by object, which raises the same error, or first a repeated key before it.
+    """
+    try:
+        doc = json.loads(text, parse_constant=_refuse_constant)
+        if _keys_unique(raw, doc):
+            return doc
+    except (ValueError, RecursionError):
+        pass
+    return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)
+
+
+def _keys_unique(raw: bytes, doc) -> bool:
+    """True when no object of `doc` repeats a key (a parsed dict keeps only the last of them).
+
+    In JSON a colon outside a string follows a key and every key is followed by one, so the text
+    holds at least as many colons as keys; `doc` and the objects that are its values (a header's
+    entries, an index's weight_map) hold as many keys as the text less the repeats. Equal counts
+    mean no repeat. Any other count (a key deeper down, a colon inside a name) gives False."""
+    keys = len(doc) if type(doc) is dict else 0
+    if keys:
+        keys += sum([len(v) for v in doc.values() if type(v) is dict])
+    return keys == raw.count(b":")
 
 
 class _DuplicateKey(Exception):
