@@ -9,11 +9,12 @@ read it, and both bring the device only the slice:
   only the slice to the device. Cost: `read_byte_s` per byte of the rows + `request_s` per request.
 
 The figures are machine-wide (all readers together). They come from `planc probe`, which measures
-them on this machine and keeps the result (`probe_path()`), else from `DEFAULTS`, measured on an
-H200 host (16 cores; 16 readers, page cache warm; `bench/probe_strided.py`, 2026-12-01):
-mapped reads of 1 KiB segments 8 KiB apart ran at 10-12 GB/s of payload (10 M segments/s),
-whole rows at 25-28 GB/s of rows, and 2-D copies from pinned memory at 47-54 GB/s, as fast as 1-D
-copies of the same bytes. The choice per input and its predicted seconds are in `explain`.
+them on this machine and keeps the result (`probe_path()`), else from `DEFAULTS`: `planc probe`
+on an H200 host (16 cores, 16 readers, 4 GiB scratch file, page cache warm, 2026-12-01), where
+mapped reads of 1 KiB segments 8 KiB apart ran at 6.8 GB/s of payload and of 64 KiB segments
+128 KiB apart at 22.9 GB/s, whole 16 MiB requests at 42.9 GB/s; 2-D copies from pinned memory ran
+at 47-54 GB/s there, as fast as 1-D copies of the same bytes (`bench/probe_strided.py`). The
+choice per input and its predicted seconds are in `explain`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,20 @@ from .ir import Costs
 
 PAGE = 4096
 STRIDED_MODES = ("auto", "mapped", "rows")  # io.strided
+# Whole rows are read only when predicted this much faster than the mapped read: they read bytes no
+# one asked for (from disk too, when cold, where warm figures see no cost), and the figures spread
+# by about a fifth between runs on a shared host.
+ROWS_MARGIN = 1.25
 MAP_WINDOW = 8 << 20  # file bytes a strided read maps at a time (its pages count in the RSS until unmapped)
-DEFAULTS = Costs("default", page_s=1.2e-7, copy_byte_s=2.0e-11, read_byte_s=4.0e-11, request_s=2.0e-6)
+MAP_LANES = 4  # windows mapped at once, whatever the readers: what bounds the mapped pages in the RSS
+
+
+def map_bytes(workers: int, strided_requests: int) -> int:
+    """Host bytes the mapped windows of strided reads hold at most (`layout.map_bytes`)."""
+    return min(MAP_LANES, workers, strided_requests) * (MAP_WINDOW + PAGE)
+
+
+DEFAULTS = Costs("default", page_s=6.1e-8, copy_byte_s=2.8e-11, read_byte_s=2.3e-11, request_s=2.6e-5)
 
 
 def probe_path() -> Path:
@@ -84,4 +97,4 @@ def choose(c: Costs, seg: int, stride: int, count: int, slot: int, mode: str = "
     mapped = mapped_seconds(c, seg, stride, count)
     if mode in ("mapped", "rows"):
         return mode, mapped, rows
-    return ("mapped" if mapped <= rows else "rows"), mapped, rows
+    return ("rows" if rows * ROWS_MARGIN < mapped else "mapped"), mapped, rows

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .costmodel import DEFAULTS, choose
+from .costmodel import DEFAULTS, ROWS_MARGIN, choose
 from .errors import printable
 from .ir import Plan
 from .units import fmt_bytes
@@ -94,7 +94,8 @@ def _strided(plan: Plan) -> list:
                 elif i.seg > slot:
                     why = "a segment is longer than a slot"
                 else:
-                    why = f"{how} is predicted faster ({costs.source} cost figures)"
+                    why = (f"rows predicted over {ROWS_MARGIN}x faster ({costs.source} cost figures)" if how == "rows" else
+                           f"mapped predicted faster, or rows not by {ROWS_MARGIN}x ({costs.source} cost figures)")
                 out.append({"tensor": p.tensor, "source": i.tensor, "method": how, "segments": i.count,
                             "segment_bytes": i.seg, "stride_bytes": i.stride, "payload_bytes": i.nbytes,
                             "rows_bytes": (i.count - 1) * i.stride + i.seg,

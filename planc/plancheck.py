@@ -19,7 +19,7 @@ import math
 from .admission import admit, run_host_bytes
 from .dtypes import DTYPES
 from .errors import PlanFormatError, printable
-from .costmodel import MAP_WINDOW, PAGE, STRIDED_MODES
+from .costmodel import MAP_LANES, MAP_WINDOW, PAGE, STRIDED_MODES, map_bytes
 from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
@@ -252,7 +252,7 @@ class _Checker:
             if off + n > arena:
                 raise _bad(at, f"[{off:,}, {off + n:,}) reaches past the arena ({arena:,} bytes)")
             zero.append((off, n))
-        maps = _int(v["map_bytes"], "layout.map_bytes", 0, io.workers * (MAP_WINDOW + PAGE))
+        maps = _int(v["map_bytes"], "layout.map_bytes", 0, MAP_LANES * (MAP_WINDOW + PAGE))
         return Layout(arena, regions, staging, segs, tuple(zero), ring, maps)
 
     def _costs(self, v) -> Costs:
@@ -479,7 +479,7 @@ class _Checker:
         if lay.ring_bytes != ring:
             raise _bad("layout.ring_bytes", f"is {lay.ring_bytes:,}, the plan's requests and staging copies use "
                                             f"{ring:,} of ring")
-        maps = min(io.workers, strided) * (MAP_WINDOW + PAGE)
+        maps = map_bytes(io.workers, strided)
         if lay.map_bytes != maps:
             raise _bad("layout.map_bytes", f"is {lay.map_bytes:,}, the plan's {strided:,} strided requests map "
                                            f"{maps:,} bytes at once")

@@ -101,7 +101,7 @@ def schedule(graph: Graph, io: IO, costs: Costs = costmodel.DEFAULTS) -> Schedul
     zero = tuple((n.dst_offset + n.out_bytes, n.zero_bytes) for n in parts if n.zero_bytes)
     runs, staging_slots, segments = _scatter(runs, io)
     strided = sum(1 for r in runs for q in r.requests if q.stride)
-    maps = min(io.workers, strided) * (costmodel.MAP_WINDOW + costmodel.PAGE)
+    maps = costmodel.map_bytes(io.workers, strided)
     return Schedule(io, tensors, parts, arena, regions, ring, tuple(runs), staging_slots * io.slot, segments, zero,
                     maps, costs)
 

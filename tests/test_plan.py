@@ -121,8 +121,8 @@ def test_copies_without_merge_whole_plan(abcd):
         "peak": {"host_bytes": 8192, "device_bytes": 12288},
         "fits": True,
         "refusal": None,
-        "costs": {"source": "default", "page_s": 1.2e-7, "copy_byte_s": 2.0e-11, "read_byte_s": 4.0e-11,
-                  "request_s": 2.0e-6},
+        "costs": {"source": "default", "page_s": 6.1e-8, "copy_byte_s": 2.8e-11, "read_byte_s": 2.3e-11,
+                  "request_s": 2.6e-5},
     }
     assert plan.to_dict() == expected
     # the file is the compact form: records as arrays in the order `fields` states, files by index

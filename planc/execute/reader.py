@@ -103,6 +103,7 @@ class Reader:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _plain: dict = field(default_factory=dict)  # buffered fds for host-path reads, opened once per file
     _retired: list = field(default_factory=list)  # fds given up by a fallback; other readers may still use them
+    _lanes: threading.BoundedSemaphore | None = None  # windows mapped at once (costmodel.MAP_LANES)
 
     def open(self, rel: str, size: int) -> OpenFile:
         path = os.path.join(self.root, rel)
@@ -180,15 +181,20 @@ class Reader:
 
         The segments come out of the page cache through a read-only mapping of the file, at most
         `costmodel.MAP_WINDOW` bytes of it at a time, unmapped before the next window: the pages
-        of other ranks' bytes between the segments are mapped but never read, and the mapped pages
-        the RSS counts stay within the plan's `layout.map_bytes`. Reading through a mapping beyond
+        of other ranks' bytes between the segments are mapped but never read. At most
+        `costmodel.MAP_LANES` windows are mapped at once, so the mapped pages the RSS counts stay
+        within the plan's `layout.map_bytes`. Reading through a mapping beyond
         the end of the file faults, so the file's size is checked against the read first.
         """
         import numpy as np
 
-        from ..costmodel import MAP_WINDOW
+        from ..costmodel import MAP_LANES, MAP_WINDOW
 
         fd, path = self._plain_fd(rel)
+        with self._lock:
+            if self._lanes is None:
+                self._lanes = threading.BoundedSemaphore(MAP_LANES)
+        lanes = self._lanes
         top = offset + (count - 1) * stride + length
         try:
             size = os.fstat(fd).st_size
@@ -208,19 +214,20 @@ class Reader:
                 w = min(piece, length - p0)
                 lo = offset + k * stride + p0
                 a = lo // page * page
-                try:
-                    mm = mmap.mmap(fd, lo + (m - 1) * stride + w - a, prot=mmap.PROT_READ, offset=a)
-                except OSError as e:
-                    raise ReadError(f"{path}: cannot map bytes [{a}, {lo + (m - 1) * stride + w}) for reading: "
-                                    f"{e.strerror}", code="read-failed") from None
-                try:
-                    src = np.frombuffer(mm, np.uint8)
-                    view = np.lib.stride_tricks.as_strided(src[lo - a:], (m, w), (stride, 1), writeable=False)
-                    dst = np.lib.stride_tricks.as_strided(out[k * length + p0:], (m, w), (length, 1))
-                    np.copyto(dst, view)
-                    del src, view, dst
-                finally:
-                    mm.close()
+                with lanes:
+                    try:
+                        mm = mmap.mmap(fd, lo + (m - 1) * stride + w - a, prot=mmap.PROT_READ, offset=a)
+                    except OSError as e:
+                        raise ReadError(f"{path}: cannot map bytes [{a}, {lo + (m - 1) * stride + w}) for reading: "
+                                        f"{e.strerror}", code="read-failed") from None
+                    try:
+                        src = np.frombuffer(mm, np.uint8)
+                        view = np.lib.stride_tricks.as_strided(src[lo - a:], (m, w), (stride, 1), writeable=False)
+                        dst = np.lib.stride_tricks.as_strided(out[k * length + p0:], (m, w), (length, 1))
+                        np.copyto(dst, view)
+                        del src, view, dst
+                    finally:
+                        mm.close()
             k += m
         with self._lock:
             self.requests += 1
