@@ -188,23 +188,41 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str) -
     shape = _out_shape(t, op)
     scale = scales[t.name] if op == "dequantize" else None
     block = r.dequantize.block if r.dequantize else 0
-    sl, ssl, pad = None, None, 0
+    sl, ssl = None, None
     if r.split != "replicate" and tp.world > 1:
         d = _split_dim(r, i, t.name, len(shape))
-        a, b, per = rank_range(shape[d], tp.world, tp.rank, r.split.pad, f"rules[{i}] splits {t.name} {list(shape)}", d,
+        sl, shape, out, zero = _split(shape, d, tp.world, tp.rank, r.split.pad, op, target, i, t.name)
+        ssl = _scale_slice(t, sl, block, i) if scale is not None else None
+    else:
+        out, zero = DTYPES[target].nbytes(math.prod(shape)), 0
+    return Placement(name, target, shape, op, r.on, "none", i, (Part(t, scale, 0, out - zero, sl, ssl, zero),),
+                     block)
+
+
+def _split(shape: tuple, d: int, world: int, rank: int, pad: bool, op: str, target: str, i: int, name: str):
+    """(slice, rank's shape, bytes, zero bytes) of one rank's part of dim d: the same for every tensor
+    of a shape under a rule, so worked out once per (shape, rule, op, dtype)."""
+    key = (shape, d, world, rank, pad, op, target, i)
+    got = _SPLITS.get(key)
+    if got is None:
+        a, b, per = rank_range(shape[d], world, rank, pad, f"rules[{i}] splits {name} {list(shape)}", d,
                                can_pad=op != "dequantize")  # block scales cannot be padded
         if per != b - a and d != 0:
-            raise BindError(f"rules[{i}] pads {t.name} on dim {d}; padding is supported on dim 0 only",
+            raise BindError(f"rules[{i}] pads {name} on dim {d}; padding is supported on dim 0 only",
                             code="split-pad")
         sd = 1 - d if op == "transpose" else d
         sl = Slice(sd, a, b, per - (b - a))
-        ssl = _scale_slice(t, sl, block, i) if scale is not None else None
-        shape = (*shape[:d], per, *shape[d + 1:])
-        pad = per - (b - a)
-    out = DTYPES[target].nbytes(math.prod(shape))
-    zero = DTYPES[target].nbytes(math.prod(shape) // shape[0] * pad) if pad else 0
-    return Placement(name, target, shape, op, r.on, "none", i, (Part(t, scale, 0, out - zero, sl, ssl, zero),),
-                     block)
+        out_shape = (*shape[:d], per, *shape[d + 1:])
+        n = per - (b - a)
+        out = DTYPES[target].nbytes(math.prod(out_shape))
+        zero = DTYPES[target].nbytes(math.prod(out_shape) // out_shape[0] * n) if n else 0
+        got = _SPLITS[key] = (sl, out_shape, out, zero)
+        if len(_SPLITS) > 1 << 16:
+            _SPLITS.clear()
+    return got
+
+
+_SPLITS: dict = {}
 
 
 def _split_dim(r: Rule, i: int, name: str, ndim: int) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import lru_cache
 from pathlib import Path
 
 from .ir import Costs
@@ -87,6 +88,7 @@ def rows_seconds(c: Costs, seg: int, stride: int, count: int, slot: int) -> floa
     return span * c.read_byte_s + -(-span // slot) * c.request_s
 
 
+@lru_cache(maxsize=4096)
 def choose(c: Costs, seg: int, stride: int, count: int, slot: int, mode: str = "auto") -> tuple[str, float, float]:
     """("mapped" | "rows", predicted seconds mapped, predicted seconds as rows) for one input;
     `mode` (io.strided) other than auto forces the method (a segment longer than a slot is always
