@@ -94,8 +94,8 @@ def _strided(plan: Plan) -> list:
                 elif i.seg > slot:
                     why = "a segment is longer than a slot"
                 else:
-                    why = (f"rows predicted over {ROWS_MARGIN}x faster ({costs.source} cost figures)" if how == "rows" else
-                           f"mapped predicted faster, or rows not by {ROWS_MARGIN}x ({costs.source} cost figures)")
+                    why = (f"rows predicted {ROWS_MARGIN}x+ faster" if how == "rows" else
+                           f"rows not predicted {ROWS_MARGIN}x faster")
                 out.append({"tensor": p.tensor, "source": i.tensor, "method": how, "segments": i.count,
                             "segment_bytes": i.seg, "stride_bytes": i.stride, "payload_bytes": i.nbytes,
                             "rows_bytes": (i.count - 1) * i.stride + i.seg,
@@ -173,6 +173,7 @@ def render(plan: Plan, console: Console) -> None:
         for (how, why), (n, segs, pay, rows, sec) in sorted(groups.items()):
             ts.add_row(how, str(n), str(segs), fmt_bytes(pay), fmt_bytes(rows), f"{sec:.4f}", escape(printable(why)))
         console.print(ts)
+        console.print("cost figures: " + escape(printable(e["costs"]["source"])) + " (planc probe measures them)")
     tr = Table(title="runs", show_edge=False)
     for c in ("run", "tensors", "read", "requests", "copies", "kernels", "host peak", "device peak", "dominant step"):
         tr.add_column(c, justify="left" if c == "dominant step" else "right")

@@ -1,0 +1,59 @@
+"""`planc probe` measures the I/O cost figures, keeps them, and `compile` chooses by them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import yaml
+from safetensors.numpy import save_file
+
+from planc import costmodel
+from planc.cli import main
+from planc.compile import compile_spec
+from planc.explain import explain_doc
+
+
+def test_probe_writes_figures_that_compile_reads(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "probe.json"
+    rc = main(["probe", str(tmp_path / "scratch"), "--size", "64MiB", "--workers", "2", "--repeat", "1",
+               "-o", str(out), "--json"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["saved"] == str(out) and printed["page_s"] == doc["page_s"]
+    for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s"):
+        assert 0 < doc[k] < 1 and 0 < doc["cold"][k] < 1
+    assert not list((tmp_path / "scratch").iterdir())  # the scratch file is gone
+
+    save_file({"w": np.zeros((64, 32), np.float16)}, str(tmp_path / "m.safetensors"))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"checkpoint": "m.safetensors", "budget": {"host": "64MiB"},
+                                    "tensor_parallel": {"size": 4}, "rules": [{"match": "w", "split": {"dim": 1}}]}))
+    monkeypatch.setenv("PLANC_PROBE", str(out))
+    plan = compile_spec(spec, 1)
+    assert plan.costs.source == str(out) and plan.costs.page_s == doc["page_s"]
+    (s,) = explain_doc(plan)["strided_reads"]
+    assert s["method"] in ("mapped", "rows") and s["segments"] == 64 and s["segment_bytes"] == 16
+    assert explain_doc(plan)["costs"]["source"] == str(out)
+
+
+def test_a_damaged_or_absent_probe_file_means_the_defaults(tmp_path, monkeypatch):
+    bad = tmp_path / "probe.json"
+    for text in ("{", json.dumps({"page_s": -1, "copy_byte_s": 1, "read_byte_s": 1, "request_s": 1}), "[]"):
+        bad.write_text(text)
+        assert costmodel.load_costs(bad) == costmodel.DEFAULTS
+    monkeypatch.setenv("PLANC_PROBE", str(tmp_path / "missing.json"))
+    assert costmodel.load_costs() == costmodel.DEFAULTS
+    monkeypatch.setenv("PLANC_PROBE", "off")
+    assert costmodel.load_costs() == costmodel.DEFAULTS
+
+
+def test_choice_follows_the_figures():
+    """Mapped reads of narrow slices, whole rows when reading rows is much cheaper per byte."""
+    c = costmodel.DEFAULTS
+    assert costmodel.choose(c, 1024, 8192, 4096, 16 << 20)[0] == "mapped"
+    cheap_rows = c._replace(page_s=1e-5)
+    assert costmodel.choose(cheap_rows, 1024, 8192, 4096, 16 << 20)[0] == "rows"
+    assert costmodel.choose(c, 32 << 20, 64 << 20, 4, 16 << 20)[0] == "rows"  # a segment longer than a slot
+    assert costmodel.choose(c, 1024, 8192, 4096, 16 << 20, "rows")[0] == "rows"
