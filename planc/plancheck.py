@@ -752,13 +752,7 @@ def _run_coverage(r, parts, bisect_right) -> None:
                 fpos = hi
                 i += 1
     for m, pieces in zip(maps, got):
-        pos = m[1]
-        for a, b in sorted(pieces):
-            if a != pos:
-                pos = -1
-                break
-            pos = b
-        if pos != m[2]:
+        if not _tiles(pieces, m[1], m[2]):
             raise _bad(at, f"bytes [{m[1]:,}, {m[2]:,}) of {_shown(m[0])} are not copied exactly once by the run's "
                            f"requests")
     for x in strided:
@@ -808,22 +802,22 @@ class _Strided:
         i = self.inp
         spans = list(self.full)
         for row, pieces in self.partial.items():
-            pos = 0
-            for a, b in sorted(pieces):
-                if a != pos:
-                    break
-                pos = b
-            if pos != i.seg:
+            if not _tiles(pieces, 0, i.seg):
                 raise _bad(at, f"row {row:,} of the slice of {_shown(i.tensor)} is not copied exactly once")
             spans.append((row, row + 1))
-        pos = 0
-        for a, b in sorted(spans):
-            if a != pos:
-                break
-            pos = b
-        if pos != i.count:
+        if not _tiles(spans, 0, i.count):
             raise _bad(at, f"the {i.count:,} rows of the slice of {_shown(i.tensor)} are not copied exactly once by "
                            f"the run's requests")
+
+
+def _tiles(pieces, lo: int, hi: int) -> bool:
+    """Whether the (start, end) pieces cover [lo, hi) exactly: no gap, no overlap."""
+    pos = lo
+    for a, b in sorted(pieces):
+        if a != pos:
+            return False
+        pos = b
+    return pos == hi
 
 
 def _strided_at(strided: list, skeys: list, file: str, fpos: int, bisect_right):

@@ -138,7 +138,14 @@ def test_every_byte_copied_once_to_its_place(case):
     expected = np.full(size, -1, np.int64)  # where each source byte must land
     host_bytes = np.zeros(size, bool)
     run_of = {p: r["index"] for r in d["runs"] for p in r["parts"]}
-    kernels = {k["part"]: k for r in d["runs"] for k in r["kernels"]}
+    kernels = {}  # part -> its kernel; a merged kernel (`more`) reads its parts' sources end to end
+    by_id = {p["id"]: p for p in d["parts"]}
+    for r in d["runs"]:
+        for k in r["kernels"]:
+            src = k["src_offset"]
+            for pid in (k["part"], *k["more"]):
+                kernels[pid] = {**k, "src_offset": src}
+                src += sum(i["nbytes"] for i in by_id[pid]["inputs"])
     placed = {i["tensor"] for p in d["parts"] for i in p["inputs"]}
     assert placed | set(d["skipped"]) == set(ts)
     for p in d["parts"]:
