@@ -426,6 +426,11 @@ class _Checker:
             raise _bad(f"{at}.host_bytes", f"a direct-path part holds no host bytes, got {n.host_bytes:,}")
         elif n.landing_bytes not in (0, reads):
             raise _bad(f"{at}.landing_bytes", f"is {n.landing_bytes:,}: a landing part lands its {reads:,} read bytes")
+        elif n.landing_bytes != (0 if n.op == "copy" else reads) and n.op != "convert":
+            # a copy goes straight to its place; a dequantize or transpose cannot run in place (its
+            # source and output overlap), and only its landing bytes place its scale
+            raise _bad(f"{at}.landing_bytes", f"is {n.landing_bytes:,}: a direct-path {n.op} "
+                                              f"{'lands nothing' if n.op == 'copy' else f'lands its {reads:,} read bytes'}")
 
     # -- runs -------------------------------------------------------------------------------------
     def _runs(self, v, parts, files, io: IOSettings, lay: Layout) -> tuple[Run, ...]:
