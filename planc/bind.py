@@ -207,7 +207,7 @@ def _split(shape: tuple, d: int, world: int, rank: int, pad: bool, op: str, targ
     if got is None:
         a, b, per = rank_range(shape[d], world, rank, pad, f"rules[{i}] splits {name} {list(shape)}", d,
                                can_pad=op != "dequantize")  # block scales cannot be padded
-        if per != b - a and d != 0:
+        if pad and d != 0 and shape[d] % world:  # on every rank, not only those that would pad
             raise BindError(f"rules[{i}] pads {name} on dim {d}; padding is supported on dim 0 only",
                             code="split-pad")
         sd = 1 - d if op == "transpose" else d

@@ -257,3 +257,14 @@ def test_row_slices_unaligned_straddling_slots_one_element_per_row_and_padding(t
     assert np.array_equal(e, t["e.conv"].astype(np.float32).astype(np.float16))
     d = np.concatenate([g["d.padded"] for g in got])
     assert np.array_equal(_bits(d[:10]), _bits(t["d.padded"])) and not d[10:].any()
+
+
+def test_padding_a_later_dim_is_refused_on_every_rank(tmp_path):
+    """Rank 0 of 3 needs no padding of a 1,000-wide dim-1 split (334, 334, 332): it is refused all the
+    same, so that every rank's compile gives the same answer."""
+    save_file({"w": np.zeros((4, 1000), np.float16)}, str(tmp_path / "m.safetensors"))
+    spec = _spec(tmp_path, 3, [{"match": "w", "split": {"dim": 1, "pad": True}}], name="pad1.yaml")
+    for rank in range(3):
+        with pytest.raises(BindError) as ei:
+            compile_spec(spec, rank)
+        assert ei.value.code == "split-pad" and "dim 1" in ei.value.message
