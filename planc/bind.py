@@ -174,6 +174,9 @@ def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
         if target != t.dtype and r.on == "device":
             raise BindError(f"rules[{i}] transposes and converts {t.name} on the device; do one or the other, "
                             f"or add on: host", code="bad-transpose")
+        if DTYPES[t.dtype].bits % 8:
+            raise BindError(f"rules[{i}] transposes {t.name}, a {t.dtype} tensor of packed sub-byte elements; only "
+                            f"tensors of whole-byte elements transpose", code="bad-transpose")
         return "transpose"
     return "copy" if target == t.dtype else "convert"
 

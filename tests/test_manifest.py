@@ -819,3 +819,19 @@ def test_public_api():
 
     assert set(pm.__all__) == {"read_manifest", "Manifest", "ShardInfo", "TensorEntry"}
     assert pm.TensorEntry is TensorEntry
+
+
+def test_a_sub_byte_tensor_does_not_transpose(tmp_path):
+    """Packed F4 elements have no byte of their own to move: the compile says so, naming the tensor."""
+    import yaml
+
+    from planc.compile import compile_spec
+    from planc.errors import BindError
+
+    write(tmp_path / "m.safetensors", raw({"f4": ent("F4", [2, 4], 0, 4)}, bytes(4)))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"checkpoint": "m.safetensors", "budget": {"host": "64MiB"},
+                                    "rules": [{"match": "f4", "transpose": True}]}))
+    with pytest.raises(BindError) as ei:
+        compile_spec(spec)
+    assert ei.value.code == "bad-transpose" and "f4" in ei.value.message and "F4" in ei.value.message
