@@ -49,10 +49,7 @@ def probe_path() -> Path:
     place, which compile then does not read)."""
     from . import settings
 
-    p = settings.probe_file()
-    if p is None:
-        return Path.home() / ".cache" / "planc" / "io-probe.json"
-    return p
+    return settings.probe_file() or settings.default_probe_file()
 
 
 def load_costs(path: Path | None = None) -> Costs:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from .costmodel import PAGE, pages_touched, probe_path
 from .execute.reader import Reader
-from .ir import Costs
 
 
 def _scratch(folder: Path, size: int) -> Path:
@@ -138,10 +137,6 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
     return {"kind": "planc-probe", "folder": str(folder), "size_bytes": size, "workers": workers,
             "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "page_s": w["page_s"], "copy_byte_s": w["copy_byte_s"],
             "read_byte_s": w["read_byte_s"], "request_s": w["request_s"], "warm": w, "cold": doc["cold"]}
-
-
-def costs_of(doc: dict, source: str) -> Costs:
-    return Costs(source, doc["page_s"], doc["copy_byte_s"], doc["read_byte_s"], doc["request_s"])
 
 
 def save(doc: dict, path: Path | None = None) -> Path:

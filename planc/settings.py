@@ -60,8 +60,11 @@ def probe_file() -> Path | None:
     v = os.environ.get("PLANC_PROBE")
     if v == "off":
         return None
-    if v:
-        return Path(v)
+    return Path(v) if v else default_probe_file()
+
+
+def default_probe_file() -> Path:
+    """Where `planc probe` keeps its figures unless PLANC_PROBE names a file."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "planc" / "io-probe.json"
 
 
