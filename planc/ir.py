@@ -171,7 +171,7 @@ class Part(NamedTuple):
     @property
     def read_bytes(self) -> int:
         inputs = self.inputs
-        return inputs[0].nbytes if len(inputs) == 1 else sum(i.nbytes for i in inputs)
+        return inputs[0].nbytes if len(inputs) == 1 else inputs[0].nbytes + inputs[1].nbytes  # a part has 1 or 2
 
     @property
     def label(self) -> str:

@@ -99,6 +99,15 @@ def _obj(v, path: str, keys) -> dict:
     return v
 
 
+def _strings(v, path: str) -> tuple[str, ...]:
+    if type(v) is list and (not v or set(map(type, v)) == _STRS):
+        return tuple(v)
+    return tuple(_str(x, f"{path}[{k}]") for k, x in enumerate(_list(v, path)))
+
+
+_STRS = {str}
+
+
 def _one_of(v, path: str, allowed) -> str:
     if v not in allowed or type(v) is not str:
         raise _bad(path, f"must be one of {', '.join(allowed)}, got {_shown(v)}")
@@ -148,6 +157,7 @@ def _nbytes_of(dtype: str, shape: tuple, path: str) -> int:
 
 
 _MAX = 2**62  # any byte count or offset beyond this is not a real one
+new = tuple.__new__  # a record built from checked fields, without its Python-level constructor
 _ROLES = ("weight", "scale")
 
 
@@ -188,8 +198,8 @@ class _Checker:
         self.io = io = self._io(doc["io"])
         self.layout = lay = self._layout(doc["layout"], io)
         tensors = self._tensors(doc["tensors"], lay)
-        self.reasons = tuple(_str(x, f"reasons[{k}]") for k, x in enumerate(_list(doc["reasons"], "reasons")))
-        self.sources = tuple(_str(x, f"sources[{k}]") for k, x in enumerate(_list(doc["sources"], "sources")))
+        self.reasons = _strings(doc["reasons"], "reasons")
+        self.sources = _strings(doc["sources"], "sources")
         parts = self._parts(doc["parts"], tensors, files)
         runs = self._runs(doc["runs"], parts, files, io, lay)
         skipped = tuple(_str(s, f"skipped[{k}]") for k, s in enumerate(_list(doc["skipped"], "skipped")))
@@ -303,68 +313,79 @@ class _Checker:
     def _parts(self, v, tensors, files) -> tuple[Part, ...]:
         n_t, reasons = len(tensors), self.reasons
         n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
-        out, labels = [], set()
+        out, labels, semantics = [], set(), set()
         for pid, p in enumerate(_list(v, "parts")):
-            at = f"parts[{pid}]"
             if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:]) and p[0] < n_t \
                     and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
                     and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 2 \
                     and type(p[8]) is str and p[8] in DTYPES and p[11] <= 1 << 20:
                 ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
             else:  # the field-by-field check, which names what is wrong
-                _list(p, at, n_f)
-                ti = _int(p[0], f"{at}.tensor_index", 0, n_t - 1)
-                index = _int(p[1], f"{at}.index", 0, _MAX)
-                op = _one_of(p[2], f"{at}.op", OPS)
-                path = _one_of(p[3], f"{at}.path", PATHS)
-                ri = _int(p[4], f"{at}.reason_index", 0, len(reasons) - 1)
-                raw_inputs = _list(p[5], f"{at}.inputs")
+                _list(p, f"parts[{pid}]", n_f)
+                ti = _int(p[0], f"parts[{pid}].tensor_index", 0, n_t - 1)
+                index = _int(p[1], f"parts[{pid}].index", 0, _MAX)
+                op = _one_of(p[2], f"parts[{pid}].op", OPS)
+                path = _one_of(p[3], f"parts[{pid}].path", PATHS)
+                ri = _int(p[4], f"parts[{pid}].reason_index", 0, len(reasons) - 1)
+                raw_inputs = _list(p[5], f"parts[{pid}].inputs")
                 if not 1 <= len(raw_inputs) <= 2:
-                    raise _bad(f"{at}.inputs", f"must list 1 or 2 inputs, got {len(raw_inputs)}")
-                off = _int(p[6], f"{at}.offset_bytes", 0, _MAX)
-                out_bytes = _int(p[7], f"{at}.out_bytes", 0, _MAX)
-                out_dtype = _dtype(p[8], f"{at}.out_dtype")
-                landing = _int(p[9], f"{at}.landing_bytes", 0, _MAX)
-                host = _int(p[10], f"{at}.host_bytes", 0, _MAX)
-                block = _int(p[11], f"{at}.block", 0, 1 << 20)
-                zero = _int(p[12], f"{at}.zero_bytes", 0, _MAX)
-                dst = _int(p[13], f"{at}.dst_offset", 0, _MAX)
+                    raise _bad(f"parts[{pid}].inputs", f"must list 1 or 2 inputs, got {len(raw_inputs)}")
+                off = _int(p[6], f"parts[{pid}].offset_bytes", 0, _MAX)
+                out_bytes = _int(p[7], f"parts[{pid}].out_bytes", 0, _MAX)
+                out_dtype = _dtype(p[8], f"parts[{pid}].out_dtype")
+                landing = _int(p[9], f"parts[{pid}].landing_bytes", 0, _MAX)
+                host = _int(p[10], f"parts[{pid}].host_bytes", 0, _MAX)
+                block = _int(p[11], f"parts[{pid}].block", 0, 1 << 20)
+                zero = _int(p[12], f"parts[{pid}].zero_bytes", 0, _MAX)
+                dst = _int(p[13], f"parts[{pid}].dst_offset", 0, _MAX)
             t, reason = tensors[ti], reasons[ri]
             name = t.name
-            inputs = tuple(self._input(i, at, k, n_in, files) for k, i in enumerate(raw_inputs))
+            inputs = (self._input(raw_inputs[0], pid, 0, n_in, files),) if len(raw_inputs) == 1 else \
+                (self._input(raw_inputs[0], pid, 0, n_in, files), self._input(raw_inputs[1], pid, 1, n_in, files))
             if out_dtype != t.dtype:
-                raise _bad(f"{at}.out_dtype", f"is {out_dtype}, its tensor {_shown(name)} is {t.dtype}")
+                raise _bad(f"parts[{pid}].out_dtype", f"is {out_dtype}, its tensor {_shown(name)} is {t.dtype}")
             if dst != t.offset_bytes + off:
-                raise _bad(f"{at}.dst_offset", f"is {dst:,}, but its tensor starts at {t.offset_bytes:,} and the part "
+                raise _bad(f"parts[{pid}].dst_offset", f"is {dst:,}, but its tensor starts at {t.offset_bytes:,} and the part "
                                                f"at offset {off:,} in it")
             if off + out_bytes + zero > t.nbytes:
-                raise _bad(f"{at}.out_bytes", f"[{off:,}, {off + out_bytes + zero:,}) reaches past its tensor "
+                raise _bad(f"parts[{pid}].out_bytes", f"[{off:,}, {off + out_bytes + zero:,}) reaches past its tensor "
                                               f"({t.nbytes:,} bytes)")
-            if (name, index) in labels:  # the label names the part's steps: step ids are unique
-                raise _bad(f"{at}.index", f"part {_shown(f'{name}#{index}')} is listed twice")
-            labels.add((name, index))
-            part = Part(pid, name, index, op, path, reason, inputs, off, out_bytes, out_dtype, landing, host, block,
-                        zero, dst)
-            self._part_semantics(part, at)
+            label = (ti, index)
+            if label in labels:  # the label names the part's steps: step ids are unique
+                raise _bad(f"parts[{pid}].index", f"part {_shown(f'{name}#{index}')} is listed twice")
+            labels.add(label)
+            part = new(Part, (pid, name, index, op, path, reason, inputs, off, out_bytes, out_dtype, landing, host,
+                              block, zero, dst))
+            # Whether a part's sizes follow from its op depends on these fields only; parts that share
+            # them (the experts of a layer, the layers of a model) are checked once.
+            w = inputs[0]
+            sc = (inputs[1].role, inputs[1].dtype, inputs[1].nbytes) if len(inputs) == 2 else None
+            key = (op, path, out_dtype, out_bytes, landing, host, block, w.role, w.dtype, w.shape, w.nbytes, sc)
+            if key not in semantics:
+                self._part_semantics(part, f"parts[{pid}]")
+                semantics.add(key)
             out.append(part)
         return tuple(out)
 
-    def _input(self, i, part_at: str, k: int, n_in: int, files) -> Input:
+    def _input(self, i, pid: int, k: int, n_in: int, files) -> Input:
         if type(i) is list and len(i) == n_in:
             role, tensor, fi, start, nbytes, dtype, shape, seg, stride, count = i
             fast = (type(fi) is int and type(start) is int and type(nbytes) is int and type(seg) is int
                     and type(stride) is int and type(count) is int and 0 <= fi < len(files) and 0 <= start <= _MAX
                     and 0 <= nbytes <= _MAX and 0 <= seg <= _MAX and 0 <= stride <= _MAX and 1 <= count <= _MAX
                     and type(role) is str and role in _ROLES and type(tensor) is int
-                    and 0 <= tensor < len(self.sources) and type(dtype) is str and dtype in DTYPES)
+                    and 0 <= tensor < len(self.sources) and type(dtype) is str and dtype in DTYPES
+                    and type(shape) is list and len(shape) <= 16)
         else:
             fast = False
         at = None
         if fast:
             f = files[fi]
-            shape = _shape(shape, f"{part_at}.inputs[{k}].shape")
+            if shape and not (set(map(type, shape)) == _INTS and min(shape) >= 0 and max(shape) <= 2**62):
+                shape = _shape(shape, f"parts[{pid}].inputs[{k}].shape")
+            shape = tuple(shape)
         else:  # the field-by-field check, which names what is wrong
-            at = f"{part_at}.inputs[{k}]"
+            at = f"parts[{pid}].inputs[{k}]"
             _list(i, at, n_in)
             role = _one_of(i[0], f"{at}.role", _ROLES)
             tensor = _int(i[1], f"{at}.source_index", 0, len(self.sources) - 1)
@@ -376,19 +397,19 @@ class _Checker:
             shape = _shape(i[6], f"{at}.shape")
             seg, stride = _int(i[7], f"{at}.seg", 0, _MAX), _int(i[8], f"{at}.stride", 0, _MAX)
             count = _int(i[9], f"{at}.count", 1, _MAX)
-        want = _NBYTES.get((dtype, shape)) or _nbytes_of(dtype, shape, f"{part_at}.inputs[{k}].shape")
+        want = _NBYTES.get((dtype, shape)) or _nbytes_of(dtype, shape, f"parts[{pid}].inputs[{k}].shape")
         if nbytes != want:
-            raise _bad(f"{part_at}.inputs[{k}].nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
+            raise _bad(f"parts[{pid}].inputs[{k}].nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
         if count > 1:
             if seg * count != nbytes or stride < seg:
-                raise _bad(f"{part_at}.inputs[{k}].seg", f"{count:,} segments of {seg:,} bytes, {stride:,} apart, do not make "
+                raise _bad(f"parts[{pid}].inputs[{k}].seg", f"{count:,} segments of {seg:,} bytes, {stride:,} apart, do not make "
                                         f"{nbytes:,} bytes")
             end = start + (count - 1) * stride + seg
         else:
             end = start + nbytes
         if end > f.size_bytes:
-            raise _bad(f"{part_at}.inputs[{k}].start", f"reads [{start:,}, {end:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
-        return Input(role, self.sources[tensor], f.path, start, nbytes, dtype, shape, seg, stride, count)
+            raise _bad(f"parts[{pid}].inputs[{k}].start", f"reads [{start:,}, {end:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
+        return new(Input, (role, self.sources[tensor], f.path, start, nbytes, dtype, shape, seg, stride, count))
 
     def _part_semantics(self, n: Part, at: str) -> None:
         """The sizes the executor allocates and converts by must follow from the part's inputs."""
@@ -451,9 +472,9 @@ class _Checker:
             in_run = range(first, next_part)
             region = _int(r[4], f"{at}.landing_region", k % 2, k % 2)
             limits = {"arena": lay.arena_bytes, "landing": lay.landing_region_bytes[region]}
-            reqs = tuple(self._request(q, f"{at}.requests[{j}]", n_q, n_c, files, io, limits, staging_slots)
+            reqs = tuple(self._request(q, at, j, n_q, n_c, files, io, limits, staging_slots)
                          for j, q in enumerate(_list(r[1], f"{at}.requests")))
-            kernels = tuple(self._kernel(x, f"{at}.kernels[{j}]", n_k, parts, in_run, limits)
+            kernels = tuple(self._kernel(x, at, j, n_k, parts, in_run, limits)
                             for j, x in enumerate(_list(r[2], f"{at}.kernels")))
             hosts = tuple(self._host_part(h, f"{at}.host_parts[{j}]", n_h, parts, in_run, io)
                           for j, h in enumerate(_list(r[3], f"{at}.host_parts")))
@@ -493,43 +514,58 @@ class _Checker:
                                                   f"{scatter_rows:,} copies")
         return tuple(out)
 
-    def _request(self, q, at, n_q, n_c, files, io, limits, staging_slots) -> Request:
-        _list(q, at, n_q)
-        f = files[_int(q[0], f"{at}.file_index", 0, len(files) - 1)]
-        off = _int(q[1], f"{at}.offset", 0, _MAX)
-        length = _int(q[2], f"{at}.length", 1, io.slot_bytes)
-        stride = _int(q[7], f"{at}.stride", 0, _MAX)
-        if stride:
-            count = _int(q[8], f"{at}.count", 1, io.slot_bytes // length)
-            if stride < length:
-                raise _bad(f"{at}.stride", f"is {stride:,}: a strided read's segments ({length:,} bytes) may not overlap")
-            room = length * count  # the slot bytes a strided read fills, packed
-        else:
-            count = _int(q[8], f"{at}.count", 1, 1)
-            if off % DIRECT_ALIGN:
-                raise _bad(f"{at}.offset", f"{off:,} is not aligned to {DIRECT_ALIGN} bytes")
-            room = length
-        scatter = q[4]
-        if type(scatter) is not bool:
-            raise _bad(f"{at}.scatter", f"must be true or false, got {_shown(scatter)}")
-        if scatter and not stride:
-            staging = _int(q[5], f"{at}.staging", 0, staging_slots - 1) if staging_slots else \
-                _int(q[5], f"{at}.staging", 0, -1)
-            width = _int(q[6], f"{at}.width", 1, 8)
-            if width not in (1, 2, 4, 8):
-                raise _bad(f"{at}.width", f"must be 1, 2, 4 or 8, got {width}")
-        elif scatter:
-            raise _bad(f"{at}.scatter", "a strided read is not scattered")
-        else:
-            staging = _int(q[5], f"{at}.staging", -1, -1)
-            width = _int(q[6], f"{at}.width", 1, 1)
+    def _request(self, q, run_at, j, n_q, n_c, files, io, limits, staging_slots) -> Request:
+        slot = io.slot_bytes
+        if (type(q) is list and len(q) == n_q and _nat(q[0], q[1], q[2], q[7], q[8]) and q[0] < len(files)
+                and 1 <= q[2] <= slot and q[4] is False and type(q[5]) is int and q[5] == -1 and type(q[6]) is int
+                and q[6] == 1 and type(q[3]) is list
+                and ((q[7] == 0 and q[8] == 1 and q[1] % DIRECT_ALIGN == 0)
+                     or (q[7] >= q[2] and 1 <= q[8] <= slot // q[2]))):
+            # the common request, plain or strided, not scattered: every field in range at once
+            fi, off, length, raw, scatter, staging, width, stride, count = q
+            f = files[fi]
+            room = length * count if stride else length
+            at = None
+        else:  # the field-by-field check, which names what is wrong
+            at = f"{run_at}.requests[{j}]"
+            _list(q, at, n_q)
+            f = files[_int(q[0], f"{at}.file_index", 0, len(files) - 1)]
+            off = _int(q[1], f"{at}.offset", 0, _MAX)
+            length = _int(q[2], f"{at}.length", 1, slot)
+            stride = _int(q[7], f"{at}.stride", 0, _MAX)
+            if stride:
+                count = _int(q[8], f"{at}.count", 1, slot // length)
+                if stride < length:
+                    raise _bad(f"{at}.stride", f"is {stride:,}: a strided read's segments ({length:,} bytes) may not "
+                                               f"overlap")
+                room = length * count  # the slot bytes a strided read fills, packed
+            else:
+                count = _int(q[8], f"{at}.count", 1, 1)
+                if off % DIRECT_ALIGN:
+                    raise _bad(f"{at}.offset", f"{off:,} is not aligned to {DIRECT_ALIGN} bytes")
+                room = length
+            scatter = q[4]
+            if type(scatter) is not bool:
+                raise _bad(f"{at}.scatter", f"must be true or false, got {_shown(scatter)}")
+            if scatter and not stride:
+                staging = _int(q[5], f"{at}.staging", 0, staging_slots - 1) if staging_slots else \
+                    _int(q[5], f"{at}.staging", 0, -1)
+                width = _int(q[6], f"{at}.width", 1, 8)
+                if width not in (1, 2, 4, 8):
+                    raise _bad(f"{at}.width", f"must be 1, 2, 4 or 8, got {width}")
+            elif scatter:
+                raise _bad(f"{at}.scatter", "a strided read is not scattered")
+            else:
+                staging = _int(q[5], f"{at}.staging", -1, -1)
+                width = _int(q[6], f"{at}.width", 1, 1)
+            raw = _list(q[3], f"{at}.copies")
         copies, needed = [], 0
-        for j, c in enumerate(_list(q[3], f"{at}.copies")):
+        for k, c in enumerate(raw):
             if type(c) is list and len(c) == n_c and _nat(c[0], c[2], c[3]) and c[3] >= 1 and c[1] in SPACES \
                     and type(c[1]) is str and c[4] == 1 and c[5] == 0 and type(c[4]) is int and type(c[5]) is int:
                 so, space, dst, n, rows, pitch = c
             else:  # the field-by-field check, which names what is wrong
-                ca = f"{at}.copies[{j}]"
+                ca = f"{run_at}.requests[{j}].copies[{k}]"
                 _list(c, ca, n_c)
                 so = _int(c[0], f"{ca}.slot_offset", 0, room)
                 space = _one_of(c[1], f"{ca}.space", SPACES)
@@ -544,26 +580,28 @@ class _Checker:
                     pitch = _int(c[5], f"{ca}.pitch", n, room)
             end = so + (rows - 1) * pitch + n
             if end > room:
-                ca = f"{at}.copies[{j}]"
-                raise _bad(ca, f"slot range [{so:,}, {end:,}) reaches past the request's {room:,} bytes")
+                raise _bad(f"{run_at}.requests[{j}].copies[{k}]", f"slot range [{so:,}, {end:,}) reaches past the "
+                                                                  f"request's {room:,} bytes")
             if dst + n * rows > limits[space]:
-                ca = f"{at}.copies[{j}]"
-                raise _bad(ca, f"{space} range [{dst:,}, {dst + n * rows:,}) reaches past the {space} "
-                               f"({limits[space]:,} bytes)")
+                raise _bad(f"{run_at}.requests[{j}].copies[{k}]", f"{space} range [{dst:,}, {dst + n * rows:,}) "
+                                                                  f"reaches past the {space} ({limits[space]:,} bytes)")
             if scatter and (space != "arena" or so % width or dst % width or n % width):
-                ca = f"{at}.copies[{j}]"
-                raise _bad(ca, f"a scattered copy goes to the arena in whole {width}-byte elements")
-            needed = max(needed, end)
-            copies.append(Copy(so, space, dst, n, rows, pitch))
+                raise _bad(f"{run_at}.requests[{j}].copies[{k}]", f"a scattered copy goes to the arena in whole "
+                                                                  f"{width}-byte elements")
+            if end > needed:
+                needed = end
+            copies.append(new(Copy, (so, space, dst, n, rows, pitch)))
         if stride:
             top = off + (count - 1) * stride + length
             if top > f.size_bytes:  # a mapped read must find every byte in the file
-                raise _bad(at, f"reads [{off:,}, {top:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
+                raise _bad(f"{run_at}.requests[{j}]", f"reads [{off:,}, {top:,}) of {_shown(f.path)}, which has "
+                                                      f"{f.size_bytes:,} bytes")
         elif off + needed > f.size_bytes:
-            raise _bad(at, f"reads [{off:,}, {off + needed:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
-        return Request(f.path, off, length, tuple(copies), scatter, staging, width, stride, count)
+            raise _bad(f"{run_at}.requests[{j}]", f"reads [{off:,}, {off + needed:,}) of {_shown(f.path)}, which has "
+                                                  f"{f.size_bytes:,} bytes")
+        return new(Request, (f.path, off, length, tuple(copies), scatter, staging, width, stride, count))
 
-    def _kernel(self, x, at, n_k, parts, in_run, limits) -> Kernel:
+    def _kernel(self, x, run_at, j, n_k, parts, in_run, limits) -> Kernel:
         if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
                 and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and type(x[1]) is str and type(x[2]) is str \
                 and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
@@ -571,57 +609,58 @@ class _Checker:
             pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more = x
             more = ()
         else:  # the field-by-field check, which names what is wrong
-            _list(x, at, n_k)
-            pid = _int(x[0], f"{at}.part", 0, _MAX)
-            op = _one_of(x[1], f"{at}.op", KERNEL_OPS)
-            src_dtype, dst_dtype = _dtype(x[2], f"{at}.src_dtype"), _dtype(x[3], f"{at}.dst_dtype")
-            space = _one_of(x[4], f"{at}.src_space", SPACES)
-            src = _int(x[5], f"{at}.src_offset", 0, _MAX)
-            scale = None if x[6] is None else _int(x[6], f"{at}.scale_offset", 0, _MAX)
-            dst = _int(x[7], f"{at}.dst_offset", 0, _MAX)
-            numel, rows = _int(x[8], f"{at}.numel", 0, _MAX), _int(x[9], f"{at}.rows", 0, _MAX)
-            cols = _int(x[10], f"{at}.cols", 0, _MAX)
-            block = _int(x[11], f"{at}.block", 0, 1 << 20)
-            more = tuple(_int(v, f"{at}.more[{j}]", 0, _MAX) for j, v in enumerate(_list(x[12], f"{at}.more")))
+            _list(x, f"{run_at}.kernels[{j}]", n_k)
+            pid = _int(x[0], f"{run_at}.kernels[{j}].part", 0, _MAX)
+            op = _one_of(x[1], f"{run_at}.kernels[{j}].op", KERNEL_OPS)
+            src_dtype, dst_dtype = _dtype(x[2], f"{run_at}.kernels[{j}].src_dtype"), _dtype(x[3], f"{run_at}.kernels[{j}].dst_dtype")
+            space = _one_of(x[4], f"{run_at}.kernels[{j}].src_space", SPACES)
+            src = _int(x[5], f"{run_at}.kernels[{j}].src_offset", 0, _MAX)
+            scale = None if x[6] is None else _int(x[6], f"{run_at}.kernels[{j}].scale_offset", 0, _MAX)
+            dst = _int(x[7], f"{run_at}.kernels[{j}].dst_offset", 0, _MAX)
+            numel, rows = _int(x[8], f"{run_at}.kernels[{j}].numel", 0, _MAX), _int(x[9], f"{run_at}.kernels[{j}].rows", 0, _MAX)
+            cols = _int(x[10], f"{run_at}.kernels[{j}].cols", 0, _MAX)
+            block = _int(x[11], f"{run_at}.kernels[{j}].block", 0, 1 << 20)
+            more = tuple(_int(v, f"{run_at}.kernels[{j}].more[{m}]", 0, _MAX)
+                         for m, v in enumerate(_list(x[12], f"{run_at}.kernels[{j}].more")))
         if more and op != "convert":
-            raise _bad(f"{at}.more", f"only conversions of several parts share a kernel, not a {op}")
+            raise _bad(f"{run_at}.kernels[{j}].more", f"only conversions of several parts share a kernel, not a {op}")
         if len(set(more)) != len(more) or pid in more:
-            raise _bad(f"{at}.more", "lists a part twice")
+            raise _bad(f"{run_at}.kernels[{j}].more", "lists a part twice")
         want_numel, want_dst = 0, dst
         for q in (pid, *more):
             if q not in in_run:
-                raise _bad(f"{at}.part", f"part {q} is not a part of this run")
+                raise _bad(f"{run_at}.kernels[{j}].part", f"part {q} is not a part of this run")
             p = parts[q]
             if p.path != "direct":
-                raise _bad(f"{at}.part", f"part {q} takes the host path; its work is not a device kernel")
+                raise _bad(f"{run_at}.kernels[{j}].part", f"part {q} takes the host path; its work is not a device kernel")
             w = p.inputs[0]
             if op != p.op or src_dtype != w.dtype or dst_dtype != p.out_dtype or want_dst != p.dst_offset:
-                raise _bad(at, f"does not match part {q} ({p.op} {w.dtype} -> {p.out_dtype} at arena "
+                raise _bad(f"{run_at}.kernels[{j}]", f"does not match part {q} ({p.op} {w.dtype} -> {p.out_dtype} at arena "
                                f"{p.dst_offset:,})")
             if (op != "convert" and (rows, cols) != tuple(w.shape)) or block != p.block:
-                raise _bad(at, f"shape does not match part {q}'s input {list(w.shape)}")
+                raise _bad(f"{run_at}.kernels[{j}]", f"shape does not match part {q}'s input {list(w.shape)}")
             want_numel += math.prod(w.shape)
             want_dst += p.out_bytes
         if numel != want_numel:
-            raise _bad(f"{at}.numel", f"is {numel:,}, its parts have {want_numel:,} elements")
+            raise _bad(f"{run_at}.kernels[{j}].numel", f"is {numel:,}, its parts have {want_numel:,} elements")
         s_size, d_size = max(1, DTYPES[src_dtype].bits // 8), max(1, DTYPES[dst_dtype].bits // 8)
         if src + numel * s_size > limits[space]:
-            raise _bad(f"{at}.src_offset", f"[{src:,}, {src + numel * s_size:,}) reaches past the {space} "
+            raise _bad(f"{run_at}.kernels[{j}].src_offset", f"[{src:,}, {src + numel * s_size:,}) reaches past the {space} "
                                            f"({limits[space]:,} bytes)")
         if dst + numel * d_size > limits["arena"]:
-            raise _bad(f"{at}.dst_offset", f"[{dst:,}, {dst + numel * d_size:,}) reaches past the arena")
+            raise _bad(f"{run_at}.kernels[{j}].dst_offset", f"[{dst:,}, {dst + numel * d_size:,}) reaches past the arena")
         if op == "dequantize":
             if scale is None or block <= 0:
-                raise _bad(f"{at}.scale_offset", "a dequantize reads its scale from the landing region")
+                raise _bad(f"{run_at}.kernels[{j}].scale_offset", "a dequantize reads its scale from the landing region")
             n_scale = -(-rows // block) * -(-cols // block) * 4
             if scale + n_scale > limits["landing"]:
-                raise _bad(f"{at}.scale_offset", f"[{scale:,}, {scale + n_scale:,}) reaches past the landing region "
+                raise _bad(f"{run_at}.kernels[{j}].scale_offset", f"[{scale:,}, {scale + n_scale:,}) reaches past the landing region "
                                                  f"({limits['landing']:,} bytes)")
         elif scale is not None:
-            raise _bad(f"{at}.scale_offset", f"a {op} reads no scale")
+            raise _bad(f"{run_at}.kernels[{j}].scale_offset", f"a {op} reads no scale")
         if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
-            raise _bad(at, "only a same-size conversion runs in place in the arena")
-        return Kernel(pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more)
+            raise _bad(f"{run_at}.kernels[{j}]", "only a same-size conversion runs in place in the arena")
+        return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more))
 
     def _host_part(self, h, at, n_h, parts, in_run, io) -> HostPart:
         _list(h, at, n_h)

@@ -21,6 +21,8 @@ import stat
 import struct
 from operator import itemgetter
 
+import orjson
+
 from planc.dtypes import DTYPES
 from planc.errors import ManifestError
 from planc.manifest.model import Manifest, ShardInfo, TensorEntry
@@ -570,18 +572,33 @@ else:  # pragma: no cover - platforms without pread
 def _load_json(raw: bytes, text: str):
     """`text` (the decoding of `raw`) parsed; `_DuplicateKey` for a key repeated in one object.
 
+    The first parse is orjson's (about twice the standard library's speed on headers); anything it
+    refuses (nesting past 1,024, say) or might read differently goes to the standard library's
+    parser, whose verdict and message stand.
+
     Checking every object as it is parsed (`object_pairs_hook`) costs a Python call per tensor, a
     tenth of reading a large checkpoint's headers; most texts are first parsed plainly and counted
     instead (`_keys_unique`). Whatever that cannot vouch for, and any text that does not parse, is
     parsed again object by object, which raises the same error, or first a repeated key before it.
     """
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant)
-        if _keys_unique(raw, doc):
-            return doc
+        # orjson is strict (no NaN or Infinity, valid UTF-8) but reads an integer past 64 bits as a
+        # float: a run of 20 digits goes to the exact parser
+        if not _LONG_DIGITS(raw):
+            doc = orjson.loads(raw)
+            if _keys_unique(raw, doc):
+                return doc
     except (ValueError, RecursionError):
         pass
     return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)
+
+
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))  # every digit to "0", all else to " "
+
+
+def _LONG_DIGITS(raw: bytes) -> bool:
+    """Whether `raw` holds a run of 20 digits: an integer that may not fit 64 bits."""
+    return b"00000000000000000000" in raw.translate(_DIGITS)
 
 
 def _keys_unique(raw: bytes, doc) -> bool:
