@@ -20,7 +20,9 @@ For each N and repeat, `planc run PLAN --json` and `planc run SPEC --json` one a
 (`load_plan` or `compile_spec`) and `planc.execute.execute` of it (the first execute of the
 process, which includes the simulator's kernel set-up, and a second, warm one).
 
-Tables give medians of the repeats and ratios PLAN / SPEC of the medians; each measured process
+planc is byte-compiled before the processes start, as pip does when it installs a package
+(`--source` leaves that out, so that each process compiles the planc sources it imports: an
+editable install where PYTHONDONTWRITEBYTECODE is set). Tables give medians of the repeats and ratios PLAN / SPEC of the medians; each measured process
 is one JSON line in OUT_DIR/plan_file.jsonl. The machine's load average is printed beside them.
 """
 
@@ -281,6 +283,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1k,10k,30k,91k", help="compile_scale sizes, comma-separated ('' for none)")
     ap.add_argument("--host", default="1000,3000", help="host-path tensor counts, comma-separated ('' for none)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--source", action="store_true",
+                    help="leave planc's bytecode uncompiled (each process compiles the sources it imports, as "
+                         "an editable install under PYTHONDONTWRITEBYTECODE does); by default planc is "
+                         "byte-compiled first, as pip does when it installs a package")
     ap.add_argument("--breakdown", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--execute", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -302,6 +308,11 @@ def main(argv=None) -> int:
         ap.error(f"unknown sizes {unknown}; known: {', '.join(VARIANTS)}")
     counts = [int(s) for s in a.host.split(",") if s.strip()]
     log = out / "plan_file.jsonl"
+    if not a.source:
+        import compileall
+
+        compileall.compile_dir(str(ROOT / "planc"), quiet=1)
+    print(f"planc bytecode: {'compiled from source in every process' if a.source else 'compiled ahead'}")
     scale = scale_part(out, labels, a.repeat, log)
     host = host_part(out, counts, a.repeat, log)
     print_tables(scale, host, a.repeat)

@@ -39,6 +39,7 @@ from .spec import DIRECT_ALIGN, IO
 
 _FILE_START = itemgetter(0, 1)  # sort key of (file, start, ...) tuples
 _tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
+_ITEMSIZE = {name: max(1, d.itemsize) for name, d in DTYPES.items()}  # the alignment of each dtype
 
 # A request whose bytes go to this many separate device places or more is copied whole into a
 # device staging slot and scattered by one kernel: one copy and one launch instead of many copies.
@@ -97,7 +98,8 @@ def schedule(graph: Graph, io: IO, costs: Costs = costmodel.DEFAULTS) -> Schedul
     ring = min(io.slots, users) * io.slot
     tensors = tuple(Tensor(p.name, p.dtype, tuple(p.shape), offsets[p.name], p.nbytes)
                     for p in sorted(graph.placements, key=lambda p: p.name))
-    parts = tuple(n._replace(dst_offset=offsets[n.tensor] + n.offset_bytes) for n in graph.parts)
+    assert Part._fields[-1] == "dst_offset"
+    parts = tuple([_tuple_new(Part, (*n[:-1], offsets[n.tensor] + n.offset_bytes)) for n in graph.parts])
     zero = tuple((n.dst_offset + n.out_bytes, n.zero_bytes) for n in parts if n.zero_bytes)
     runs, staging_slots, segments = _scatter(runs, io)
     strided = sum(1 for r in runs for q in r.requests if q.stride)
@@ -176,7 +178,8 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO, costs: Costs = costmo
     where = {}
     order = sorted([(i.file, i.start, n, i) for n, _ in landed for i in n.inputs], key=_FILE_START)
     for _, _, n, inp in order:
-        landing = _align(landing, max(1, DTYPES[inp.dtype].itemsize))
+        a = _ITEMSIZE[inp.dtype]
+        landing = -(-landing // a) * a
         where[(n.id, inp.role)] = landing
         if inp.count == 1:
             segs.append((inp.file, inp.start, inp.nbytes, "landing", landing))
@@ -276,7 +279,7 @@ def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kerne
     numel = 1
     for d in shape:
         numel *= d
-    return Kernel(n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block)
+    return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block, ()))
 
 
 def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
@@ -291,12 +294,21 @@ def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
     segs = sorted([s for s in segs if s[2] > 0], key=_FILE_START)
     extents = []  # [file, start, end, [segs], requests, copies, start aligned down]
     slot, merge_gap, total_alone, ext = io.slot, io.merge_gap, 0, None
+    A = DIRECT_ALIGN
     for s in segs:
-        f, start, nbytes = s[0], s[1], s[2]
-        alone = -(-(_align(start + nbytes, DIRECT_ALIGN) - start // DIRECT_ALIGN * DIRECT_ALIGN) // slot)
+        f, start, nbytes, space, dst = s
+        top = start + nbytes
+        alone = -((start // A * A - -(-top // A) * A) // slot)
         total_alone += alone  # requests (and copies) of the segment read on its own
         if ext and ext[0] == f and start - ext[2] <= merge_gap:
-            reqs, copies = _joined_cost(ext, s, slot)
+            # requests and copies of the extent once the segment joins it
+            a = ext[6]
+            reqs = -(-(-(-(top if top > ext[2] else ext[2]) // A) * A - a) // slot)
+            _, p_start, p_nbytes, p_space, p_dst = ext[3][-1]
+            copies = ext[5] + (top - 1 - a) // slot - (start - a) // slot + 1
+            if (p_start + p_nbytes == start and p_space == space and p_dst + p_nbytes == dst
+                    and (start - a) % slot != 0):
+                copies -= 1
             if reqs <= ext[4] + alone and copies <= ext[5] + alone:
                 if start + nbytes > ext[2]:
                     ext[2] = start + nbytes
@@ -311,19 +323,6 @@ def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
         copies = _copies(a, e, slot, members)
         out.extend(Request(f, off, min(slot, e - off), cs) for off, cs in zip(range(a, e, slot), copies))
     return tuple(out), total_alone
-
-
-def _joined_cost(ext, seg, slot: int) -> tuple[int, int]:
-    """(requests, copies) of extent `ext` once `seg` (starting at or after its members) joins it."""
-    _, start, nbytes, space, dst = seg
-    a = ext[6]
-    end = start + nbytes if start + nbytes > ext[2] else ext[2]
-    reqs = -(-(-(-end // DIRECT_ALIGN) * DIRECT_ALIGN - a) // slot)
-    first, last = (start - a) // slot, (start + nbytes - 1 - a) // slot
-    _, p_start, p_nbytes, p_space, p_dst = ext[3][-1]
-    joins = (p_start + p_nbytes == start and p_space == space and p_dst + p_nbytes == dst
-             and (start - a) % slot != 0)
-    return reqs, ext[5] + (last - first + 1) - (1 if joins else 0)
 
 
 def _copies(a: int, e: int, slot: int, members) -> list[tuple[Copy, ...]]:

@@ -564,3 +564,35 @@ def test_replay_properties(case):
     assert back.to_dict() == plan.to_dict()
     assert encode(back) == text
     assert explain_doc(back) == ex
+
+
+def test_fast_parse_decides_as_the_exact_parser():
+    """Every mutated plan decodes to the same plan, or is refused with the same message, whether
+    orjson parses it first or only the standard library's parser with its duplicate-key check does;
+    and the valid files take the fast parse."""
+    import planc.plan as codec
+
+    def outcome(text):
+        try:
+            return decode(text, "p").to_dict()
+        except PlanFormatError as e:
+            return e.message
+
+    fast = codec._fast_parse
+    for name, doc in DOCS.items():
+        assert fast(encode(PLANS[name])) is not None and fast(json.dumps(doc)) is not None
+    texts = [json.dumps(m.mutated(DOCS[m.plan]), ensure_ascii=False) for m in MUTATIONS[::2]]
+    base = json.dumps(DOCS["mixed"])
+    texts += [base[:-1] + ', "peak": {"host_bytes": 0, "device_bytes": 0}}',  # a key repeated, at the top
+              base.replace('"io": {', '"io": {"slots": 1, ', 1),  # and in an object of the top
+              base.replace('"costs": {', '"costs": {"x": {"a": 1, "a": 2}, ', 1)]  # and deeper down
+    texts.append(json.dumps(dict(DOCS["mixed"], peak={"host_bytes": 10**30, "device_bytes": 0})))
+    got = [outcome(t) for t in texts]
+    try:
+        codec._fast_parse = lambda data: None
+        want = [outcome(t) for t in texts]
+    finally:
+        codec._fast_parse = fast
+    assert got == want
+    assert all("appears twice" in m for m in got[-4:-1]), got[-4:-1]
+    assert "must be between 0 and" in got[-1]  # an integer past 64 bits is named as one, not as a float
