@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the PTX shipped in planc/execute/ptx (every kernel launch, sm_80 and sm_90), on any machine:
+# Build the PTX shipped in planc/execute/ptx (every kernel launch, sm_80 and sm_90) and its machine
+# code (ptxas, one cubin per PTX), on any machine:
 # no GPU or driver is needed, only libNVVM, which a pinned CUDA 12.4 NVVM wheel brings into a venv of
 # its own. An older NVVM writes an older PTX ISA (8.4), which more drivers accept (r550 and later);
 # a newer driver JIT-compiles it just the same.

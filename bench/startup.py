@@ -17,8 +17,8 @@ is a fresh process, repeated `--repeat` times, the cells interleaved; medians ar
   run), first with an empty kernel folder (PLANC_KERNEL_DIR) and an empty driver JIT cache
   (CUDA_CACHE_PATH), as on a new machine, then twice more with the same folders; host growth
   against the plan's prediction in each.
-* In a process that has already imported torch and transformers and created its CUDA context (not
-  timed): `torch-planc`, `planc.load_into` a meta-device module built from the config, from the
+* In a process that has already imported torch, transformers and its Llama modeling code, and
+  created its CUDA context (not timed): `torch-planc`, `planc.load_into` a meta-device module built from the config, from the
   saved plan, to a ready module (the `import planc` inside the clock); `torch-hf`,
   `from_pretrained(device_map="cuda")`; `torch-state`, `planc.load(plan).state_dict()`.
 * `safetensors`: a fresh process that imports torch and reads every shard with
@@ -136,9 +136,13 @@ def child_pin(slot_mib: int, slots: int) -> dict:
 
 
 def _torch_ready():
+    """torch, transformers and the Llama modeling code imported (transformers imports it lazily, seconds
+    on first use), and torch's CUDA context created: what a serving process has before it loads."""
     import torch
-    import transformers  # noqa: F401
+    import transformers
+    from transformers.models.llama import modeling_llama  # noqa: F401
 
+    transformers.AutoModelForCausalLM  # noqa: B018 - resolves the lazy attribute
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
 

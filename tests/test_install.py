@@ -52,6 +52,7 @@ def test_wheel_installs_and_runs_the_demo(tmp_path):
     assert (target / "planc" / "specs" / "demo.yaml").is_file()
     ptx = target / "planc" / "execute" / "ptx"  # the kernels' PTX ships: no compile at load time
     assert (ptx / "index.json").is_file() and len(list(ptx.glob("*.ptx"))) == len(list((ROOT / "planc" / "execute" / "ptx").glob("*.ptx")))
+    assert (ptx / "cubins.json").is_file() and len(list(ptx.glob("*.cubin"))) == len(list(ptx.glob("*.ptx")))
 
     away = tmp_path / "elsewhere"
     away.mkdir()

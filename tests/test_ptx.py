@@ -54,6 +54,33 @@ def test_no_stray_files():
     assert len(listed) == len(INDEX["kernels"]) == len(signatures.launches()) * len(signatures.CCS)
 
 
+def test_every_ptx_has_machine_code_built_from_it():
+    import hashlib
+    import json
+
+    doc = json.loads(ptxindex.CUBINS.read_text())
+    for e in INDEX["kernels"]:
+        got = doc["cubins"].get(e.file)
+        assert got, f"no cubin for {e.file}; rebuild with `{signatures.REBUILD}`"
+        assert got["ptx_sha256"] == hashlib.sha256(ptxindex.path_of(e).read_bytes()).hexdigest(), \
+            f"{got['cubin']} was built from another {e.file}; rebuild with `{signatures.REBUILD}`"
+        assert (ptxindex.DIR / got["cubin"]).read_bytes()[:4] == b"\x7fELF"
+    assert {p.name for p in ptxindex.DIR.glob("*.cubin")} == {v["cubin"] for v in doc["cubins"].values()}
+
+
+def test_machine_code_serves_only_its_major_capability(monkeypatch, tmp_path):
+    name, sig = signatures.zero_launch()
+    e90 = ptxindex.choose(name, sig, (9, 0))[0]
+    assert ptxindex.cubin_for(e90, (9, 0)).name == e90.file.replace(".ptx", ".cubin")
+    assert ptxindex.cubin_for(ptxindex.choose(name, sig, (10, 0))[0], (10, 0)) is None  # the PTX, JIT-compiled
+    e86 = ptxindex.choose(name, sig, (8, 6))[0]
+    assert ptxindex.cubin_for(e86, (8, 6)).name.endswith(".sm80.cubin")
+    # a cubin built from another PTX than the one shipped is not used
+    table = dict(ptxindex._cubins())
+    monkeypatch.setattr(ptxindex, "_cubins", lambda: {**table, e90.file: (table[e90.file][0], "0" * 64)})
+    assert ptxindex.cubin_for(e90, (9, 0)) is None
+
+
 def test_choose_takes_the_highest_capability_not_above_the_device():
     name, sig = signatures.zero_launch()
     assert ptxindex.choose(name, sig, (9, 0))[0].cc == (9, 0)
@@ -158,11 +185,14 @@ def driver(monkeypatch):
 
     class Loaded(list):
         refuse = None  # a CUresult the stand-in driver answers cuModuleLoadData with
+        refuse_cubin = False  # whether it refuses machine code (ELF) but takes PTX
 
     loaded = Loaded()
 
     def module_function(image, entry):
         loaded.append((image[:200], entry))
+        if loaded.refuse_cubin and image[:4] == b"\x7fELF":
+            return None, 209  # CUDA_ERROR_NO_BINARY_FOR_GPU
         return (len(loaded), 0) if loaded.refuse is None else (None, loaded.refuse)
 
     for name, value in (("_functions", {}), ("_given_up", set()), ("_compiled", set()), ("_bad_ptx", {}),
@@ -186,11 +216,22 @@ def test_a_launch_loads_its_shipped_ptx_once_and_compiles_nothing(driver):
     for _ in range(3):
         launch.go(k, "zero", 1, 32, 0, object(), 5)
     got = launch.since(before)
-    assert k.launched == 0 and got == {"kernels_from_ptx": 1, "kernels_from_cubin": 0, "kernels_compiled": 0,
-                                       "fallbacks": []}
+    assert k.launched == 0 and got == {"kernels_from_shipped_cubin": 1, "kernels_from_ptx": 0, "kernels_from_cubin": 0,
+                                       "kernels_compiled": 0, "fallbacks": []}
     image, entry = driver[0]
-    assert b".target sm_90" in image and entry == ptxindex.choose("zero", signatures.zero_launch()[1], (9, 0))[0].entry
+    assert image[:4] == b"\x7fELF" and entry == ptxindex.choose("zero", signatures.zero_launch()[1], (9, 0))[0].entry
     assert [x for x in driver if x[0] == "launch"] == [("launch", 1)] * 3
+
+
+def test_machine_code_the_driver_refuses_leaves_the_ptx(driver):
+    from planc.execute import launch
+
+    driver.refuse_cubin = True
+    k, before = _Kernel(), launch.stats()
+    launch.go(k, "zero", 1, 32, 0, object(), 5)
+    got = launch.since(before)
+    assert k.launched == 0 and got["kernels_from_ptx"] == 1 and got["kernels_from_shipped_cubin"] == 0
+    assert driver[0][0][:4] == b"\x7fELF" and b".target sm_90" in driver[1][0]
 
 
 def test_a_signature_without_ptx_is_compiled_and_counted_once(driver):
@@ -213,7 +254,7 @@ def test_ptx_the_driver_refuses_falls_back_with_the_reason(driver):
     launch.go(k, "zero", 1, 32, 0, object(), 5)
     launch.go(k, "zero", 1, 32, 0, object(), 5)
     got = launch.stats()
-    assert k.launched == 2 and got["kernels_compiled"] == 1 and len(driver) == 1  # refused once, not retried
+    assert k.launched == 2 and got["kernels_compiled"] == 1 and len(driver) == 2  # cubin and PTX once, not retried
     assert "refused PTX" in got["fallbacks"][0] and "older than the NVVM" in got["fallbacks"][0]
 
 

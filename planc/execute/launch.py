@@ -4,10 +4,12 @@ numba's first launch of a kernel in a process costs 0.5-1 s and about 100 MB of 
 even when its on-disk cache hits: typing the arguments, setting up the CUDA target, rebuilding the
 cached library. In a load of a few seconds that is most of the difference from a pure copy. So
 every launch the executor makes (`planc.execute.signatures`) is built to PTX ahead of time
-(`planc.execute.ptxbuild`) and shipped in `planc/execute/ptx`. A launch loads its kernel's PTX
-with `cuModuleLoadData` (the driver JIT-compiles it for the device and keeps the result in its own
-compute cache, so a later process skips even that) and calls `cuLaunchKernel` with the arguments
-packed as numba's kernel ABI lays them out:
+(`planc.execute.ptxbuild`), and the PTX to machine code for each shipped capability (`ptxas`),
+both shipped in `planc/execute/ptx`. A launch loads its kernel's cubin with `cuModuleLoadData` on
+a device of the cubin's major capability (nothing is compiled, not even by the driver: the first
+load on a new machine is like any other), else the PTX (the driver JIT-compiles it for the device
+and keeps the result in its own compute cache, so a later process skips even that), and calls
+`cuLaunchKernel` with the arguments packed as numba's kernel ABI lays them out:
 
 * an array is (meminfo, parent, nitems, itemsize, data, shape[ndim], strides[ndim]), each 8 bytes;
 * an int64 scalar is 8 bytes.
@@ -44,7 +46,7 @@ _modules: list = []  # loaded modules stay for the process (a few KiB each)
 _given_up: set = set()  # (name, signature) whose cubin could not be written
 _compiled: set = set()  # (name, signature) launched through numba on a GPU: compiled in this process
 _bad_ptx: dict = {}  # (name, signature, cc) -> why the driver refused the shipped PTX
-_stats = {"kernels_from_ptx": 0, "kernels_from_cubin": 0, "kernels_compiled": 0}
+_stats = {"kernels_from_shipped_cubin": 0, "kernels_from_ptx": 0, "kernels_from_cubin": 0, "kernels_compiled": 0}
 _fallbacks: list[str] = []  # why each compiled launch had no shipped PTX (in order)
 _dir: Path | None = None
 _salt: str | None = None
@@ -179,6 +181,15 @@ def _load_shipped(name: str, sig: tuple, cc: tuple) -> tuple[int | None, str | N
     e, why = ptxindex.choose(name, sig, cc)
     if e is None:
         return None, why
+    cubin = ptxindex.cubin_for(e, cc)
+    if cubin is not None:  # machine code built ahead for this capability: the driver compiles nothing
+        try:
+            fn, _rc = _module_function(cubin.read_bytes(), e.entry)
+        except OSError:
+            fn = None
+        if fn is not None:
+            _stats["kernels_from_shipped_cubin"] += 1
+            return fn, None
     try:
         image = ptxindex.path_of(e).read_bytes()
     except OSError as err:
@@ -186,6 +197,7 @@ def _load_shipped(name: str, sig: tuple, cc: tuple) -> tuple[int | None, str | N
     else:
         fn, rc = _module_function(image, e.entry)
         if fn is not None:
+            _stats["kernels_from_ptx"] += 1
             return fn, None
         why = (f"{name} {e.file}: the driver refused PTX {e.ptx_version} for sm_{cc[0]}{cc[1]}: {_error_text(rc)}"
                + (" (the driver is older than the NVVM that built it)" if rc == 222 else ""))
@@ -207,7 +219,6 @@ def _load(name: str, sig: tuple) -> tuple[int | None, str | None]:
         fn, why = _load_shipped(name, sig, cc)
         if fn is not None:
             _functions[key] = fn
-            _stats["kernels_from_ptx"] += 1
             return fn, None
         if _cache_dir() is None:
             return None, why

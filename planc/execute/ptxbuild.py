@@ -4,8 +4,10 @@
 
 Runs on any machine with libNVVM (no GPU needed): numba's `compile_ptx` turns each kernel, for
 each argument signature and each compute capability of `signatures.CCS`, into PTX; the files and
-`index.json` are written to DIR. Load time then needs no numba compile: the driver JIT-compiles
-the PTX (and caches the result itself).
+`index.json` are written to DIR. Then `ptxas` (of the nvidia-cuda-nvcc wheel) turns each PTX into
+machine code for its capability (`.cubin`, listed in `cubins.json`). Load time then compiles
+nothing: a device of a shipped major capability loads the cubin, any other the PTX, which the
+driver JIT-compiles (and caches itself).
 
 The PTX ISA version is that of the NVVM numba finds; a driver older than that NVVM refuses the
 PTX and those launches fall back to numba. `bench/build_ptx.sh` builds with a pinned, older NVVM
@@ -117,6 +119,54 @@ def build(out: Path, ccs=signatures.CCS, log=print) -> dict:
     return doc
 
 
+def ptxas_path() -> str | None:
+    """ptxas: $PTXAS, else the one of the nvidia-cuda-nvcc wheel beside numba, else on PATH."""
+    import shutil
+
+    if os.environ.get("PTXAS"):
+        return os.environ["PTXAS"]
+    try:
+        import nvidia.cuda_nvcc as nvcc
+
+        cand = Path(list(nvcc.__path__)[0]) / "bin" / "ptxas"
+        if cand.is_file():
+            return str(cand)
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+def build_cubins(out: Path, ptxas: str | None = None, log=print) -> dict:
+    """Machine code for each PTX file of the index in `out`, for the PTX's own capability (ptxas
+    -arch=sm_XY), and `cubins.json`, which names each cubin with the sha256 of its PTX."""
+    import hashlib
+    import subprocess
+
+    ptxas = ptxas or ptxas_path()
+    if not ptxas:
+        raise PtxBuildError("no ptxas (set PTXAS, or install nvidia-cuda-nvcc-cu12)")
+    for old in out.glob("*.cubin"):
+        old.unlink()
+    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    doc = ptxindex.read(out / "index.json")
+    cubins = {}
+    for e in doc["kernels"]:
+        ptx = out / e.file
+        cubin = e.file[:-len(".ptx")] + ".cubin"
+        p = subprocess.run([ptxas, f"-arch=sm_{e.cc[0]}{e.cc[1]}", "-O3", "-o", str(out / cubin), str(ptx)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise PtxBuildError(f"ptxas {e.file}: {p.stderr.strip()[:400]}")
+        cubins[e.file] = {"cubin": cubin, "ptx_sha256": hashlib.sha256(ptx.read_bytes()).hexdigest()}
+        log(f"  {cubin}  ({(out / cubin).stat().st_size:,} bytes)")
+    release = [ln for ln in version if "release" in ln]
+    body = {"format": 1, "ptxas": (release or version or ["?"])[-1], "cubins": cubins}
+    rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in cubins.items())
+    (out / "cubins.json").write_text('{\n "format": 1,\n "ptxas": ' + json.dumps(body["ptxas"]) +
+                                     ',\n "cubins": {\n' + rows + "\n }\n}\n")
+    return body
+
+
 def _stable(ptx: str) -> str:
     """The PTX with its module-scope `.common .global` declarations (numba's per-function environment
     pointers) in sorted order: numba emits them in an order that varies between builds, and the
@@ -139,14 +189,22 @@ def _dump(doc: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planc.execute.ptxbuild", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ptxindex.DIR, help="output folder (default: %(default)s)")
+    ap.add_argument("--cubins-only", action="store_true",
+                    help="only build the machine code of the PTX already in the folder (ptxas)")
     a = ap.parse_args(argv)
     try:
+        if a.cubins_only:
+            got = build_cubins(a.out)
+            print(f"{len(got['cubins'])} cubins ({got['ptxas']}) in {a.out}")
+            return 0
         doc = build(a.out)
+        cubins = build_cubins(a.out)
     except PtxBuildError as e:
         print(f"ptxbuild: {e}", file=sys.stderr)
         return 1
     print(f"{len(doc['kernels'])} PTX files for {len(signatures.launches())} launches x "
-          f"{len(doc['ccs'])} capabilities (NVVM of CUDA {doc['nvvm_release']}, numba-cuda {doc['numba_cuda']}) in {a.out}")
+          f"{len(doc['ccs'])} capabilities (NVVM of CUDA {doc['nvvm_release']}, numba-cuda {doc['numba_cuda']}) and "
+          f"{len(cubins['cubins'])} cubins ({cubins['ptxas']}) in {a.out}")
     return 0
 
 

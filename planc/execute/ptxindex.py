@@ -8,6 +8,12 @@ NVVM versions that built it. The PTX is built by `planc.execute.ptxbuild`.
 A device runs the entry of the highest capability not above its own: the driver JIT-compiles PTX
 forward to any later GPU (and keeps the result in its own compute cache), never backward.
 
+Beside each PTX file lies its machine code for that capability (`.cubin`, built from the PTX by
+`ptxas`, listed in `cubins.json` with the sha256 of the PTX it was built from). A device of the
+same major capability (sm_80 code runs on 8.6 and 8.9, sm_90 code on 9.0) loads the cubin, so
+that nothing is compiled at load time, not even by the driver; any other device, or a cubin that
+does not match its PTX, takes the PTX.
+
 An index whose source hash differs from the current sources is stale (a kernel changed and the PTX
 was not built again): it is not used at all, and every launch falls back to numba. This module
 imports neither numba nor numpy.
@@ -15,6 +21,7 @@ imports neither numba nor numpy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,6 +31,7 @@ from . import signatures
 
 DIR = Path(__file__).resolve().parent / "ptx"
 INDEX = DIR / "index.json"
+CUBINS = DIR / "cubins.json"
 FORMAT = 1
 
 
@@ -102,3 +110,31 @@ def choose(name: str, sig: tuple, cc: tuple[int, int]) -> tuple[Entry | None, st
 
 def path_of(e: Entry) -> Path:
     return DIR / e.file
+
+
+@lru_cache(maxsize=1)
+def _cubins() -> dict:
+    """PTX file -> (cubin file, sha256 of the PTX it was built from), as `cubins.json` lists them."""
+    try:
+        doc = json.loads(CUBINS.read_text())
+        return {k: (v["cubin"], v["ptx_sha256"]) for k, v in doc["cubins"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def cubin_for(e: Entry, cc: tuple[int, int]) -> Path | None:
+    """The machine code of entry `e` for a device of capability `cc`, or None (take the PTX):
+    present only for a device of the entry's major capability, and only when the cubin was built
+    from the PTX file as it is now."""
+    if tuple(cc)[0] != e.cc[0] or tuple(cc) < e.cc:
+        return None
+    got = _cubins().get(e.file)
+    if got is None:
+        return None
+    try:
+        if hashlib.sha256(path_of(e).read_bytes()).hexdigest() != got[1]:
+            return None
+    except OSError:
+        return None
+    path = DIR / got[0]
+    return path if path.is_file() else None
