@@ -15,8 +15,8 @@ is a fresh process, repeated `--repeat` times, the cells interleaved; medians ar
   `prepare` / load / release), exit.
 * `first` / `later`: `planc run` of the 2.2 GB plan converted to fp16 on the device (so kernels
   run), first with an empty kernel folder (PLANC_KERNEL_DIR) and an empty driver JIT cache
-  (CUDA_CACHE_PATH), as on a new machine, then twice more with the same folders; host growth
-  against the plan's prediction in each.
+  (CUDA_CACHE_PATH), as on a new machine, then once more with the same folders; `--repeat` times,
+  new folders each time; host growth against the plan's prediction in each.
 * In a process that has already imported torch, transformers and its Llama modeling code, and
   created its CUDA context (not timed): `torch-planc`, `planc.load_into` a meta-device module built from the config, from the
   saved plan, to a ready module (the `import planc` inside the clock); `torch-hf`,
@@ -306,12 +306,12 @@ def main(argv=None) -> int:
         brief = {k: round(v, 3) for k, v in r.items() if isinstance(v, float) and k != "time"}
         print(name, brief, flush=True)
 
-    # a new machine first: empty kernel folder and driver cache, then the same folders again
-    fresh = out / "fresh-caches"
-    shutil.rmtree(fresh, ignore_errors=True)
-    env = {"PLANC_KERNEL_DIR": str(fresh / "kernels"), "CUDA_CACHE_PATH": str(fresh / "nv")}
-    record("first", lambda: cell_run(plans["llama-fp16"], env))
-    for _ in range(2):
+    # a new machine: empty kernel folder and driver cache; then later loads with the same folders
+    for k in range(a.repeat):
+        fresh = out / f"fresh-caches-{k}"
+        shutil.rmtree(fresh, ignore_errors=True)
+        env = {"PLANC_KERNEL_DIR": str(fresh / "kernels"), "CUDA_CACHE_PATH": str(fresh / "nv")}
+        record("first", lambda: cell_run(plans["llama-fp16"], env))
         record("later", lambda: cell_run(plans["llama-fp16"], env))
     record("pin", lambda: _child("pin", 16, 16))
 
