@@ -53,18 +53,23 @@ def _check_rank(plan, rank: int | None, what: str):
 
 
 def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, verify: bool = False,
-         progress: bool = False):
+         progress: bool = False, settings: dict | None = None):
     """Load a checkpoint onto the device. Returns a `LoadedModel` (name -> device tensor, `.report`).
 
     `spec_or_plan`: a spec file (YAML or JSON: compiled for `rank`, default `$RANK` when the spec
     is tensor parallel, else 0), a plan file written by `planc compile -o`, or a `Plan`.
     `device` overrides the spec's (`cuda:1`); `verify` compares every loaded byte with the
-    checkpoint (`report["verify"]`). Raises a `PlancError` subclass: a refused plan is an
-    `AdmissionError` before anything is allocated.
+    checkpoint (`report["verify"]`). `settings` (name -> value: `host_reserve`, `raw_launch`,
+    `kernel_dir`, `kernel_cache`, `probe`, `debug`) are in force over the PLANC_* variables for this
+    call, compile included. Raises a `PlancError` subclass: a refused plan is an `AdmissionError`
+    before anything is allocated; a setting that does not exist or cannot take its value is a
+    `SettingError` (a ValueError) before anything is read.
     """
+    from . import settings as _settings
     from .execute import execute
 
-    return execute(_plan(spec_or_plan, rank), verify=verify, device=device, progress=progress)
+    with _settings.overridden(settings):
+        return execute(_plan(spec_or_plan, rank), verify=verify, device=device, progress=progress)
 
 
 @dataclass
@@ -81,18 +86,19 @@ class LoadResult:
 
 
 def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = None, device: str | None = None,
-              verify: bool = False) -> LoadResult:
+              verify: bool = False, settings: dict | None = None) -> LoadResult:
     """Load into `module` (built on the meta device) by assignment, without a copy on a GPU.
 
     Parameters and persistent buffers take the loaded tensors; tied parameters stay tied;
     non-persistent buffers (rotary `inv_freq`) are rebuilt by their module's own initialisation.
     With `strict` (the default) missing or unexpected keys, or buffers that cannot be rebuilt, raise
-    a `HandoffError` and the device memory is released; shapes must always match.
+    a `HandoffError` and the device memory is released; shapes must always match. `settings` as
+    for `load`.
     """
     from .torch_handoff import assign, import_torch
 
     import_torch()  # before anything is loaded: without torch there is nothing to load into
-    model = load(spec_or_plan, rank=rank, device=device, verify=verify)
+    model = load(spec_or_plan, rank=rank, device=device, verify=verify, settings=settings)
     try:
         done = assign(module, model.state_dict(), strict)
     except BaseException:

@@ -449,7 +449,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     from .execute import execute
     from .execute.report import render_report
 
-    from .spec import check_device
+    from .device import check_device
 
     if device is not None:
         try:

@@ -23,7 +23,7 @@ from .costmodel import MAP_LANES, MAP_WINDOW, PAGE, STRIDED_MODES, map_bytes
 from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
-from .spec import DIRECT_ALIGN, check_device
+from .device import DIRECT_ALIGN, check_device
 
 FORMAT = 3
 

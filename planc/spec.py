@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .device import DIRECT_ALIGN, check_device  # noqa: F401 - the spec's names for them
+from .device import brief as _brief
 from .dtypes import DTYPES
 from .errors import SpecError
 from .specparse import parse_json, parse_yaml
@@ -30,15 +32,6 @@ from .units import parse_bytes
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
 Target = Literal["keep", "float16", "bfloat16", "float32"]
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-DIRECT_ALIGN = 4096
-_DEVICE = re.compile(r"cuda(?::[0-9]{1,4})?")
-
-
-def check_device(device: str) -> str:
-    """`cuda` or `cuda:N`; anything else is refused here, before a load could fail on it."""
-    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
-        raise ValueError(f"must be cuda or cuda:N (N a GPU index, e.g. cuda:0), got {_brief(device)}")
-    return device
 
 
 def _value_name(value):
@@ -383,17 +376,6 @@ def _loc_str(loc) -> str:
 
 
 def _clip_text(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _brief(value, limit: int = 80) -> str:
-    """repr() for messages: clipped, and safe for ints past the interpreter's str-conversion limit."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
-        return f"<{value.bit_length()}-bit integer>"
-    try:
-        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else repr(value)
-    except (ValueError, RecursionError):
-        return f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

@@ -375,3 +375,23 @@ def test_python_doc_examples_run(tmp_path, monkeypatch):
     for v in list(ns.values()):
         if hasattr(v, "free") and hasattr(v, "report"):
             v.free()
+
+
+def test_settings_passed_as_arguments_hold_for_the_call_only(tmp_path, loaded, monkeypatch):
+    from planc import settings
+    from planc.errors import AdmissionError
+
+    src = families.llama()
+    plan = compile_spec(shipped(tmp_path, "transformers-llama", src))
+    monkeypatch.setenv("PLANC_HOST_RESERVE", "1MiB")
+    # a reserve larger than the machine leaves no live room: the argument, not the variable, decides
+    with pytest.raises(AdmissionError) as info:
+        planc.load(plan, settings={"host_reserve": 1 << 50})
+    assert info.value.code == "live-room"
+    assert settings.host_reserve_bytes() == 1 << 20  # the variable again once the call is over
+    assert_loaded(loaded(plan, settings={"host_reserve": "1MiB", "raw_launch": False}), src)
+    assert settings.raw_launch()
+    with pytest.raises(settings.SettingError, match="unknown setting 'host_reserv'"):
+        planc.load(plan, settings={"host_reserv": "1GiB"})
+    with pytest.raises(settings.SettingError, match="PLANC_HOST_RESERVE"):
+        planc.load(plan, settings={"host_reserve": "lots"})

@@ -41,3 +41,18 @@ def test_values(monkeypatch):
     monkeypatch.setenv("PLANC_HOST_RESERVE", "lots")
     with pytest.raises(settings.SettingError, match="PLANC_HOST_RESERVE"):
         settings.host_reserve_bytes()
+
+
+def test_overridden_takes_precedence_and_restores(monkeypatch, tmp_path):
+    monkeypatch.setenv("PLANC_KERNEL_DIR", "/tmp/k")
+    with settings.overridden({"kernel_dir": tmp_path, "raw_launch": False, "probe": "off"}):
+        assert settings.kernel_dir() == tmp_path and not settings.raw_launch() and settings.probe_file() is None
+        with settings.overridden({"raw_launch": True}):
+            assert settings.raw_launch() and settings.kernel_dir() == tmp_path
+        assert not settings.raw_launch()
+    assert settings.kernel_dir() == Path("/tmp/k") and settings.raw_launch()
+    with pytest.raises(settings.SettingError, match="expected a bool"):
+        with settings.overridden({"raw_launch": 1.5}):
+            pass
+    assert set(settings.NAMES.values()) == set(re.findall(r'"(PLANC_[A-Z_]+)"', (ROOT / "planc" / "settings.py")
+                                                          .read_text()))

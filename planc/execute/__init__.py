@@ -67,8 +67,19 @@ def admit_live(plan) -> dict:
             "device_total_bytes": None if info is None else info[1]}
 
 
-def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device: str | None = None):
-    """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure."""
+def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device: str | None = None,
+            settings: dict | None = None):
+    """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure.
+
+    `settings` (name -> value, `planc.settings.NAMES`) are in force over the environment for this
+    call: `{"host_reserve": "1GiB", "raw_launch": False, "kernel_dir": "/tmp/k"}`."""
+    from .. import settings as _settings
+
+    with _settings.overridden(settings):
+        return _execute(plan, progress=progress, verify=verify, device=device)
+
+
+def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
     from . import launch
     from .alloc import release
     from .loader import Loader

@@ -74,8 +74,8 @@ def since(before: dict) -> dict:
 
 def _cache_dir() -> Path | None:
     global _dir
-    if _dir is None:
-        d = settings.kernel_dir()
+    d = settings.kernel_dir()
+    if _dir != d:  # checked once per folder (a call's settings may name another)
         try:
             d.mkdir(parents=True, exist_ok=True)
             if not os.access(d, os.W_OK):
