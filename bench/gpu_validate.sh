@@ -23,6 +23,7 @@ PLANC_FAULTS_LOG="$OUT/faults_gpu.jsonl" python3 -m pytest -m gpu -p no:cachepro
     tests/test_faults_gpu.py 2>&1 | tail -3
 el tests
 wait $W
+sync  # the checkpoints just written are on disk before any load is timed (write-back slowed them)
 el checkpoints
 python3 bench/peers.py "$DATA" "$OUT/peers" --cases dense --modes warm --repeat 3 \
     --loaders planc,fastsafetensors,plain_warm,pinned_copy 2>&1 | grep -v "^\["
