@@ -345,7 +345,8 @@ class _Checker:
             if out_dtype != t.dtype:
                 raise _bad(f"parts[{pid}].out_dtype", f"is {out_dtype}, its tensor {_shown(name)} is {t.dtype}")
             if dst != t.offset_bytes + off:
-                raise _bad(f"parts[{pid}].dst_offset", f"is {dst:,}, but its tensor starts at {t.offset_bytes:,} and the part "
+                raise _bad(f"parts[{pid}].dst_offset",
+                           f"is {dst:,}, but its tensor starts at {t.offset_bytes:,} and the part "
                                                f"at offset {off:,} in it")
             if off + out_bytes + zero > t.nbytes:
                 raise _bad(f"parts[{pid}].out_bytes", f"[{off:,}, {off + out_bytes + zero:,}) reaches past its tensor "
@@ -399,16 +400,19 @@ class _Checker:
             count = _int(i[9], f"{at}.count", 1, _MAX)
         want = _NBYTES.get((dtype, shape)) or _nbytes_of(dtype, shape, f"parts[{pid}].inputs[{k}].shape")
         if nbytes != want:
-            raise _bad(f"parts[{pid}].inputs[{k}].nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
+            raise _bad(f"parts[{pid}].inputs[{k}].nbytes",
+                       f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
         if count > 1:
             if seg * count != nbytes or stride < seg:
-                raise _bad(f"parts[{pid}].inputs[{k}].seg", f"{count:,} segments of {seg:,} bytes, {stride:,} apart, do not make "
+                raise _bad(f"parts[{pid}].inputs[{k}].seg",
+                           f"{count:,} segments of {seg:,} bytes, {stride:,} apart, do not make "
                                         f"{nbytes:,} bytes")
             end = start + (count - 1) * stride + seg
         else:
             end = start + nbytes
         if end > f.size_bytes:
-            raise _bad(f"parts[{pid}].inputs[{k}].start", f"reads [{start:,}, {end:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
+            raise _bad(f"parts[{pid}].inputs[{k}].start",
+                       f"reads [{start:,}, {end:,}) of {_shown(f.path)}, which has {f.size_bytes:,} bytes")
         return new(Input, (role, self.sources[tensor], f.path, start, nbytes, dtype, shape, seg, stride, count))
 
     def _part_semantics(self, n: Part, at: str) -> None:
@@ -602,6 +606,9 @@ class _Checker:
         return new(Request, (f.path, off, length, tuple(copies), scatter, staging, width, stride, count))
 
     def _kernel(self, x, run_at, j, n_k, parts, in_run, limits) -> Kernel:
+        def at(field: str = "") -> str:  # the field path, formatted only for an error
+            return f"{run_at}.kernels[{j}]{field}"
+
         if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
                 and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and type(x[1]) is str and type(x[2]) is str \
                 and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
@@ -609,57 +616,57 @@ class _Checker:
             pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more = x
             more = ()
         else:  # the field-by-field check, which names what is wrong
-            _list(x, f"{run_at}.kernels[{j}]", n_k)
-            pid = _int(x[0], f"{run_at}.kernels[{j}].part", 0, _MAX)
-            op = _one_of(x[1], f"{run_at}.kernels[{j}].op", KERNEL_OPS)
-            src_dtype, dst_dtype = _dtype(x[2], f"{run_at}.kernels[{j}].src_dtype"), _dtype(x[3], f"{run_at}.kernels[{j}].dst_dtype")
-            space = _one_of(x[4], f"{run_at}.kernels[{j}].src_space", SPACES)
-            src = _int(x[5], f"{run_at}.kernels[{j}].src_offset", 0, _MAX)
-            scale = None if x[6] is None else _int(x[6], f"{run_at}.kernels[{j}].scale_offset", 0, _MAX)
-            dst = _int(x[7], f"{run_at}.kernels[{j}].dst_offset", 0, _MAX)
-            numel, rows = _int(x[8], f"{run_at}.kernels[{j}].numel", 0, _MAX), _int(x[9], f"{run_at}.kernels[{j}].rows", 0, _MAX)
-            cols = _int(x[10], f"{run_at}.kernels[{j}].cols", 0, _MAX)
-            block = _int(x[11], f"{run_at}.kernels[{j}].block", 0, 1 << 20)
-            more = tuple(_int(v, f"{run_at}.kernels[{j}].more[{m}]", 0, _MAX)
-                         for m, v in enumerate(_list(x[12], f"{run_at}.kernels[{j}].more")))
+            _list(x, at(), n_k)
+            pid = _int(x[0], at(".part"), 0, _MAX)
+            op = _one_of(x[1], at(".op"), KERNEL_OPS)
+            src_dtype, dst_dtype = _dtype(x[2], at(".src_dtype")), _dtype(x[3], at(".dst_dtype"))
+            space = _one_of(x[4], at(".src_space"), SPACES)
+            src = _int(x[5], at(".src_offset"), 0, _MAX)
+            scale = None if x[6] is None else _int(x[6], at(".scale_offset"), 0, _MAX)
+            dst = _int(x[7], at(".dst_offset"), 0, _MAX)
+            numel, rows = _int(x[8], at(".numel"), 0, _MAX), _int(x[9], at(".rows"), 0, _MAX)
+            cols = _int(x[10], at(".cols"), 0, _MAX)
+            block = _int(x[11], at(".block"), 0, 1 << 20)
+            more = tuple(_int(v, at(f".more[{m}]"), 0, _MAX)
+                         for m, v in enumerate(_list(x[12], at(".more"))))
         if more and op != "convert":
-            raise _bad(f"{run_at}.kernels[{j}].more", f"only conversions of several parts share a kernel, not a {op}")
+            raise _bad(at(".more"), f"only conversions of several parts share a kernel, not a {op}")
         if len(set(more)) != len(more) or pid in more:
-            raise _bad(f"{run_at}.kernels[{j}].more", "lists a part twice")
+            raise _bad(at(".more"), "lists a part twice")
         want_numel, want_dst = 0, dst
         for q in (pid, *more):
             if q not in in_run:
-                raise _bad(f"{run_at}.kernels[{j}].part", f"part {q} is not a part of this run")
+                raise _bad(at(".part"), f"part {q} is not a part of this run")
             p = parts[q]
             if p.path != "direct":
-                raise _bad(f"{run_at}.kernels[{j}].part", f"part {q} takes the host path; its work is not a device kernel")
+                raise _bad(at(".part"), f"part {q} takes the host path; its work is not a device kernel")
             w = p.inputs[0]
             if op != p.op or src_dtype != w.dtype or dst_dtype != p.out_dtype or want_dst != p.dst_offset:
-                raise _bad(f"{run_at}.kernels[{j}]", f"does not match part {q} ({p.op} {w.dtype} -> {p.out_dtype} at arena "
+                raise _bad(at(), f"does not match part {q} ({p.op} {w.dtype} -> {p.out_dtype} at arena "
                                f"{p.dst_offset:,})")
             if (op != "convert" and (rows, cols) != tuple(w.shape)) or block != p.block:
-                raise _bad(f"{run_at}.kernels[{j}]", f"shape does not match part {q}'s input {list(w.shape)}")
+                raise _bad(at(), f"shape does not match part {q}'s input {list(w.shape)}")
             want_numel += math.prod(w.shape)
             want_dst += p.out_bytes
         if numel != want_numel:
-            raise _bad(f"{run_at}.kernels[{j}].numel", f"is {numel:,}, its parts have {want_numel:,} elements")
+            raise _bad(at(".numel"), f"is {numel:,}, its parts have {want_numel:,} elements")
         s_size, d_size = max(1, DTYPES[src_dtype].bits // 8), max(1, DTYPES[dst_dtype].bits // 8)
         if src + numel * s_size > limits[space]:
-            raise _bad(f"{run_at}.kernels[{j}].src_offset", f"[{src:,}, {src + numel * s_size:,}) reaches past the {space} "
+            raise _bad(at(".src_offset"), f"[{src:,}, {src + numel * s_size:,}) reaches past the {space} "
                                            f"({limits[space]:,} bytes)")
         if dst + numel * d_size > limits["arena"]:
-            raise _bad(f"{run_at}.kernels[{j}].dst_offset", f"[{dst:,}, {dst + numel * d_size:,}) reaches past the arena")
+            raise _bad(at(".dst_offset"), f"[{dst:,}, {dst + numel * d_size:,}) reaches past the arena")
         if op == "dequantize":
             if scale is None or block <= 0:
-                raise _bad(f"{run_at}.kernels[{j}].scale_offset", "a dequantize reads its scale from the landing region")
+                raise _bad(at(".scale_offset"), "a dequantize reads its scale from the landing region")
             n_scale = -(-rows // block) * -(-cols // block) * 4
             if scale + n_scale > limits["landing"]:
-                raise _bad(f"{run_at}.kernels[{j}].scale_offset", f"[{scale:,}, {scale + n_scale:,}) reaches past the landing region "
+                raise _bad(at(".scale_offset"), f"[{scale:,}, {scale + n_scale:,}) reaches past the landing region "
                                                  f"({limits['landing']:,} bytes)")
         elif scale is not None:
-            raise _bad(f"{run_at}.kernels[{j}].scale_offset", f"a {op} reads no scale")
+            raise _bad(at(".scale_offset"), f"a {op} reads no scale")
         if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
-            raise _bad(f"{run_at}.kernels[{j}]", "only a same-size conversion runs in place in the arena")
+            raise _bad(at(), "only a same-size conversion runs in place in the arena")
         return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more))
 
     def _host_part(self, h, at, n_h, parts, in_run, io) -> HostPart:

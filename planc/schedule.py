@@ -279,7 +279,8 @@ def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kerne
     numel = 1
     for d in shape:
         numel *= d
-    return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block, ()))
+    return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block,
+                               ()))
 
 
 def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:

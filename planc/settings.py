@@ -3,8 +3,9 @@
 Each is read when it is used, not at import, so a test or a caller that sets the variable before
 a load sees it take effect. A caller may also pass them as arguments (`planc.load(...,
 settings={"host_reserve": "1GiB"})`, `execute(plan, settings=...)`): `overridden` puts them in
-force, over the environment, for the duration of that call. docs/cli.md ("Environment variables") documents each one; a new setting
-goes here and there, never as an `os.environ` read elsewhere in the package. The launcher
+force, over the environment, for the duration of that call. docs/cli.md ("Environment
+variables") documents each one; a new setting goes here and there, never as an `os.environ` read
+elsewhere in the package. The launcher
 variables (RANK, WORLD_SIZE, LOCAL_RANK) and numba's own (NUMBA_*) belong to other programs and
 are read where they are used.
 """
@@ -53,7 +54,8 @@ def overridden(values=None):
         elif isinstance(v, (int, os.PathLike)):
             v = str(os.fspath(v) if isinstance(v, os.PathLike) else v)
         elif not isinstance(v, str):
-            raise SettingError(f"setting {k!r}: expected a bool, an integer, a path or a string, got {type(v).__name__}")
+            raise SettingError(f"setting {k!r}: expected a bool, an integer, a path or a string, "
+                               f"got {type(v).__name__}")
         env[NAMES[k]] = v
     if "PLANC_HOST_RESERVE" in env:
         _host_reserve(env["PLANC_HOST_RESERVE"])  # a bad size is refused now, naming the setting
