@@ -55,13 +55,17 @@ def _refused(doc, *words):
     assert ei.value.code == "plan-invalid" and all(w in ei.value.message for w in words), ei.value.message
 
 
+def _loads_bit_exact(doc) -> None:
+    m = execute(decode(json.dumps(doc)), verify=True)
+    try:
+        assert m.report["verify"]["ok"]
+    finally:
+        m.free()
+
+
 def test_the_edits_start_from_plans_that_load(docs):
     for name in ("tp", "tp-rows", "mixed"):
-        m = execute(decode(json.dumps(docs[name])), verify=True)
-        try:
-            assert m.report["verify"]["ok"]
-        finally:
-            m.free()
+        _loads_bit_exact(docs[name])
 
 
 def test_last_row_of_a_2d_copy_copied_again(docs):
@@ -94,11 +98,7 @@ def test_piece_of_a_complete_row_copied_again(docs):
              [row + half, "arena", dst + last * seg + half, seg - half, 1, 0]]  # the second half twice
     _refused(d, f"row {last} of the slice of 'tp.col' is not copied exactly once")
     q[3].pop()  # without the duplicate, the same pieces load bit-exact
-    m = execute(decode(json.dumps(d)), verify=True)
-    try:
-        assert m.report["verify"]["ok"]
-    finally:
-        m.free()
+    _loads_bit_exact(d)
 
 
 def test_copy_part_with_a_landing_buffer_is_a_plan_error(docs):

@@ -584,7 +584,7 @@ def _load_json(raw: bytes, text: str):
     try:
         # orjson is strict (no NaN or Infinity, valid UTF-8) but reads an integer past 64 bits as a
         # float: a run of 20 digits goes to the exact parser
-        if not _LONG_DIGITS(raw):
+        if not _long_digits(raw):
             doc = orjson.loads(raw)
             if _keys_unique(raw, doc):
                 return doc
@@ -596,7 +596,7 @@ def _load_json(raw: bytes, text: str):
 _DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))  # every digit to "0", all else to " "
 
 
-def _LONG_DIGITS(raw: bytes) -> bool:
+def _long_digits(raw: bytes) -> bool:
     """Whether `raw` holds a run of 20 digits: an integer that may not fit 64 bits."""
     return b"00000000000000000000" in raw.translate(_DIGITS)
 
