@@ -11,7 +11,7 @@ is a fresh process, repeated `--repeat` times, the cells interleaved; medians ar
   (`wall_seconds` of the report) and the report's `prepare`; the difference is what a user waits for
   beyond the streaming. For the 2.2 GB bf16 plan and the 14.96 GiB dense plan.
 * `phases`: the same load through the Python API with a clock at each step: interpreter start,
-  `import planc.execute` (numba), the CUDA context, reading the plan, `execute` (and its report's
+  `import planc.execute` (the executor: no numba on a GPU), the CUDA context, reading the plan, `execute` (and its report's
   `prepare` / load / release), exit.
 * `first` / `later`: `planc run` of the 2.2 GB plan converted to fp16 on the device (so kernels
   run), first with an empty kernel folder (PLANC_KERNEL_DIR) and an empty driver JIT cache
@@ -49,14 +49,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 def child_phases(plan_path: str, spawned: float) -> dict:
     t = {"started": time.time() - spawned}
     c0 = time.perf_counter()
-    import planc.execute.loader  # noqa: F401 - numba and the whole executor
-    from numba import cuda
-
     import planc.execute
+    import planc.execute.loader  # noqa: F401 - the whole executor
+    from planc.execute import seam
 
     t["import_execute_s"] = time.perf_counter() - c0
     c0 = time.perf_counter()
-    cuda.current_context()
+    seam.select("cuda:0")  # the driver initialized and the primary context attached
     t["context_s"] = time.perf_counter() - c0
     c0 = time.perf_counter()
     from planc.plan import load_plan
@@ -71,6 +70,7 @@ def child_phases(plan_path: str, spawned: float) -> dict:
              free_s=rep["timings"].get("free"), release_s=rep["timings"].get("release"),
              timings=rep["timings"], payload_bytes=rep["payload_bytes"])
     model.free()
+    t["numba_imported"] = "numba" in sys.modules
     t["until_exit_s"] = time.time() - spawned
     return t
 
@@ -90,6 +90,14 @@ def child_pin(slot_mib: int, slots: int) -> dict:
     t0 = time.perf_counter()
     ring = [cuda.pinned_array(slot, dtype=np.uint8) for _ in range(slots)]
     out["pinned_array_slots_s"] = time.perf_counter() - t0
+    from planc.execute import driver
+
+    t0 = time.perf_counter()
+    own = [driver.pinned_array(slot) for _ in range(slots)]
+    out["planc_driver_slots_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    del own
+    out["planc_driver_free_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     del ring
     import gc

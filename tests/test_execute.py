@@ -64,7 +64,10 @@ def _no_allocation(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("allocated although the plan was refused")
 
-    monkeypatch.setattr(loader_mod, "device_bytes", refuse)
+    from planc.execute import seam
+
+    monkeypatch.setattr(type(seam.device()), "device_bytes", refuse)
+    monkeypatch.setattr(type(seam.device()), "pinned_bytes", refuse)
     monkeypatch.setattr(loader_mod, "pinned_ring", refuse)
     monkeypatch.setattr(loader_mod.Loader, "allocate", refuse)
 

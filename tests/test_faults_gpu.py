@@ -22,16 +22,13 @@ cannot show: device memory and pinned host memory.
 
 The figures are printed (`-s` shows them) and appended as JSON lines to $PLANC_FAULTS_LOG when set.
 
-How pinned host memory is counted. numba keeps no count of it: `cuda.pinned_array` goes through
-`memhostalloc` -> `cuMemHostAlloc`, and a pinned (not mapped) allocation is never entered in the
-memory manager's `allocations` map (only device, mapped and managed memory are); its finalizer
-queues `cuMemFreeHost` in the deallocation queue with no size. /proc/self/status is no exact count
-either: the NVIDIA driver pins pages itself, not through mlock (VmLck) nor, as far as is known,
-with pinned_vm accounting (VmPin); cuMemHostAlloc memory has been reported under RssShmem, among
-other shared memory. So `PinnedLedger` counts at the driver boundary: it wraps numba's lazily bound
-driver functions (cuMemHostAlloc / cuMemFreeHost, and cuMemHostRegister / cuMemHostUnregister
-should the ring ever be registered instead), from every thread, for the whole module, and keeps
-{address: bytes} of what is pinned now. Each check also asks the driver itself (cuMemHostGetFlags,
+How pinned host memory is counted. /proc/self/status is no exact count: the NVIDIA driver pins
+pages itself, not through mlock (VmLck) nor, as far as is known, with pinned_vm accounting (VmPin);
+cuMemHostAlloc memory has been reported under RssShmem, among other shared memory. So
+`PinnedLedger` counts at the driver boundary: it wraps the functions of the executor's own driver
+binding (`planc.execute.driver.lib()`: cuMemHostAlloc / cuMemFreeHost, and cuMemHostRegister /
+cuMemHostUnregister should the ring ever be registered instead), from every thread, for the whole
+module, and keeps {address: bytes} of what is pinned now. Each check also asks the driver itself (cuMemHostGetFlags,
 cuPointerGetAttribute) that no address the ledger saw given back is still page-locked. RssShmem,
 VmLck, VmPin and the bytes mapped from /dev/nvidia* are recorded beside it, as operating-system
 views to compare with.
@@ -72,7 +69,7 @@ import planc.execute.loader as loader_mod  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import AdmissionError, FingerprintError, Interrupted, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.execute.alloc import pinned_ring, release  # noqa: E402
+from planc.execute.seam import pinned_ring, release  # noqa: E402
 from planc.execute.memory import rss_bytes  # noqa: E402
 from planc.execute.seam import memory_info  # noqa: E402
 from planc.plan import save_plan  # noqa: E402
@@ -114,35 +111,39 @@ class PinnedLedger:
         self.saved: dict = {}
 
     def install(self) -> None:
-        from numba.cuda.cudadrv.driver import driver
+        from planc.execute import driver
 
-        self.driver = driver
-        # numba binds each driver function on first use and caches it as an attribute of the driver
-        # singleton; the memory manager looks it up there at every call (and the finalizer of a pinned
-        # buffer at the time it runs), so replacing the attribute sees every call, from every thread.
+        cu = driver.lib()
+        self.driver = cu
+        # The executor looks each function up on the bound library at every call (the finalizer of a
+        # pinned buffer too), so replacing the attribute sees every call, from every thread.
         for name in (self.ALLOC, self.FREE, self.REGISTER, self.UNREGISTER):
-            self.saved[name] = getattr(driver, name)
+            self.saved[name] = getattr(cu, name)
         real = self.saved
 
-        def host_alloc(size, *a):
-            p = real[self.ALLOC](size, *a)
-            self._add(p, size, False)
-            return p
+        def host_alloc(pp, size, *a):  # pp: byref(c_void_p) that receives the address
+            rc = real[self.ALLOC](pp, size, *a)
+            if rc == 0:
+                self._add(pp._obj.value, size, False)
+            return rc
 
         def free_host(p, *a):
-            r = real[self.FREE](p, *a)  # only what the driver took back leaves the ledger
-            self._drop(p)
-            return r
+            rc = real[self.FREE](p, *a)  # only what the driver took back leaves the ledger
+            if rc == 0:
+                self._drop(p)
+            return rc
 
         def register(p, size, *a):
-            r = real[self.REGISTER](p, size, *a)
-            self._add(p, size, True)
-            return r
+            rc = real[self.REGISTER](p, size, *a)
+            if rc == 0:
+                self._add(p, size, True)
+            return rc
 
         def unregister(p, *a):
-            r = real[self.UNREGISTER](p, *a)
-            self._drop(p)
-            return r
+            rc = real[self.UNREGISTER](p, *a)
+            if rc == 0:
+                self._drop(p)
+            return rc
 
         for name, fn in ((self.ALLOC, host_alloc), (self.FREE, free_host), (self.REGISTER, register),
                          (self.UNREGISTER, unregister)):
@@ -190,7 +191,7 @@ class PinnedLedger:
 
 
 def _addr(p) -> int:
-    """An address as an int (cuda.bindings returns ints; a ctypes binding would return c_void_p)."""
+    """An address as an int (or a ctypes c_void_p)."""
     return int(getattr(p, "value", p) or 0)
 
 
@@ -222,7 +223,6 @@ LEDGER = PinnedLedger()
 
 @pytest.fixture(scope="module", autouse=True)
 def _ledger():
-    cuda.current_context()  # the driver initialized, so its functions can be bound
     LEDGER.install()
     yield LEDGER
     LEDGER.uninstall()
@@ -255,8 +255,8 @@ def _nvidia_mapped_bytes() -> int:
 
 
 def snapshot() -> dict:
-    """Device free memory, pinned bytes and the process's memory, after numba's deferred frees are
-    flushed (`release()` collects garbage, then empties both deallocation queues)."""
+    """Device free memory, pinned bytes and the process's memory, after a garbage collection
+    (`release()`: what only a collection frees, such as cycles through a failure's frames)."""
     release()
     return {"device_free": memory_info()[0], "pinned": pinned_bytes(), "rss": rss_bytes(), **_status(),
             "nvidia_maps": _nvidia_mapped_bytes()}
@@ -659,7 +659,7 @@ def test_hundred_load_free_cycles(tmp_path, request):
     assert_model(models[0], expected)
     models.pop().free()
     figures, times = {}, []
-    # Every load ends with full garbage collections (planc.execute.alloc.release); frozen, the objects
+    # Every load ends with full garbage collections (planc.execute.seam.release); frozen, the objects
     # of the test session are not walked again each time. What is measured does not change.
     gc.collect()
     gc.freeze()

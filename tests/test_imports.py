@@ -33,3 +33,23 @@ def test_compile_explain_inspect_import_no_gpu_or_tensor_libraries(tmp_path):
     assert out.returncode == 0, out.stderr
     assert plan.exists()
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+GPU_PATH = """
+import json, os, sys
+os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+import planc, planc.api, planc.execute, planc.execute.loader, planc.execute.dispatch, planc.execute.driver
+import planc.execute.model, planc.execute.verify, planc.execute.launch
+from planc.execute import seam
+print(json.dumps([type(seam.device()).__name__, "numba" in sys.modules]))
+"""
+
+
+def test_the_gpu_executor_imports_no_numba():
+    """On a GPU the executor is the driver seam and the shipped machine code: importing all of it, and
+    choosing the device implementation, loads no numba (numba comes in only for a launch that no
+    shipped code serves, or under the simulator)."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    out = subprocess.run([sys.executable, "-c", GPU_PATH], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["Gpu", False]

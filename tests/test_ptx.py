@@ -109,7 +109,7 @@ def recorded(monkeypatch):
 
     seen = set()
 
-    def record(kernel, name, grid, block, stream, *args):
+    def record(name, grid, block, stream, *args, kernel=None):
         sig = []
         for a in args:
             if isinstance(a, (int, np.integer)):
@@ -124,7 +124,7 @@ def recorded(monkeypatch):
 
 
 def test_the_table_is_every_launch_the_dispatchers_make(recorded):
-    from planc.execute import kernels, scatter
+    from planc.execute import dispatch as kernels
     from planc.schedule import _width
 
     buf = cuda.device_array(4096, dtype=np.uint8)
@@ -148,8 +148,8 @@ def test_the_table_is_every_launch_the_dispatchers_make(recorded):
         widths.add(_width([c]))
     table = cuda.to_device(np.zeros((1, 3), np.int64))
     for w in sorted(widths):
-        scatter.launch(buf, out, table, 0, 1, w, 0)
-    scatter.zero(out, [(0, 64)], 0)
+        kernels.scatter(buf, out, table, 0, 1, w, 0)
+    kernels.zero(out, [(0, 64)], 0)
     listed = set(signatures.launches())
     assert recorded - listed == set(), f"launches without shipped PTX: {sorted(recorded - listed)}"
     assert listed - recorded == set(), f"listed but never launched: {sorted(listed - recorded)}"
@@ -214,7 +214,7 @@ def test_a_launch_loads_its_shipped_ptx_once_and_compiles_nothing(driver):
 
     k, before = _Kernel(), launch.stats()
     for _ in range(3):
-        launch.go(k, "zero", 1, 32, 0, object(), 5)
+        launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
     got = launch.since(before)
     assert k.launched == 0 and got == {"kernels_from_shipped_cubin": 1, "kernels_from_ptx": 0, "kernels_from_cubin": 0,
                                        "kernels_compiled": 0, "fallbacks": []}
@@ -228,7 +228,7 @@ def test_machine_code_the_driver_refuses_leaves_the_ptx(driver):
 
     driver.refuse_cubin = True
     k, before = _Kernel(), launch.stats()
-    launch.go(k, "zero", 1, 32, 0, object(), 5)
+    launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
     got = launch.since(before)
     assert k.launched == 0 and got["kernels_from_ptx"] == 1 and got["kernels_from_shipped_cubin"] == 0
     assert driver[0][0][:4] == b"\x7fELF" and b".target sm_90" in driver[1][0]
@@ -239,8 +239,8 @@ def test_a_signature_without_ptx_is_compiled_and_counted_once(driver):
 
     k = _Kernel()
     for _ in range(2):
-        launch.go(k, "zero", 1, 32, 0, object(), 5, 6)  # signature None: numba's launch
-        launch.go(k, "nonesuch", 1, 32, 0, object(), 5)
+        launch.go("zero", 1, 32, 0, object(), 5, 6, kernel=k)  # signature None: numba's launch
+        launch.go("nonesuch", 1, 32, 0, object(), 5, kernel=k)
     got = launch.stats()
     assert k.launched == 4 and got["kernels_compiled"] == 2 and got["kernels_from_ptx"] == 0
     assert "no shipped PTX for this signature; compiled by numba" in got["fallbacks"][1]
@@ -251,8 +251,8 @@ def test_ptx_the_driver_refuses_falls_back_with_the_reason(driver):
 
     driver.refuse = 222
     k = _Kernel()
-    launch.go(k, "zero", 1, 32, 0, object(), 5)
-    launch.go(k, "zero", 1, 32, 0, object(), 5)
+    launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
+    launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
     got = launch.stats()
     assert k.launched == 2 and got["kernels_compiled"] == 1 and len(driver) == 2  # cubin and PTX once, not retried
     assert "refused PTX" in got["fallbacks"][0] and "older than the NVVM" in got["fallbacks"][0]
@@ -265,7 +265,7 @@ def test_a_stale_index_is_not_used(driver, monkeypatch):
     ptxindex.usable.cache_clear()
     try:
         k = _Kernel()
-        launch.go(k, "zero", 1, 32, 0, object(), 5)
+        launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
         got = launch.stats()
         assert k.launched == 1 and driver == [] and got["kernels_compiled"] == 1
         assert signatures.REBUILD in got["fallbacks"][0]

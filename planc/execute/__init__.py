@@ -5,7 +5,9 @@ device memory; only then the arena, landing regions and pinned ring are allocate
 order, each checked against the live room before it starts; every host buffer is released when
 its bytes are on the device; on any error everything allocated is freed and a typed error raised.
 
-This package is the only one that imports numba.
+On a GPU the executor talks to the CUDA driver through `seam` (ctypes) and launches the kernels from
+the machine code shipped with the package; numba is imported only under the simulator, or for a
+launch that no shipped code serves. This package is the only one that imports numba.
 """
 
 from __future__ import annotations
@@ -81,11 +83,10 @@ def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, devic
 
 def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
     from . import launch
-    from .alloc import release
     from .loader import Loader
     from .memory import hwm_bytes, reset_hwm, rss_bytes
     from .model import DeviceTensor, LoadedModel
-    from .seam import memory_info, select, simulated, warm_up
+    from .seam import memory_info, release, select, simulated
 
     if not plan.fits:
         r = plan.refusal
@@ -93,8 +94,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
     t_prep = time.perf_counter()
     check_fingerprints(plan)
     dev = device or plan.device
-    idx = select(dev)
-    warm_up()
+    idx = select(dev)  # attaches to the device's primary context (made here if no one made it yet)
     live = admit_live(plan)
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()

@@ -17,19 +17,14 @@ Integer work happens in int64 on purpose: numba widens integer arithmetic to 64 
 GPU while the simulator keeps numpy's widths (there `uint16 << 16` is 0), so each value is
 cast to int64 when read and truncated back when stored; both then compute the same bits.
 
-The public entry points take flat uint8 device arrays (slices of a larger arena are fine) and
-explicit sizes: `convert`, `dequantize_fp8` and `transpose2d`. The `launch_*` functions take
-arrays already viewed with the element type of the kernel.
-
-Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set before numba is imported; the kernel
-tests set it) every simulated thread is a Python thread, so launches use one or two small
-blocks and the grid-stride loops cover the rest.
+This module holds the kernels' source alone (it is what the shipped PTX is built from, and what
+the simulator runs); their launchers, which check sizes and alignment, pick the launch geometry and
+name each launch, are in `planc.execute.dispatch` and import no numba. `KERNELS` names every kernel.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from types import SimpleNamespace
 
@@ -38,21 +33,6 @@ import numpy as np
 from numba import cuda
 
 from planc import settings
-from planc.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
-from planc.execute import launch
-from planc.execute.refconv import fp8_table
-
-# Launch geometry.
-_THREADS_1D = 256  # threads per block on a GPU
-_BLOCK_2D = (32, 8)  # dequantization and transpose blocks on a GPU (x along the contiguous axis)
-_BLOCKS_PER_SM = 32  # grid cap: this many blocks per multiprocessor
-_DEFAULT_SMS = 132  # H100 / H200, when the device cannot be asked
-_SIM_THREADS_1D = 32
-_SIM_BLOCKS_1D = 2
-_SIM_BLOCK_DEQUANT = (8, 4)
-_SIM_GRID_DEQUANT = (2, 1)
-_SIM_BLOCK_TRANSPOSE = (32, 4)
-_SIM_GRID_TRANSPOSE = (2, 2)
 
 _TILE = 32  # transpose tile edge
 _TILE_PAD = 33  # padded row of the shared tile (no bank conflicts on the column read)
@@ -62,8 +42,6 @@ warnings.filterwarnings(
     "ignore", message=r".*Grid size \d+ will likely result in GPU under-utilization"
 )
 
-_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def simulated() -> bool:
@@ -368,267 +346,23 @@ KERNELS = {
     **{f"dequant_{d}": k for d, k in _k_dequant.items()},
     **{f"transpose_{s}": k for s, k in _k_transpose.items()},
 }
-_NAMES = {id(k): n for n, k in KERNELS.items() if not n.startswith(("dequant_", "transpose_"))}
-
-# (src dtype, dst dtype) -> kernel; identical dtypes copy.
-_CONVERT_KERNELS = {
-    ("F32", "BF16"): _k_f32_to_bf16,
-    ("F32", "F16"): _k_f32_to_f16,
-    ("BF16", "F32"): _k_bf16_to_f32,
-    ("F16", "F32"): _k_f16_to_f32,
-    ("BF16", "F16"): _k_bf16_to_f16,
-    ("F16", "BF16"): _k_f16_to_bf16,
-    ("F32", "F32"): _k_copy,
-    ("F16", "F16"): _k_copy,
-    ("BF16", "BF16"): _k_copy,
-}
 
 
-# --------------------------------------------------------------------------------------------
-# Launch geometry
-
-_max_blocks_cache: list[int] = []
-
-
-def _max_blocks() -> int:
-    if not _max_blocks_cache:
-        try:
-            sms = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-        except Exception:
-            sms = _DEFAULT_SMS
-        _max_blocks_cache.append(max(1, sms) * _BLOCKS_PER_SM)
-    return _max_blocks_cache[0]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def grid_1d(n: int) -> tuple[int, int]:
-    """(blocks, threads) for a 1-D grid-stride launch over n > 0 elements."""
-    if simulated():
-        return min(_SIM_BLOCKS_1D, _cdiv(n, _SIM_THREADS_1D)), _SIM_THREADS_1D
-    return min(_cdiv(n, _THREADS_1D), _max_blocks()), _THREADS_1D
-
-
-def grid_2d(rows: int, cols: int, per_block: tuple[int, int]) -> tuple[int, int]:
-    """(grid x, grid y) covering [rows, cols] with per_block (columns, rows) a block, capped."""
-    cap = _max_blocks()
-    gx = min(_cdiv(cols, per_block[0]), cap)
-    gy = min(_cdiv(rows, per_block[1]), max(1, cap // gx), 65535)
-    return gx, gy
-
-
-# --------------------------------------------------------------------------------------------
-# Launchers: arrays already viewed with the kernel's element type.
-
-
-def _launch_map(kernel, src, dst, n: int, stream=0) -> None:
-    if n <= 0:
-        return
-    blocks, threads = grid_1d(n)
-    launch.go(kernel, _NAMES[id(kernel)], blocks, threads, stream, src, dst, n)
-
-
-def launch_f32_to_bf16(src_u32, dst_u16, n: int, stream=0) -> None:
-    _launch_map(_k_f32_to_bf16, src_u32, dst_u16, n, stream)
-
-
-def launch_f32_to_f16(src_u32, dst_u16, n: int, stream=0) -> None:
-    _launch_map(_k_f32_to_f16, src_u32, dst_u16, n, stream)
-
-
-def launch_bf16_to_f32(src_u16, dst_u32, n: int, stream=0) -> None:
-    _launch_map(_k_bf16_to_f32, src_u16, dst_u32, n, stream)
-
-
-def launch_f16_to_f32(src_u16, dst_u32, n: int, stream=0) -> None:
-    _launch_map(_k_f16_to_f32, src_u16, dst_u32, n, stream)
-
-
-def launch_bf16_to_f16(src_u16, dst_u16, n: int, stream=0) -> None:
-    """May run in place (src_u16 and dst_u16 the same buffer)."""
-    _launch_map(_k_bf16_to_f16, src_u16, dst_u16, n, stream)
-
-
-def launch_f16_to_bf16(src_u16, dst_u16, n: int, stream=0) -> None:
-    """May run in place (src_u16 and dst_u16 the same buffer)."""
-    _launch_map(_k_f16_to_bf16, src_u16, dst_u16, n, stream)
-
-
-def launch_copy(src, dst, n: int, stream=0) -> None:
-    _launch_map(_k_copy, src, dst, n, stream)
-
-
-def launch_dequant_fp8(
-    w_u8, scale_f32, table_f32, out, out_dtype: str, rows: int, cols: int, block: int, stream=0
-) -> None:
-    """out: uint16 for BF16/F16, uint32 for F32; table_f32: the 256-entry decode table."""
-    if rows <= 0 or cols <= 0:
-        return
-    if simulated():
-        grid, threads = _SIM_GRID_DEQUANT, _SIM_BLOCK_DEQUANT
-    else:
-        threads = _BLOCK_2D
-        grid = grid_2d(rows, cols, (_BLOCK_2D[0], _BLOCK_2D[1] * 4))  # 4 rows a thread
-    scols = _cdiv(cols, block)
-    launch.go(_k_dequant[out_dtype], f"dequant_{out_dtype}", grid, threads, stream,
-              w_u8, scale_f32, table_f32, out, rows, cols, block, scols)
-
-
-def launch_transpose(src, dst, rows: int, cols: int, stream=0) -> None:
-    """src, dst: uint8, uint16, uint32 or uint64 arrays of rows * cols elements."""
-    if rows <= 0 or cols <= 0:
-        return
-    if simulated():
-        threads = _SIM_BLOCK_TRANSPOSE
-        grid = (
-            min(_SIM_GRID_TRANSPOSE[0], _cdiv(cols, _TILE)),
-            min(_SIM_GRID_TRANSPOSE[1], _cdiv(rows, _TILE)),
-        )
-    else:
-        threads = _BLOCK_2D
-        grid = grid_2d(rows, cols, (_TILE, _TILE))
-    size = np.dtype(src.dtype).itemsize
-    launch.go(_k_transpose[size], f"transpose_{size}", grid, threads, stream, src, dst, rows, cols)
-
-
-# --------------------------------------------------------------------------------------------
-# FP8 decode tables, one device copy per (dtype, device), made on first use.
-
-_tables: dict[tuple[str, int], object] = {}
-_tables_lock = threading.Lock()
-
-
-def fp8_device_table(fp8_dtype: str):
-    """The device copy of the 256-entry float32 decode table of `fp8_dtype`."""
-    try:
-        dev = int(getattr(cuda.get_current_device(), "id", 0))
-    except Exception:
-        dev = 0
-    key = (fp8_dtype, dev)
-    with _tables_lock:
-        table = _tables.get(key)
-        if table is None:
-            table = cuda.to_device(fp8_table(fp8_dtype))
-            _tables[key] = table
-    return table
-
-
-# --------------------------------------------------------------------------------------------
-# Dispatchers on uint8 device arrays
-
-
-def _address(arr) -> int:
-    iface = getattr(arr, "__cuda_array_interface__", None)
-    if iface is None:  # the simulator's arrays are numpy arrays underneath
-        iface = arr.__array_interface__
-    return int(iface["data"][0])
-
-
-def _bytes(arr, nbytes: int, what: str, itemsize: int):
-    """(the first nbytes of a flat uint8 device array, its address), checked for size and
-    alignment. An array of exactly nbytes is returned as it is (slicing costs host time)."""
-    if np.dtype(arr.dtype) != np.uint8 or len(arr.shape) != 1:
-        raise ValueError(f"{what}: expected a flat uint8 device array, got {arr.dtype}{arr.shape}")
-    size = arr.shape[0]
-    if size < nbytes:
-        raise ValueError(f"{what}: {size} bytes, {nbytes} needed")
-    address = _address(arr)
-    if address % itemsize:
-        raise ValueError(f"{what}: address not aligned to {itemsize} bytes")
-    return (arr if size == nbytes else arr[:nbytes]), address
-
-
-def _check_apart(pa: int, a_bytes: int, pb: int, b_bytes: int, what: str) -> None:
-    if pa < pb + b_bytes and pb < pa + a_bytes:
-        raise ValueError(f"{what}: source and destination overlap")
-
-
-def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0) -> None:
-    """Convert `numel` floats between F32, F16 and BF16 (safetensors spellings).
-
-    `src_u8` and `dst_u8` are flat uint8 device arrays holding at least the bytes needed, aligned
-    to their element size. They may be the same memory only when both element sizes are equal
-    and they start at the same address (BF16 <-> F16 in place; identical dtypes do nothing).
-    """
-    for name in (src_dtype, dst_dtype):
-        if name not in FLOAT_CONVERTIBLE:
-            raise ValueError(f"not a convertible float dtype: {name!r}")
-    if numel < 0:
-        raise ValueError(f"negative element count {numel}")
-    if numel == 0:
-        return
-    s_size, d_size = _ITEMSIZE[src_dtype], _ITEMSIZE[dst_dtype]
-    src, ps = _bytes(src_u8, numel * s_size, "source", s_size)
-    dst, pd = _bytes(dst_u8, numel * d_size, "destination", d_size)
-    if ps == pd and s_size == d_size:
-        if src_dtype == dst_dtype:
-            return
-    else:
-        _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
-    kernel = _CONVERT_KERNELS[(src_dtype, dst_dtype)]
-    _launch_map(kernel, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream)
-
-
-def dequantize_fp8(
-    w_u8,
-    scale_u8,
-    out_u8,
-    fp8_dtype: str,
-    out_dtype: str,
-    rows: int,
-    cols: int,
-    block: int = 128,
-    stream=0,
-) -> None:
-    """Dequantize a row-major [rows, cols] FP8 matrix with float32 scales of one per block.
-
-    `scale_u8` holds float32 [ceil(rows / block), ceil(cols / block)], row-major; the result,
-    [rows, cols] of `out_dtype` (BF16, F16 or F32), goes to `out_u8`.
-    """
-    if fp8_dtype not in FP8_DEQUANTIZABLE:
-        raise ValueError(f"not a dequantizable FP8 dtype: {fp8_dtype!r}")
-    if out_dtype not in FLOAT_CONVERTIBLE:
-        raise ValueError(f"not a float target: {out_dtype!r}")
-    if block <= 0 or rows < 0 or cols < 0:
-        raise ValueError(f"bad geometry rows={rows} cols={cols} block={block}")
-    n = rows * cols
-    if n == 0:
-        return
-    o_size = _ITEMSIZE[out_dtype]
-    n_scale = _cdiv(rows, block) * _cdiv(cols, block)
-    w, pw = _bytes(w_u8, n, "weight", 1)
-    sc, ps = _bytes(scale_u8, n_scale * 4, "scale", 4)
-    out, po = _bytes(out_u8, n * o_size, "output", o_size)
-    _check_apart(pw, n, po, n * o_size, "dequantize_fp8 weight/output")
-    _check_apart(ps, n_scale * 4, po, n * o_size, "dequantize_fp8 scale/output")
-    launch_dequant_fp8(
-        w,
-        sc.view(np.float32),
-        fp8_device_table(fp8_dtype),
-        out.view(_UINT[o_size]),
-        out_dtype,
-        rows,
-        cols,
-        block,
-        stream,
-    )
-
-
-def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0) -> None:
-    """Write the [cols, rows] transpose of the row-major [rows, cols] matrix in `src_u8`.
-
-    Elements of 1, 2, 4 or 8 bytes; source and destination must not overlap.
-    """
-    if itemsize not in _UINT:
-        raise ValueError(f"itemsize must be 1, 2, 4 or 8, got {itemsize}")
-    if rows < 0 or cols < 0:
-        raise ValueError(f"bad shape [{rows}, {cols}]")
-    nbytes = rows * cols * itemsize
-    if nbytes == 0:
-        return
-    src, ps = _bytes(src_u8, nbytes, "source", itemsize)
-    dst, pd = _bytes(dst_u8, nbytes, "destination", itemsize)
-    _check_apart(ps, nbytes, pd, nbytes, "transpose2d")
-    launch_transpose(src.view(_UINT[itemsize]), dst.view(_UINT[itemsize]), rows, cols, stream)
+# The launchers live in planc.execute.dispatch (no numba there); these names stay importable here.
+from planc.execute.dispatch import (  # noqa: E402,F401
+    convert,
+    dequantize_fp8,
+    fp8_device_table,
+    grid_1d,
+    grid_2d,
+    launch_bf16_to_f16,
+    launch_bf16_to_f32,
+    launch_copy,
+    launch_dequant_fp8,
+    launch_f16_to_bf16,
+    launch_f16_to_f32,
+    launch_f32_to_bf16,
+    launch_f32_to_f16,
+    launch_transpose,
+    transpose2d,
+)

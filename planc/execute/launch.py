@@ -23,7 +23,9 @@ of launches numba compiled) and says why each fallback happened.
 
 The cubin's file name hashes the kernel's name and signature, the device's compute capability,
 the numba-cuda version and the source of the kernel modules, so a changed kernel is compiled anew.
-Under the simulator and with `PLANC_RAW_LAUNCH=0` every launch goes through numba.
+Under the simulator and with `PLANC_RAW_LAUNCH=0` every launch goes through numba. Launches are
+named (`go(name, ...)`); the numba kernel behind a name is looked up, and numba imported, only when
+a launch goes through numba.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import settings
-from . import ptxindex, seam
+from . import driver, ptxindex, seam
 
 _lock = threading.Lock()
 _functions: dict = {}  # (name, signature, context) -> CUfunction handle (int)
@@ -144,21 +146,39 @@ def _file(name: str, sig: tuple, cc: tuple) -> Path:
 
 
 def _compute_capability() -> tuple:
-    from numba import cuda
-
-    return tuple(cuda.get_current_device().compute_capability)
+    return tuple(seam.device().compute_capability())
 
 
 def _context() -> int:
     """This thread's current CUDA context: loaded modules belong to it."""
-    ctx = ctypes.c_void_p()
-    seam._check(seam._driver().cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
-    return int(ctx.value or 0)
+    return driver.current_context()
+
+
+def kernel_of(name: str):
+    """The numba kernel behind a launch name (imports numba and the kernels' source)."""
+    from . import kernels, scatter
+
+    return {**kernels.KERNELS, **scatter.KERNELS}[name]
+
+
+_numba_streams: dict = {}
+
+
+def _numba_stream(stream):
+    """The stream as numba launches on it: the simulator's own, or numba's view of a driver stream."""
+    if stream == 0 or seam.simulated() or not hasattr(stream, "handle") or not isinstance(stream.handle, int):
+        return stream
+    s = _numba_streams.get(stream.handle)
+    if s is None:
+        from numba import cuda
+
+        s = _numba_streams[stream.handle] = cuda.external_stream(stream.handle)
+    return s
 
 
 def _module_function(image: bytes, entry: str) -> tuple[int | None, int]:
     """(CUfunction, 0) of `entry` in a PTX or cubin image, or (None, the failing CUresult)."""
-    cu = seam._driver()
+    cu = driver.lib()
     mod, f = ctypes.c_void_p(), ctypes.c_void_p()
     rc = cu.cuModuleLoadData(ctypes.byref(mod), image)
     if rc == 0:
@@ -168,9 +188,7 @@ def _module_function(image: bytes, entry: str) -> tuple[int | None, int]:
 
 
 def _error_text(rc: int) -> str:
-    msg = ctypes.c_char_p()
-    seam._driver().cuGetErrorString(rc, ctypes.byref(msg))
-    return msg.value.decode() if msg.value else f"CUresult {rc}"
+    return driver.error_text(rc)
 
 
 def _load_shipped(name: str, sig: tuple, cc: tuple) -> tuple[int | None, str | None]:
@@ -301,8 +319,8 @@ def _raw_launch(fn: int, grid, block, stream, args) -> None:
     params = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
     gx, gy, gz = _dims(grid)
     bx, by, bz = _dims(block)
-    h = 0 if isinstance(stream, int) else seam.stream_handle(stream)
-    seam._check(seam._driver().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
+    h = stream if isinstance(stream, int) else stream.handle
+    driver.check(driver.lib().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
 
 
 def _count_compile(name: str, sig, why: str) -> None:
@@ -313,8 +331,9 @@ def _count_compile(name: str, sig, why: str) -> None:
             _fallbacks.append(f"{why}; compiled by numba")
 
 
-def go(kernel, name: str, grid, block, stream, *args) -> None:
-    """Launch `kernel` (a numba CUDA kernel) named `name` with `args` on `stream`."""
+def go(name: str, grid, block, stream, *args, kernel=None) -> None:
+    """Launch the kernel named `name` with `args` on `stream` (`kernel`: its numba kernel, when the
+    caller has it; looked up by name only if the launch goes through numba)."""
     if enabled():
         sig = signature(args)
         if sig is None:
@@ -325,10 +344,12 @@ def go(kernel, name: str, grid, block, stream, *args) -> None:
                 _raw_launch(fn, grid, block, stream, args)
                 return
             _count_compile(name, sig, why)
-            kernel[grid, block, stream](*args)
+            kernel = kernel or kernel_of(name)
+            kernel[grid, block, _numba_stream(stream)](*args)
             if not _save(kernel, name, sig):
                 _given_up.add((name, sig))  # numba launches this one from now on, without asking the disk
             return
     elif not seam.simulated():
         _count_compile(name, signature(args), f"{name}: PLANC_RAW_LAUNCH=0")
-    kernel[grid, block, stream](*args)
+    kernel = kernel or kernel_of(name)
+    kernel[grid, block, _numba_stream(stream)](*args)

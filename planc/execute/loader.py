@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import AdmissionError, ExecuteError
 from ..units import gib
-from . import kernels, scatter, seam
-from .alloc import device_bytes, event, pinned_ring, release
+from . import dispatch, seam
+from .seam import pinned_ring, release
 from .memory import live_room
 from .reader import Reader
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
@@ -49,7 +49,7 @@ class Loader:
         self.reader: Reader | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.events: list = []
-        self.raw = None  # on a GPU: (stream handle, arena pointer, landing pointers, staging pointer)
+        self.dev = seam.device()
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self) -> None:
@@ -63,9 +63,7 @@ class Loader:
         if self.warmer is None:
             self.warmer = warm_kernels(self.plan)
         lay = self.plan.layout
-        from numba import cuda
-
-        self.stream = cuda.stream()
+        self.stream = self.dev.stream()
         self.device_job = _Background(self._allocate_device, "planc-alloc")
         # Ring slots are pinned one by one, in order, by a thread of their own: pinning costs time in
         # proportion to the bytes (about 1-2 GB/s here), so slot k's pinning overlaps the reads and
@@ -82,22 +80,16 @@ class Loader:
         self.timings["allocate"] = time.perf_counter() - t0
 
     def _allocate_device(self) -> None:
-        lay = self.plan.layout
-        self.arena = device_bytes(lay.arena_bytes)
+        lay, dev = self.plan.layout, self.dev
+        self.arena = dev.device_bytes(lay.arena_bytes)
         # One allocation per landing region (even runs, odd runs): each starts aligned for any element
         # type, which a region placed right after the other (its size unrounded) would not be.
-        self.landing = [device_bytes(n) if n else None for n in lay.landing_region_bytes]
+        self.landing = [dev.device_bytes(n) if n else None for n in lay.landing_region_bytes]
         if lay.staging_bytes:
-            from numba import cuda
-
-            self.staging = device_bytes(lay.staging_bytes)
-            table, self.scatter_rows = scatter.build_table(self.plan)
-            self.table = cuda.to_device(table)
+            self.staging = dev.device_bytes(lay.staging_bytes)
+            table, self.scatter_rows = dispatch.scatter_table(self.plan)
+            self.table = dev.to_device(table)
             self.counters["copies"] += 1
-        if not seam.simulated():
-            self.raw = (seam.stream_handle(self.stream), seam.device_pointer(self.arena),
-                        [seam.device_pointer(x) if x is not None else 0 for x in self.landing],
-                        seam.device_pointer(self.staging) if self.staging is not None else 0)
 
     def _device(self) -> None:
         """Wait for the device allocations (once); zero-fill the padding before any copy lands."""
@@ -109,7 +101,7 @@ class Loader:
         job.wait()
         zero = self.plan.layout.zero
         if zero:
-            self.counters["kernels"] += scatter.zero(self.arena, zero, self.stream)
+            self.counters["kernels"] += dispatch.zero(self.arena, zero, self.stream)
         self.timings["wait_device"] = time.perf_counter() - t0
 
     def free(self, full: bool = True) -> None:
@@ -135,7 +127,7 @@ class Loader:
             pass
         self.copying.clear()
         self.pending.clear()
-        self.landing = self.ring = self.ring_owner = self.staging = self.table = self.raw = self.events = None
+        self.landing = self.ring = self.ring_owner = self.staging = self.table = self.events = None
         release(full)
 
     def drop_arena(self) -> None:
@@ -208,7 +200,7 @@ class Loader:
         """Record the slot's event after its copies; the slot is refilled only once the event completes."""
         ev = self.events[slot]
         if ev is None:
-            ev = self.events[slot] = event()
+            ev = self.events[slot] = self.dev.event()
         ev.record(self.stream)
         self.copying.append((slot, ev))
 
@@ -235,41 +227,23 @@ class Loader:
         self.timings["wait_reads"] += t1 - t0
         self.counters["requests"] += 1
         buf = self.ring[slot]
-        moved = 0
         if req.scatter:
             needed = req.needed
             base = req.staging * self.slot
-            stage = self.staging[base:base + needed]
-            if self.raw:
-                seam.copy_h2d(self.raw[3] + base, buf.ctypes.data, needed, self.raw[0])
-            else:
-                stage.copy_to_device(buf[:needed], stream=self.stream)
+            self.dev.stage(buf, ((self.staging, base, 0, needed, 1, 0),), self.stream)
             first, last = self.scatter_rows[(r.index, qi)]
             self._join_warmer()
-            scatter.launch(stage, self.arena, self.table, first, last, req.width, self.stream)
+            dispatch.scatter(self.staging[base:base + needed], self.arena, self.table, first, last, req.width,
+                             self.stream)
             self.counters["copies"] += 1
             self.counters["kernels"] += 1
             moved = sum(c.nbytes for c in req.copies)
-        elif self.raw:
-            stream_h, arena_p, landing_p, _ = self.raw
-            host = buf.ctypes.data
-            for slot_off, space, dst, n, rows, pitch in req.copies:
-                base = arena_p if space == "arena" else landing_p[r.landing_region]
-                if rows == 1:
-                    seam.copy_h2d(base + dst, host + slot_off, n, stream_h)
-                else:
-                    seam.copy_h2d_2d(base + dst, host + slot_off, pitch, n, rows, stream_h)
-                moved += n * rows
-            self.counters["copies"] += len(req.copies)
         else:
-            for slot_off, space, dst, n, rows, pitch in req.copies:
-                if rows == 1:
-                    src = buf[slot_off:slot_off + n]
-                else:  # the simulator's 2-D copy: the same rows, gathered on the host
-                    src = np.ascontiguousarray(seam.rows_view(buf, slot_off, pitch, n, rows)).reshape(-1)
-                self._dst(space, r, dst, n * rows).copy_to_device(src, stream=self.stream)
-                self.counters["copies"] += 1
-                moved += n * rows
+            arena, landing = self.arena, self.landing
+            moved = self.dev.stage(buf, [(arena if space == "arena" else landing[r.landing_region], dst, slot_off, n,
+                                          rows, pitch)
+                                         for slot_off, space, dst, n, rows, pitch in req.copies], self.stream)
+            self.counters["copies"] += len(req.copies)
         self.timings["issue"] += time.perf_counter() - t1
         self._fence(slot)
         self.remaining[r.index] -= 1
@@ -336,14 +310,14 @@ class Loader:
         src = self._dst(k.src_space, r, k.src_offset, max(1, numel * max(1, s_size)))
         dst = self.arena[k.dst_offset:k.dst_offset + numel * d_size]
         if k.op == "convert":
-            kernels.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.stream)
+            dispatch.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.stream)
         elif k.op == "dequantize":
             rows, cols, b = k.rows, k.cols, k.block
             n_scale = -(-rows // b) * -(-cols // b)
             scale = self._dst("landing", r, k.scale_offset, n_scale * 4)
-            kernels.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.stream)
+            dispatch.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.stream)
         else:  # transpose (the codec admits no other op)
-            kernels.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream)
+            dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream)
 
     def _host_part(self, h) -> None:
         self._device()
@@ -362,9 +336,9 @@ class Loader:
         while off < len(out):
             n = min(self.slot, len(out) - off)
             slot = self._acquire_slot()
-            buf = self.ring[slot][:n]
-            buf[:] = out[off:off + n]
-            self.arena[h.dst_offset + off:h.dst_offset + off + n].copy_to_device(buf, stream=self.stream)
+            buf = self.ring[slot]
+            buf[:n] = out[off:off + n]
+            self.dev.stage(buf, ((self.arena, h.dst_offset + off, 0, n, 1, 0),), self.stream)
             self.counters["copies"] += 1
             self._fence(slot)
             off += n
@@ -471,14 +445,13 @@ def _host_transform(p, bufs: list) -> np.ndarray:
 
 
 def warm_kernels(plan):
-    """Compile the kernels the plan will launch, in a thread, while the first reads run.
+    """Load the kernels the plan will launch, in a thread, while the first reads run.
 
-    numba compiles a kernel at its first launch (about half a second each); done here on tiny
-    arrays, the compile overlaps the I/O instead of stalling the stream. Returns the thread.
+    A kernel's first launch in a process loads its module (from the shipped machine code, a few
+    milliseconds; compiled by numba where none fits, about half a second): done here on tiny arrays,
+    that overlaps the I/O instead of stalling the stream. Returns the thread.
     """
-    from .seam import simulated
-
-    if simulated():
+    if seam.simulated():
         return None
     need = set()
     for r in plan.runs:
@@ -487,40 +460,40 @@ def warm_kernels(plan):
         for q in r.requests:
             if q.scatter:
                 need.add(("scatter", q.width, None))
+    if plan.layout.zero:
+        need.add(("zero", None, None))
     if not need:
         return None
     import threading
 
-    from numba import cuda
-
     # A new thread's current device is device 0: the thread must use the load's device.
-    dev = cuda.get_current_device().id
-    t = threading.Thread(target=_warm, args=(dev, sorted(need, key=str)), name="planc-warm", daemon=True)
+    t = threading.Thread(target=_warm, args=(seam.current_device(), sorted(need, key=str)), name="planc-warm",
+                         daemon=True)
     t.start()
     return t
 
 
-def _warm(dev: int, need) -> None:
-    from numba import cuda
-
+def _warm(idx: int, need) -> None:
     from ..dtypes import DTYPES
 
     try:
-        cuda.select_device(dev)
-        stream = cuda.stream()
-        buf = cuda.device_array(64, dtype=np.uint8)
-        out = cuda.device_array(64, dtype=np.uint8)
+        dev = seam.device()
+        dev.select(idx)
+        stream = dev.stream()
+        buf = dev.device_bytes(64)
+        out = dev.device_bytes(64)
         for op, a, b in need:
             if op == "convert":
-                kernels.convert(buf, out if DTYPES[a].bits != DTYPES[b].bits else buf, a, b, 1, stream=stream)
+                dispatch.convert(buf, out if DTYPES[a].bits != DTYPES[b].bits else buf, a, b, 1, stream=stream)
             elif op == "dequantize":
-                kernels.dequantize_fp8(buf[:8], buf[8:16], out, a, b, 1, 1, 128, stream=stream)
+                dispatch.dequantize_fp8(buf[:8], buf[8:16], out, a, b, 1, 1, 128, stream=stream)
             elif op == "transpose":
-                kernels.transpose2d(buf, out, 1, 1, DTYPES[a].bits // 8, stream=stream)
+                dispatch.transpose2d(buf, out, 1, 1, DTYPES[a].bits // 8, stream=stream)
             elif op == "scatter":
-                table = cuda.to_device(np.zeros((1, 3), np.int64), stream=stream)
-                scatter.launch(buf, out, table, 0, 1, a, stream)
+                table = dev.to_device(np.zeros((1, 3), np.int64))
+                dispatch.scatter(buf, out, table, 0, 1, a, stream)
+            elif op == "zero":
+                dispatch.zero(out, [(0, 1)], stream)
         stream.synchronize()
     except Exception:  # noqa: BLE001 - warming is an optimization; the real launch reports errors
         pass
-

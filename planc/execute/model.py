@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ..dtypes import DTYPES
+from . import seam
 
 _STORAGE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
@@ -44,9 +45,9 @@ class DeviceTensor:
 
     @property
     def array(self):
-        """A numba device array of the storage dtype, shaped (bfloat16 and FP8 as unsigned ints)."""
+        """A device array of the storage dtype, shaped (bfloat16 and FP8 as unsigned ints)."""
         n = math.prod(self.shape)
-        if n == 0:
+        if n == 0 and seam.simulated():  # the simulator's arrays cannot view zero bytes
             from numba import cuda
 
             return cuda.device_array(self.shape, dtype=self.storage)
@@ -54,9 +55,7 @@ class DeviceTensor:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        from .seam import device_pointer
-
-        ptr = device_pointer(self._arena) + self.offset_bytes if self.nbytes else 0
+        ptr = seam.device_pointer(self._arena) + self.offset_bytes if self.nbytes else 0
         return {"shape": self.shape, "typestr": self.storage.str, "data": (ptr, False), "version": 3,
                 "strides": None, "stream": None}
 
@@ -109,9 +108,7 @@ class LoadedModel:
         return state_dict(self)
 
     def free(self) -> None:
-        from .alloc import release
-
         self.tensors = {}
         arena, self._arena = self._arena, None
         del arena
-        release()
+        seam.release()

@@ -1,149 +1,216 @@
-"""The one seam between the simulator and a real GPU.
+"""The one seam between the executor and a device: `device()` gives the process's `Device`.
 
-Everything the CUDA simulator lacks (raw device pointers, `__cuda_array_interface__`, memory info
-that means something, event queries) is reached through here, so that the rest of the executor is
-the same code in both places. Importing this module imports numba.cuda.
+Two implementations of the same interface:
+
+* `Gpu` talks to the CUDA driver through ctypes (`planc.execute.driver`): the primary context,
+  `cuMemAlloc`, `cuMemHostAlloc`, one stream, events, `cuMemcpy*Async`, and kernels launched from
+  the machine code shipped with the package. A load on a GPU imports no numba.
+* `Simulator` runs the same calls on numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), where
+  device memory is host memory and kernels run as Python threads: the CPU test suite goes through
+  the same loader, the same copy list and the same kernel dispatch as a GPU.
+
+Which one is decided by NUMBA_ENABLE_CUDASIM, as numba decides it (numba's own flag once numba is
+imported), so a process never mixes them. Device memory is a flat uint8 array of the
+implementation (`driver.DeviceArray` or numba's), sliced, viewed and copied to the host alike.
 """
 
 from __future__ import annotations
 
-from numba import config, cuda  # the numpy.row_stack alias numba-cuda needs is set by planc.execute
+import gc
+import os
+import sys
+
+import numpy as np
+
+ALIGN = 4096  # the ring's slots start at this alignment (O_DIRECT)
 
 
 def simulated() -> bool:
-    return bool(config.ENABLE_CUDASIM)
+    numba = sys.modules.get("numba")
+    if numba is not None and hasattr(numba, "config"):
+        return bool(numba.config.ENABLE_CUDASIM)
+    try:
+        return int(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") or 0) != 0
+    except ValueError:
+        return False
 
 
-def select(device: str) -> int:
-    """'cuda:N' or 'cuda' -> select that device for this thread; returns N."""
-    idx = 0
-    if ":" in device:
-        idx = int(device.split(":", 1)[1])
-    if not simulated():
-        cuda.select_device(idx)
-    return idx
+class Gpu:
+    """A CUDA device through the driver API."""
+
+    simulated = False
+
+    def __init__(self):
+        from . import driver
+
+        self.d = driver
+
+    def select(self, idx: int) -> None:
+        self.d.make_current(idx)
+
+    def current_device(self) -> int:
+        return self.d.current_device()
+
+    def memory_info(self) -> tuple[int, int] | None:
+        return self.d.memory_info()
+
+    def compute_capability(self) -> tuple[int, int]:
+        idx = self.current_device()
+        return self.d.attribute(self.d.ATTR_CC_MAJOR, idx), self.d.attribute(self.d.ATTR_CC_MINOR, idx)
+
+    def sm_count(self) -> int:
+        return self.d.attribute(self.d.ATTR_SM_COUNT, self.current_device())
+
+    def device_bytes(self, nbytes: int):
+        return self.d.device_bytes(nbytes)
+
+    def to_device(self, host: np.ndarray):
+        return self.d.to_device(host)
+
+    def pinned_bytes(self, nbytes: int) -> np.ndarray:
+        return self.d.pinned_array(nbytes)
+
+    def stream(self):
+        return self.d.Stream()
+
+    def event(self):
+        return self.d.Event()
+
+    def pointer(self, arr) -> int:
+        return arr.ptr
+
+    def stage(self, buf: np.ndarray, copies, stream) -> int:
+        """Issue the async copies of one slot: (device array, offset, slot offset, bytes, rows, pitch)
+        each, a 2-D copy when rows > 1. Returns the bytes moved."""
+        host, h, moved = buf.ctypes.data, stream.handle, 0
+        copy, copy2d = self.d.copy_h2d, self.d.copy_h2d_2d
+        for dst, off, slot_off, n, rows, pitch in copies:
+            if rows == 1:
+                copy(dst.ptr + off, host + slot_off, n, h)
+            else:
+                copy2d(dst.ptr + off, host + slot_off, pitch, n, rows, h)
+            moved += n * rows
+        return moved
+
+    def release(self, full: bool = True) -> None:
+        """Frees are immediate here; only cycles (a failure's traceback frames) wait for a collection."""
+        gc.collect() if full else gc.collect(1)
 
 
-def current_device() -> int:
-    """The id of this thread's current device (a new thread's is device 0 until it selects one)."""
-    return int(cuda.get_current_device().id)
+class Simulator:
+    """numba's CUDA simulator: device arrays are numpy arrays underneath, kernels run as threads."""
 
+    simulated = True
 
-def memory_info() -> tuple[int, int] | None:
-    """(free, total) device bytes, or None under the simulator (which has no real device memory)."""
-    if simulated():
-        return None
-    free, total = cuda.current_context().get_memory_info()
-    return int(free), int(total)
+    def __init__(self):
+        from numba import cuda
 
+        self.cuda = cuda
 
-def device_pointer(arr) -> int:
-    if simulated():
+    def select(self, idx: int) -> None:
+        pass
+
+    def current_device(self) -> int:
+        return 0
+
+    def memory_info(self) -> tuple[int, int] | None:
+        return None  # the simulator has no device memory of its own
+
+    def compute_capability(self) -> tuple[int, int]:
+        return tuple(self.cuda.get_current_device().compute_capability)
+
+    def sm_count(self) -> int:
+        return 1
+
+    def device_bytes(self, nbytes: int):
+        return self.cuda.device_array(max(1, nbytes), dtype=np.uint8)
+
+    def to_device(self, host: np.ndarray):
+        return self.cuda.to_device(host)
+
+    def pinned_bytes(self, nbytes: int) -> np.ndarray:
+        return self.cuda.pinned_array(nbytes, dtype=np.uint8)
+
+    def stream(self):
+        return self.cuda.stream()
+
+    def event(self):
+        return self.cuda.event()
+
+    def pointer(self, arr) -> int:
         raise RuntimeError("raw device pointers do not exist under the CUDA simulator")
-    return int(arr.device_ctypes_pointer.value or 0)
+
+    def stage(self, buf: np.ndarray, copies, stream) -> int:
+        moved = 0
+        for dst, off, slot_off, n, rows, pitch in copies:
+            if rows == 1:
+                src = buf[slot_off:slot_off + n]
+            else:  # the 2-D copy: the same rows, gathered on the host
+                src = np.ascontiguousarray(rows_view(buf, slot_off, pitch, n, rows)).reshape(-1)
+            dst[off:off + n * rows].copy_to_device(src, stream=stream)
+            moved += n * rows
+        return moved
+
+    def release(self, full: bool = True) -> None:
+        gc.collect() if full else gc.collect(1)
 
 
-def warm_up() -> None:
-    """Create the CUDA context (its host memory is the baseline the report measures against)."""
-    if not simulated():
-        cuda.current_context()
+_devices: dict = {}
 
 
-# -- raw driver calls on the hot path ---------------------------------------------------------------
-# numba's device-array slicing and `copy_to_device` cost 1-3 ms of Python per call (argument checks,
-# a new DeviceNDArray per slice). The copy loop instead calls the driver directly through ctypes with
-# pointers computed once per allocation: a few microseconds, and the GIL is released during the call.
-
-_cu = None
-
-
-def _driver():
-    global _cu
-    if _cu is None:
-        import ctypes
-
-        lib = ctypes.CDLL("libcuda.so.1")
-        lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        lib.cuMemcpyHtoDAsync_v2.restype = ctypes.c_int
-        lib.cuMemcpy2DAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        lib.cuMemcpy2DAsync_v2.restype = ctypes.c_int
-        lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
-        lib.cuModuleLoadData.restype = ctypes.c_int
-        lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
-        lib.cuModuleGetFunction.restype = ctypes.c_int
-        lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        lib.cuCtxGetCurrent.restype = ctypes.c_int
-        u = ctypes.c_uint
-        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p,
-                                       ctypes.c_void_p, ctypes.c_void_p]
-        lib.cuLaunchKernel.restype = ctypes.c_int
-        _cu = lib
-    return _cu
+def device():
+    """This process's device implementation (the simulator's or the driver's)."""
+    sim = simulated()
+    dev = _devices.get(sim)
+    if dev is None:
+        dev = _devices[sim] = Simulator() if sim else Gpu()
+    return dev
 
 
-def stream_handle(stream) -> int:
-    """The CUstream of a numba stream, as an int (numba's handle is a cuda.bindings or ctypes object)."""
-    h = stream.handle
-    v = getattr(h, "value", None)
-    return int(v if v is not None else int(h))
-
-
-def _check(rc: int, what: str) -> None:
-    if rc:
-        import ctypes
-
-        from ..errors import ExecuteError
-
-        msg = ctypes.c_char_p()
-        _driver().cuGetErrorString(rc, ctypes.byref(msg))
-        text = msg.value.decode() if msg.value else f"CUresult {rc}"
-        raise ExecuteError(f"{what} failed: {text}", code="cuda")
-
-
-def copy_h2d(dst_ptr: int, src_ptr: int, nbytes: int, stream_h: int) -> None:
-    """Async copy of `nbytes` from pinned host memory at `src_ptr` to device memory at `dst_ptr`."""
-    _check(_driver().cuMemcpyHtoDAsync_v2(dst_ptr, src_ptr, nbytes, stream_h), "cuMemcpyHtoDAsync")
-
-
-_memcpy2d = None
-
-
-def _memcpy2d_type():
-    """ctypes layout of CUDA_MEMCPY2D (cuda.h)."""
-    global _memcpy2d
-    if _memcpy2d is None:
-        import ctypes
-
-        sz, ptr, u64, mt = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
-
-        class CUDA_MEMCPY2D(ctypes.Structure):
-            _fields_ = [("srcXInBytes", sz), ("srcY", sz), ("srcMemoryType", mt), ("srcHost", ptr),
-                        ("srcDevice", u64), ("srcArray", ptr), ("srcPitch", sz),
-                        ("dstXInBytes", sz), ("dstY", sz), ("dstMemoryType", mt), ("dstHost", ptr),
-                        ("dstDevice", u64), ("dstArray", ptr), ("dstPitch", sz),
-                        ("WidthInBytes", sz), ("Height", sz)]
-
-        _memcpy2d = CUDA_MEMCPY2D
-    return _memcpy2d
-
-
-_HOST, _DEVICE = 1, 2  # CUmemorytype
-
-
-def copy_h2d_2d(dst_ptr: int, src_ptr: int, pitch: int, width: int, rows: int, stream_h: int) -> None:
-    """Async 2-D copy: `rows` rows of `width` bytes, `pitch` apart in pinned host memory at
-    `src_ptr`, packed at device memory `dst_ptr` (a rank's slice of whole rows held in a slot)."""
-    import ctypes
-
-    p = _memcpy2d_type()(srcMemoryType=_HOST, srcHost=src_ptr, srcPitch=pitch, dstMemoryType=_DEVICE,
-                         dstDevice=dst_ptr, dstPitch=width, WidthInBytes=width, Height=rows)
-    _check(_driver().cuMemcpy2DAsync_v2(ctypes.byref(p), stream_h), "cuMemcpy2DAsync")
+def pinned_ring(nbytes: int):
+    """A pinned uint8 buffer of `nbytes` whose start is 4 KiB aligned (O_DIRECT), and its owner."""
+    owner = device().pinned_bytes(nbytes + ALIGN)
+    base = (-owner.ctypes.data) % ALIGN
+    return owner, owner[base:base + nbytes]
 
 
 def rows_view(buf, offset: int, pitch: int, width: int, rows: int):
     """The `rows` x `width` bytes at `offset` of host array `buf`, rows `pitch` apart, as a 2-D view
     (what a 2-D copy reads; the simulator copies it through this)."""
-    import numpy as np
-
     return np.lib.stride_tricks.as_strided(buf[offset:], (rows, width), (pitch, 1), writeable=False)
+
+
+# The calls the rest of the package makes, on this process's device.
+
+def select(device_name: str) -> int:
+    """'cuda:N' or 'cuda' -> select that device for this thread; returns N."""
+    idx = 0
+    if ":" in device_name:
+        idx = int(device_name.split(":", 1)[1])
+    device().select(idx)
+    return idx
+
+
+def current_device() -> int:
+    """The id of this thread's current device (a new thread's is device 0 until it selects one)."""
+    return device().current_device()
+
+
+def memory_info() -> tuple[int, int] | None:
+    """(free, total) device bytes, or None under the simulator (which has no real device memory)."""
+    return device().memory_info()
+
+
+def warm_up() -> None:
+    """Attach to the current device's context (its host memory is the baseline a report measures against)."""
+    dev = device()
+    dev.select(dev.current_device())
+
+
+def device_pointer(arr) -> int:
+    return device().pointer(arr)
+
+
+def release(full: bool = True) -> None:
+    """Give back what only a garbage collection frees (`full`: every generation, after a failure)."""
+    device().release(full)

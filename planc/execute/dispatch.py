@@ -1,0 +1,319 @@
+"""Kernel launchers: sizes and alignment checked, the launch geometry chosen, each launch named.
+
+Input: flat uint8 device arrays of the process's device (`seam.device()`: slices of an arena are
+fine) and explicit sizes. Output: one launch through `planc.execute.launch.go`, by the kernel's
+stable name (`planc.execute.signatures`), which on a GPU runs the machine code shipped with the
+package. The kernels' source is `planc.execute.kernels` and `planc.execute.scatter`; this module
+imports neither, nor numba.
+
+* `convert`: F32 / F16 / BF16 to each other (BF16 <-> F16 may run in place);
+* `dequantize_fp8`: FP8 (E4M3 / E5M2) times one float32 scale per block, rounded once;
+* `transpose2d`: [rows, cols] -> [cols, rows] of 1-, 2-, 4- or 8-byte elements;
+* `scatter`: one staged request's segments to their arena places (the table from `scatter_table`);
+* `zero`: zero-fill of arena regions (tensor-parallel padding).
+
+The `launch_*` functions take arrays already viewed with the element type of the kernel. Under
+the simulator every simulated thread is a Python thread, so launches use one or two small blocks
+and the kernels' grid-stride loops cover the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
+from . import launch, seam
+from .refconv import fp8_table
+from .signatures import CONVERT_KERNEL
+
+_THREADS_1D = 256  # threads per block on a GPU
+_BLOCK_2D = (32, 8)  # dequantization and transpose blocks on a GPU (x along the contiguous axis)
+_BLOCKS_PER_SM = 32  # grid cap: this many blocks per multiprocessor
+_DEFAULT_SMS = 132  # H100 / H200, when the device cannot be asked
+_SIM_THREADS_1D = 32
+_SIM_BLOCKS_1D = 2
+_SIM_BLOCK_DEQUANT = (8, 4)
+_SIM_GRID_DEQUANT = (2, 1)
+_SIM_BLOCK_TRANSPOSE = (32, 4)
+_SIM_GRID_TRANSPOSE = (2, 2)
+_TILE = 32  # the transpose kernel's tile edge
+_SCATTER_THREADS, _SIM_SCATTER_THREADS = 256, 32
+
+_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def simulated() -> bool:
+    return seam.simulated()
+
+
+# -- launch geometry ------------------------------------------------------------------------------
+
+_max_blocks_cache: list[int] = []
+
+
+def _max_blocks() -> int:
+    if not _max_blocks_cache:
+        try:
+            sms = int(seam.device().sm_count())
+        except Exception:  # noqa: BLE001 - the device cannot be asked: the H200's count
+            sms = _DEFAULT_SMS
+        _max_blocks_cache.append(max(1, sms) * _BLOCKS_PER_SM)
+    return _max_blocks_cache[0]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid_1d(n: int) -> tuple[int, int]:
+    """(blocks, threads) for a 1-D grid-stride launch over n > 0 elements."""
+    if simulated():
+        return min(_SIM_BLOCKS_1D, _cdiv(n, _SIM_THREADS_1D)), _SIM_THREADS_1D
+    return min(_cdiv(n, _THREADS_1D), _max_blocks()), _THREADS_1D
+
+
+def grid_2d(rows: int, cols: int, per_block: tuple[int, int]) -> tuple[int, int]:
+    """(grid x, grid y) covering [rows, cols] with per_block (columns, rows) a block, capped."""
+    cap = _max_blocks()
+    gx = min(_cdiv(cols, per_block[0]), cap)
+    gy = min(_cdiv(rows, per_block[1]), max(1, cap // gx), 65535)
+    return gx, gy
+
+
+# -- launchers: arrays already viewed with the kernel's element type ------------------------------
+
+def _launch_map(name: str, src, dst, n: int, stream=0) -> None:
+    if n <= 0:
+        return
+    blocks, threads = grid_1d(n)
+    launch.go(name, blocks, threads, stream, src, dst, n)
+
+
+def launch_f32_to_bf16(src_u32, dst_u16, n: int, stream=0) -> None:
+    _launch_map("f32_to_bf16", src_u32, dst_u16, n, stream)
+
+
+def launch_f32_to_f16(src_u32, dst_u16, n: int, stream=0) -> None:
+    _launch_map("f32_to_f16", src_u32, dst_u16, n, stream)
+
+
+def launch_bf16_to_f32(src_u16, dst_u32, n: int, stream=0) -> None:
+    _launch_map("bf16_to_f32", src_u16, dst_u32, n, stream)
+
+
+def launch_f16_to_f32(src_u16, dst_u32, n: int, stream=0) -> None:
+    _launch_map("f16_to_f32", src_u16, dst_u32, n, stream)
+
+
+def launch_bf16_to_f16(src_u16, dst_u16, n: int, stream=0) -> None:
+    """May run in place (src_u16 and dst_u16 the same buffer)."""
+    _launch_map("bf16_to_f16", src_u16, dst_u16, n, stream)
+
+
+def launch_f16_to_bf16(src_u16, dst_u16, n: int, stream=0) -> None:
+    """May run in place (src_u16 and dst_u16 the same buffer)."""
+    _launch_map("f16_to_bf16", src_u16, dst_u16, n, stream)
+
+
+def launch_copy(src, dst, n: int, stream=0) -> None:
+    _launch_map("copy", src, dst, n, stream)
+
+
+def launch_dequant_fp8(
+    w_u8, scale_f32, table_f32, out, out_dtype: str, rows: int, cols: int, block: int, stream=0
+) -> None:
+    """out: uint16 for BF16/F16, uint32 for F32; table_f32: the 256-entry decode table."""
+    if rows <= 0 or cols <= 0:
+        return
+    if simulated():
+        grid, threads = _SIM_GRID_DEQUANT, _SIM_BLOCK_DEQUANT
+    else:
+        threads = _BLOCK_2D
+        grid = grid_2d(rows, cols, (_BLOCK_2D[0], _BLOCK_2D[1] * 4))  # 4 rows a thread
+    scols = _cdiv(cols, block)
+    launch.go(f"dequant_{out_dtype}", grid, threads, stream, w_u8, scale_f32, table_f32, out, rows, cols, block,
+              scols)
+
+
+def launch_transpose(src, dst, rows: int, cols: int, stream=0) -> None:
+    """src, dst: uint8, uint16, uint32 or uint64 arrays of rows * cols elements."""
+    if rows <= 0 or cols <= 0:
+        return
+    if simulated():
+        threads = _SIM_BLOCK_TRANSPOSE
+        grid = (
+            min(_SIM_GRID_TRANSPOSE[0], _cdiv(cols, _TILE)),
+            min(_SIM_GRID_TRANSPOSE[1], _cdiv(rows, _TILE)),
+        )
+    else:
+        threads = _BLOCK_2D
+        grid = grid_2d(rows, cols, (_TILE, _TILE))
+    size = np.dtype(src.dtype).itemsize
+    launch.go(f"transpose_{size}", grid, threads, stream, src, dst, rows, cols)
+
+
+# -- FP8 decode tables, one device copy per (dtype, device), made on first use ---------------------
+
+_tables: dict[tuple[str, int, bool], object] = {}
+_tables_lock = threading.Lock()
+
+
+def fp8_device_table(fp8_dtype: str):
+    """The device copy of the 256-entry float32 decode table of `fp8_dtype`."""
+    dev = seam.device()
+    key = (fp8_dtype, dev.current_device(), dev.simulated)
+    with _tables_lock:
+        table = _tables.get(key)
+        if table is None:
+            table = _tables[key] = dev.to_device(fp8_table(fp8_dtype))
+    return table
+
+
+# -- dispatchers on flat uint8 device arrays -----------------------------------------------------
+
+def _address(arr) -> int:
+    iface = getattr(arr, "__cuda_array_interface__", None)
+    if iface is None:  # the simulator's arrays are numpy arrays underneath
+        iface = arr.__array_interface__
+    return int(iface["data"][0])
+
+
+def _bytes(arr, nbytes: int, what: str, itemsize: int):
+    """(the first nbytes of a flat uint8 device array, its address), checked for size and
+    alignment. An array of exactly nbytes is returned as it is (slicing costs host time)."""
+    if np.dtype(arr.dtype) != np.uint8 or len(arr.shape) != 1:
+        raise ValueError(f"{what}: expected a flat uint8 device array, got {arr.dtype}{arr.shape}")
+    size = arr.shape[0]
+    if size < nbytes:
+        raise ValueError(f"{what}: {size} bytes, {nbytes} needed")
+    address = _address(arr)
+    if address % itemsize:
+        raise ValueError(f"{what}: address not aligned to {itemsize} bytes")
+    return (arr if size == nbytes else arr[:nbytes]), address
+
+
+def _check_apart(pa: int, a_bytes: int, pb: int, b_bytes: int, what: str) -> None:
+    if pa < pb + b_bytes and pb < pa + a_bytes:
+        raise ValueError(f"{what}: source and destination overlap")
+
+
+def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0) -> None:
+    """Convert `numel` floats between F32, F16 and BF16 (safetensors spellings).
+
+    `src_u8` and `dst_u8` are flat uint8 device arrays holding at least the bytes needed, aligned
+    to their element size. They may be the same memory only when both element sizes are equal
+    and they start at the same address (BF16 <-> F16 in place; identical dtypes do nothing).
+    """
+    for name in (src_dtype, dst_dtype):
+        if name not in FLOAT_CONVERTIBLE:
+            raise ValueError(f"not a convertible float dtype: {name!r}")
+    if numel < 0:
+        raise ValueError(f"negative element count {numel}")
+    if numel == 0:
+        return
+    s_size, d_size = _ITEMSIZE[src_dtype], _ITEMSIZE[dst_dtype]
+    src, ps = _bytes(src_u8, numel * s_size, "source", s_size)
+    dst, pd = _bytes(dst_u8, numel * d_size, "destination", d_size)
+    if ps == pd and s_size == d_size:
+        if src_dtype == dst_dtype:
+            return
+    else:
+        _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
+    name = "copy" if src_dtype == dst_dtype else CONVERT_KERNEL[(src_dtype, dst_dtype)]
+    _launch_map(name, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream)
+
+
+def dequantize_fp8(w_u8, scale_u8, out_u8, fp8_dtype: str, out_dtype: str, rows: int, cols: int,
+                   block: int = 128, stream=0) -> None:
+    """Dequantize a row-major [rows, cols] FP8 matrix with float32 scales of one per block.
+
+    `scale_u8` holds float32 [ceil(rows / block), ceil(cols / block)], row-major; the result,
+    [rows, cols] of `out_dtype` (BF16, F16 or F32), goes to `out_u8`.
+    """
+    if fp8_dtype not in FP8_DEQUANTIZABLE:
+        raise ValueError(f"not a dequantizable FP8 dtype: {fp8_dtype!r}")
+    if out_dtype not in FLOAT_CONVERTIBLE:
+        raise ValueError(f"not a float target: {out_dtype!r}")
+    if block <= 0 or rows < 0 or cols < 0:
+        raise ValueError(f"bad geometry rows={rows} cols={cols} block={block}")
+    n = rows * cols
+    if n == 0:
+        return
+    o_size = _ITEMSIZE[out_dtype]
+    n_scale = _cdiv(rows, block) * _cdiv(cols, block)
+    w, pw = _bytes(w_u8, n, "weight", 1)
+    sc, ps = _bytes(scale_u8, n_scale * 4, "scale", 4)
+    out, po = _bytes(out_u8, n * o_size, "output", o_size)
+    _check_apart(pw, n, po, n * o_size, "dequantize_fp8 weight/output")
+    _check_apart(ps, n_scale * 4, po, n * o_size, "dequantize_fp8 scale/output")
+    launch_dequant_fp8(w, sc.view(np.float32), fp8_device_table(fp8_dtype), out.view(_UINT[o_size]), out_dtype,
+                       rows, cols, block, stream)
+
+
+def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0) -> None:
+    """Write the [cols, rows] transpose of the row-major [rows, cols] matrix in `src_u8`.
+
+    Elements of 1, 2, 4 or 8 bytes; source and destination must not overlap.
+    """
+    if itemsize not in _UINT:
+        raise ValueError(f"itemsize must be 1, 2, 4 or 8, got {itemsize}")
+    if rows < 0 or cols < 0:
+        raise ValueError(f"bad shape [{rows}, {cols}]")
+    nbytes = rows * cols * itemsize
+    if nbytes == 0:
+        return
+    src, ps = _bytes(src_u8, nbytes, "source", itemsize)
+    dst, pd = _bytes(dst_u8, nbytes, "destination", itemsize)
+    _check_apart(ps, nbytes, pd, nbytes, "transpose2d")
+    launch_transpose(src.view(_UINT[itemsize]), dst.view(_UINT[itemsize]), rows, cols, stream)
+
+
+# -- scatter and zero-fill ------------------------------------------------------------------------
+
+def scatter_table(plan) -> tuple[np.ndarray, dict]:
+    """All scattered requests' segments, in element units: (table int64 [n, 3], {(run, req): (first, last)})."""
+    rows, where = [], {}
+    for r in plan.runs:
+        for qi, q in enumerate(r.requests):
+            if not q.scatter:
+                continue
+            w = q.width
+            first = len(rows)
+            for slot_off, _space, dst, n, _rows, _pitch in q.copies:
+                rows.append((slot_off // w, dst // w, n // w))
+            where[(r.index, qi)] = (first, len(rows))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return table, where
+
+
+def scatter(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, stream) -> None:
+    """Move segments [first, last) of the table from the staging slot to the arena."""
+    if last <= first:
+        return
+    # A view in wider elements needs a whole number of them: the arena's size need not be one, but every
+    # scattered copy lies in its width-aligned prefix (the plan codec checks offsets and lengths).
+    src = staging_u8[:len(staging_u8) // width * width].view(_UINT[width])
+    dst = arena_u8[:len(arena_u8) // width * width].view(_UINT[width])
+    nseg = last - first
+    if simulated():
+        blocks, threads = min(2, nseg), _SIM_SCATTER_THREADS
+    else:
+        blocks, threads = min(nseg, 65535), _SCATTER_THREADS
+    launch.go(f"scatter_{width}", blocks, threads, stream, src, dst, table_dev, first, last)
+
+
+def zero(arena_u8, regions, stream) -> int:
+    """Zero-fill (offset, bytes) regions of the arena: the padding of uneven tensor-parallel splits.
+    Returns the kernels launched (one per non-empty region)."""
+    launched = 0
+    for off, n in regions:
+        if n <= 0:
+            continue
+        blocks, threads = ((2, _SIM_SCATTER_THREADS) if simulated()
+                           else (min(1024, -(-n // _SCATTER_THREADS)), _SCATTER_THREADS))
+        launch.go("zero", blocks, threads, stream, arena_u8[off:off + n], n)
+        launched += 1
+    return launched

@@ -1,0 +1,412 @@
+"""The CUDA driver, reached through ctypes: the executor's device on a real GPU.
+
+Everything a load does on a GPU goes through here: the primary context of the load's device (the
+one the CUDA runtime, and so PyTorch, uses too: a process that already set it up pays nothing to
+attach), device and pinned allocations, a stream, events, copies, module loads and launches.
+Importing this module imports neither numba nor anything else that a load does not need; numba is
+imported only when a kernel launch has no machine code shipped with the package (`launch.py`).
+
+Memory is freed when its owner is: `DeviceMemory.free()` (or the last reference going) calls
+`cuMemFree` at once, so nothing waits in a deferred-free queue. Every call that can fail raises a
+typed `ExecuteError` (code `cuda`) with the driver's own error text.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+_lib = None
+_lock = threading.Lock()
+_contexts: dict[int, int] = {}  # device ordinal -> its retained primary context
+
+_P = ctypes.POINTER
+_vp, _u64, _sz, _int, _uint = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint
+
+# name -> argument types; every function returns a CUresult (int).
+_SIGNATURES = {
+    "cuInit": [_uint],
+    "cuGetErrorString": [_int, _P(ctypes.c_char_p)],
+    "cuDeviceGet": [_P(_int), _int],
+    "cuDeviceGetCount": [_P(_int)],
+    "cuDeviceGetAttribute": [_P(_int), _int, _int],
+    "cuDevicePrimaryCtxRetain": [_P(_vp), _int],
+    "cuCtxSetCurrent": [_vp],
+    "cuCtxGetCurrent": [_P(_vp)],
+    "cuCtxGetDevice": [_P(_int)],
+    "cuCtxPushCurrent_v2": [_vp],
+    "cuCtxPopCurrent_v2": [_P(_vp)],
+    "cuMemGetInfo_v2": [_P(_sz), _P(_sz)],
+    "cuMemAlloc_v2": [_P(_u64), _sz],
+    "cuMemFree_v2": [_u64],
+    "cuMemHostAlloc": [_P(_vp), _sz, _uint],
+    "cuMemFreeHost": [_vp],
+    "cuStreamCreate": [_P(_vp), _uint],
+    "cuStreamDestroy_v2": [_vp],
+    "cuStreamSynchronize": [_vp],
+    "cuEventCreate": [_P(_vp), _uint],
+    "cuEventDestroy_v2": [_vp],
+    "cuEventRecord": [_vp, _vp],
+    "cuEventSynchronize": [_vp],
+    "cuMemcpyHtoDAsync_v2": [_u64, _vp, _sz, _vp],
+    "cuMemcpyHtoD_v2": [_u64, _vp, _sz],
+    "cuMemcpyDtoH_v2": [_vp, _u64, _sz],
+    "cuMemcpy2DAsync_v2": [_vp, _vp],
+    "cuModuleLoadData": [_P(_vp), ctypes.c_char_p],
+    "cuModuleGetFunction": [_P(_vp), _vp, ctypes.c_char_p],
+    "cuLaunchKernel": [_vp, _uint, _uint, _uint, _uint, _uint, _uint, _uint, _vp, _vp, _vp],
+}
+
+CU_EVENT_DISABLE_TIMING = 2
+ATTR_SM_COUNT, ATTR_CC_MAJOR, ATTR_CC_MINOR = 16, 75, 76
+_HOST, _DEVICE = 1, 2  # CUmemorytype
+
+
+def lib():
+    """libcuda with every function the executor calls bound and typed; cuInit done once."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                try:
+                    cu = ctypes.CDLL("libcuda.so.1")
+                except OSError as e:
+                    from ..errors import ExecuteError
+
+                    raise ExecuteError(f"no CUDA driver (libcuda.so.1: {e}); run on a machine with an NVIDIA "
+                                       "GPU, or set NUMBA_ENABLE_CUDASIM=1 for the simulator", code="cuda") from None
+                for name, args in _SIGNATURES.items():
+                    fn = getattr(cu, name)
+                    fn.argtypes, fn.restype = args, ctypes.c_int
+                check(cu.cuInit(0), "cuInit", cu)
+                _lib = cu
+    return _lib
+
+
+def error_text(rc: int, cu=None) -> str:
+    msg = ctypes.c_char_p()
+    (cu or lib()).cuGetErrorString(rc, ctypes.byref(msg))
+    return msg.value.decode() if msg.value else f"CUresult {rc}"
+
+
+def check(rc: int, what: str, cu=None) -> None:
+    if rc:
+        from ..errors import ExecuteError
+
+        raise ExecuteError(f"{what} failed: {error_text(rc, cu)}", code="cuda")
+
+
+# -- context ------------------------------------------------------------------------------------
+
+def device_count() -> int:
+    n = _int()
+    check(lib().cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
+    return n.value
+
+
+def primary_context(idx: int) -> int:
+    """The retained primary context of device `idx` (retained once per process, never released:
+    the runtime shares it, and the driver drops it at exit)."""
+    ctx = _contexts.get(idx)
+    if ctx is None:
+        with _lock:
+            ctx = _contexts.get(idx)
+            if ctx is None:
+                cu = lib()
+                n = device_count()
+                if not 0 <= idx < n:
+                    from ..errors import ExecuteError
+
+                    raise ExecuteError(f"device cuda:{idx} does not exist: this machine has {n} CUDA device(s)",
+                                       code="no-device")
+                dev, h = _int(), _vp()
+                check(cu.cuDeviceGet(ctypes.byref(dev), idx), "cuDeviceGet")
+                check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(h), dev), "cuDevicePrimaryCtxRetain")
+                ctx = _contexts[idx] = int(h.value)
+    return ctx
+
+
+def make_current(idx: int) -> None:
+    """Make device `idx`'s primary context this thread's current context."""
+    check(lib().cuCtxSetCurrent(primary_context(idx)), "cuCtxSetCurrent")
+
+
+def current_context() -> int:
+    h = _vp()
+    check(lib().cuCtxGetCurrent(ctypes.byref(h)), "cuCtxGetCurrent")
+    return int(h.value or 0)
+
+
+def current_device() -> int:
+    """The ordinal of this thread's current context's device (0 when no context is current)."""
+    if not current_context():
+        return 0
+    d = _int()
+    check(lib().cuCtxGetDevice(ctypes.byref(d)), "cuCtxGetDevice")
+    return d.value
+
+
+def attribute(attr: int, idx: int) -> int:
+    v = _int()
+    check(lib().cuDeviceGetAttribute(ctypes.byref(v), attr, idx), "cuDeviceGetAttribute")
+    return v.value
+
+
+def memory_info() -> tuple[int, int]:
+    free, total = _sz(), _sz()
+    check(lib().cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
+    return int(free.value), int(total.value)
+
+
+class _Current:
+    """Within: `ctx` is this thread's current context (pushed only when it is not already)."""
+
+    def __init__(self, ctx: int):
+        self.ctx, self.pushed = ctx, False
+
+    def __enter__(self):
+        if current_context() != self.ctx:
+            check(lib().cuCtxPushCurrent_v2(self.ctx), "cuCtxPushCurrent")
+            self.pushed = True
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            lib().cuCtxPopCurrent_v2(ctypes.byref(_vp()))
+
+
+# -- device memory ------------------------------------------------------------------------------
+
+class DeviceMemory:
+    """One `cuMemAlloc` of the current context; freed by `free()` or when the last reference goes."""
+
+    __slots__ = ("ptr", "nbytes", "ctx", "__weakref__")
+
+    def __init__(self, nbytes: int):
+        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), current_context()
+        p = _u64()
+        rc = lib().cuMemAlloc_v2(ctypes.byref(p), max(1, self.nbytes))
+        if rc:
+            from ..errors import ExecuteError
+
+            raise ExecuteError(f"cuMemAlloc of {self.nbytes:,} bytes failed: {error_text(rc)}", code="cuda")
+        self.ptr = int(p.value)
+
+    def free(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr and _lib is not None:
+            with _Current(self.ctx):
+                _lib.cuMemFree_v2(ptr)
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
+            pass
+
+
+class DeviceArray:
+    """A C-contiguous, typed view of device memory: what the executor, the kernels' launch ABI and
+    `__cuda_array_interface__` consumers (PyTorch, CuPy, numba) need of a device array."""
+
+    __slots__ = ("mem", "ptr", "shape", "dtype")
+
+    def __init__(self, mem: DeviceMemory, ptr: int, shape: tuple, dtype):
+        self.mem, self.ptr, self.shape, self.dtype = mem, ptr, tuple(int(s) for s in shape), np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def strides(self) -> tuple:
+        out, step = [], self.dtype.itemsize
+        for s in reversed(self.shape):
+            out.append(step)
+            step *= s
+        return tuple(reversed(out))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def is_c_contiguous(self) -> bool:
+        return True
+
+    @property
+    def device_ctypes_pointer(self):
+        return ctypes.c_void_p(self.ptr)
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice) or self.ndim != 1:
+            raise TypeError("a device array is sliced along one dimension, with a step of 1")
+        start, stop, step = key.indices(self.shape[0])
+        if step != 1:
+            raise TypeError("a device array is sliced with a step of 1")
+        n = max(0, stop - start)
+        return DeviceArray(self.mem, self.ptr + start * self.dtype.itemsize, (n,), self.dtype)
+
+    def view(self, dtype) -> "DeviceArray":
+        d = np.dtype(dtype)
+        if self.ndim != 1 or self.nbytes % d.itemsize:
+            raise ValueError(f"cannot view {self.nbytes} bytes of shape {self.shape} as {d}")
+        return DeviceArray(self.mem, self.ptr, (self.nbytes // d.itemsize,), d)
+
+    def reshape(self, shape) -> "DeviceArray":
+        shape = tuple(shape)
+        n = 1
+        for s in shape:
+            n *= s
+        if n != self.size:
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        return DeviceArray(self.mem, self.ptr, shape, self.dtype)
+
+    def copy_to_host(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype)
+        if out.nbytes:
+            with _Current(self.mem.ctx):
+                check(lib().cuMemcpyDtoH_v2(out.ctypes.data, self.ptr, out.nbytes), "cuMemcpyDtoH")
+        return out
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr if self.size else 0, False),
+                "version": 3, "strides": None, "stream": None}
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(0x{self.ptr:x}, {self.shape}, {self.dtype})"
+
+
+def device_bytes(nbytes: int) -> DeviceArray:
+    mem = DeviceMemory(nbytes)
+    return DeviceArray(mem, mem.ptr, (int(nbytes),), np.uint8)
+
+
+def to_device(host: np.ndarray) -> DeviceArray:
+    """A device copy of a host array (synchronous)."""
+    host = np.ascontiguousarray(host)
+    mem = DeviceMemory(host.nbytes)
+    if host.nbytes:
+        check(lib().cuMemcpyHtoD_v2(mem.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+    return DeviceArray(mem, mem.ptr, host.shape, host.dtype)
+
+
+# -- pinned host memory ---------------------------------------------------------------------------
+
+class PinnedMemory:
+    """One `cuMemHostAlloc` (page-locked, mapped into every context); numpy arrays made from it
+    (`np.asarray`) hold it, and it is freed when the last of them goes."""
+
+    def __init__(self, nbytes: int):
+        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), current_context()
+        p = _vp()
+        rc = lib().cuMemHostAlloc(ctypes.byref(p), max(1, self.nbytes), 0)
+        if rc:
+            from ..errors import ExecuteError
+
+            raise ExecuteError(f"cuMemHostAlloc of {self.nbytes:,} pinned bytes failed: {error_text(rc)}",
+                               code="cuda")
+        self.ptr = int(p.value)
+        self.__array_interface__ = {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
+                                    "version": 3}
+
+    def free(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr and _lib is not None:
+            with _Current(self.ctx):
+                _lib.cuMemFreeHost(ptr)
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
+            pass
+
+
+def pinned_array(nbytes: int) -> np.ndarray:
+    return np.asarray(PinnedMemory(nbytes))
+
+
+# -- streams and events ---------------------------------------------------------------------------
+
+class Stream:
+    """A CUDA stream of the current context; `handle` is the CUstream as an int."""
+
+    def __init__(self):
+        h = _vp()
+        check(lib().cuStreamCreate(ctypes.byref(h), 0), "cuStreamCreate")
+        self.handle, self.ctx = int(h.value), current_context()
+
+    def synchronize(self) -> None:
+        check(lib().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
+
+    def __del__(self):
+        h, self.handle = getattr(self, "handle", 0), 0
+        if h and _lib is not None:
+            try:
+                with _Current(self.ctx):
+                    _lib.cuStreamDestroy_v2(h)
+            except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
+                pass
+
+
+class Event:
+    """A CUDA event without timing: recorded after a slot's copies, waited on before its reuse."""
+
+    def __init__(self):
+        h = _vp()
+        check(lib().cuEventCreate(ctypes.byref(h), CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        self.handle, self.ctx = int(h.value), current_context()
+
+    def record(self, stream: Stream) -> None:
+        check(lib().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
+
+    def synchronize(self) -> None:
+        check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+    def __del__(self):
+        h, self.handle = getattr(self, "handle", 0), 0
+        if h and _lib is not None:
+            try:
+                with _Current(self.ctx):
+                    _lib.cuEventDestroy_v2(h)
+            except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
+                pass
+
+
+# -- copies ---------------------------------------------------------------------------------------
+
+def copy_h2d(dst_ptr: int, src_ptr: int, nbytes: int, stream_h: int) -> None:
+    """Async copy of `nbytes` from pinned host memory at `src_ptr` to device memory at `dst_ptr`."""
+    rc = _lib.cuMemcpyHtoDAsync_v2(dst_ptr, src_ptr, nbytes, stream_h)
+    if rc:
+        check(rc, "cuMemcpyHtoDAsync")
+
+
+class _Memcpy2D(ctypes.Structure):
+    """CUDA_MEMCPY2D (cuda.h)."""
+
+    _fields_ = [("srcXInBytes", _sz), ("srcY", _sz), ("srcMemoryType", _int), ("srcHost", _vp),
+                ("srcDevice", _u64), ("srcArray", _vp), ("srcPitch", _sz),
+                ("dstXInBytes", _sz), ("dstY", _sz), ("dstMemoryType", _int), ("dstHost", _vp),
+                ("dstDevice", _u64), ("dstArray", _vp), ("dstPitch", _sz),
+                ("WidthInBytes", _sz), ("Height", _sz)]
+
+
+def copy_h2d_2d(dst_ptr: int, src_ptr: int, pitch: int, width: int, rows: int, stream_h: int) -> None:
+    """Async 2-D copy: `rows` rows of `width` bytes, `pitch` apart in pinned host memory at
+    `src_ptr`, packed at device memory `dst_ptr` (a rank's slice of whole rows held in a slot)."""
+    p = _Memcpy2D(srcMemoryType=_HOST, srcHost=src_ptr, srcPitch=pitch, dstMemoryType=_DEVICE,
+                  dstDevice=dst_ptr, dstPitch=width, WidthInBytes=width, Height=rows)
+    check(lib().cuMemcpy2DAsync_v2(ctypes.byref(p), stream_h), "cuMemcpy2DAsync")
