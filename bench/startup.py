@@ -49,13 +49,20 @@ sys.path.insert(0, str(ROOT / "bench"))
 def child_phases(plan_path: str, spawned: float) -> dict:
     t = {"started": time.time() - spawned}
     c0 = time.perf_counter()
+    import numpy  # noqa: F401
+
+    t["import_numpy_s"] = time.perf_counter() - c0
+    c0 = time.perf_counter()
     import planc.execute
     import planc.execute.loader  # noqa: F401 - the whole executor
-    from planc.execute import seam
+    from planc.execute import driver, seam
 
     t["import_execute_s"] = time.perf_counter() - c0
     c0 = time.perf_counter()
-    seam.select("cuda:0")  # the driver initialized and the primary context attached
+    driver.lib()  # libcuda loaded, cuInit
+    t["cuinit_s"] = time.perf_counter() - c0
+    c0 = time.perf_counter()
+    seam.select("cuda:0")  # the primary context retained and made current
     t["context_s"] = time.perf_counter() - c0
     c0 = time.perf_counter()
     from planc.plan import load_plan

@@ -19,21 +19,24 @@ from .errors import BindError, PlanFormatError
 
 
 def _plan(spec_or_plan, rank: int | None):
-    from .compile import compile_spec
     from .ir import Plan
-    from .plan import load_plan
-    from .spec import load_spec
 
     if isinstance(spec_or_plan, Plan):
         return _check_rank(spec_or_plan, rank, "the plan given")
     path = Path(spec_or_plan)
     if path.suffix.lower() == ".json":
+        from .plan import load_plan
+
         try:
             return _check_rank(load_plan(path), rank, str(path))
         except PlanFormatError as e:
             if e.code not in ("plan-kind", "plan-syntax"):
                 raise
             # Not a plan: a JSON spec, compiled below (its errors then name the spec's fields).
+    # A spec is compiled: only then the spec models (pydantic) and the compiler are imported.
+    from .compile import compile_spec
+    from .spec import load_spec
+
     if rank is None:
         size = load_spec(path).spec.tensor_parallel.size
         env = os.environ.get("RANK")
@@ -65,11 +68,18 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
     before anything is allocated; a setting that does not exist or cannot take its value is a
     `SettingError` (a ValueError) before anything is read.
     """
+    import time
+
     from . import settings as _settings
     from .execute import execute
 
     with _settings.overridden(settings):
-        return execute(_plan(spec_or_plan, rank), verify=verify, device=device, progress=progress)
+        t0 = time.perf_counter()
+        plan = _plan(spec_or_plan, rank)
+        t1 = time.perf_counter()
+        model = execute(plan, verify=verify, device=device, progress=progress)
+        model.report["timings"].update(plan=round(t1 - t0, 6), execute=round(time.perf_counter() - t1, 6))
+        return model
 
 
 @dataclass
@@ -98,9 +108,15 @@ def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = N
     from .torch_handoff import assign, import_torch
 
     import_torch()  # before anything is loaded: without torch there is nothing to load into
+    import time
+
     model = load(spec_or_plan, rank=rank, device=device, verify=verify, settings=settings)
     try:
-        done = assign(module, model.state_dict(), strict)
+        t0 = time.perf_counter()
+        tensors = model.state_dict()
+        t1 = time.perf_counter()
+        done = assign(module, tensors, strict)
+        model.report["timings"].update(state_dict=round(t1 - t0, 6), assign=round(time.perf_counter() - t1, 6))
     except BaseException:
         model.free()
         raise

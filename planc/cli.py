@@ -266,11 +266,9 @@ def _is_plan(path: Path) -> bool:
 
 
 def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
-    from .compile import compile_spec
-    from .plan import load_plan
-    from .spec import load_spec
-
     if _is_plan(path):
+        from .plan import load_plan
+
         plan = load_plan(path)
         tp = plan.tensor_parallel
         env, _ = _env_int("RANK"), _env_int("WORLD_SIZE")  # checked whether or not they pick the plan
@@ -284,6 +282,9 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
             raise _usage(f"{path} is the plan of rank {tp.rank}, but {what} {printable(str(want))[:40]} asks for "
                          f"another")
         return plan
+    from .compile import compile_spec  # a spec: only now the spec models and the compiler are imported
+    from .spec import load_spec
+
     size = load_spec(path).spec.tensor_parallel.size
     return compile_spec(path, _rank(rank, size))
 
@@ -445,6 +446,12 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
                                              help="Also write the JSON report to this file; `{rank}` is replaced by the rank."),
         verify: bool = typer.Option(False, "--verify", help="Compare every loaded tensor with the checkpoint, chunk by chunk.")):
     """Execute a plan on the GPU (or the CUDA simulator) and report measured against predicted."""
+    from .execute import seam
+
+    # The driver starts while the executor is imported and the plan read (the device's context too,
+    # where --device or LOCAL_RANK names it already).
+    local = _env_int("LOCAL_RANK")
+    seam.prewarm(device or (f"cuda:{local}" if local is not None else None))
     from .errors import ExecuteError, Interrupted
     from .execute import execute
     from .execute.report import render_report
@@ -456,7 +463,6 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
             check_device(device)
         except ValueError as e:
             raise _usage(f"--device {e}") from None
-    local = _env_int("LOCAL_RANK")
     plan = _load_plan_or_spec(target, rank)
     if not plan.fits:
         raise _refused(plan)

@@ -52,6 +52,8 @@ class Gpu:
         return self.d.current_device()
 
     def memory_info(self) -> tuple[int, int] | None:
+        if not self.d.current_context():  # this thread has touched no device yet: the current one is 0
+            self.d.make_current(0)
         return self.d.memory_info()
 
     def compute_capability(self) -> tuple[int, int]:
@@ -199,6 +201,30 @@ def current_device() -> int:
 def memory_info() -> tuple[int, int] | None:
     """(free, total) device bytes, or None under the simulator (which has no real device memory)."""
     return device().memory_info()
+
+
+def prewarm(device_name: str | None = None):
+    """Start the CUDA driver (and, when the device is known, its primary context) on a thread of its
+    own, so that it overlaps what the caller does next (imports, reading the plan); the first real
+    call waits for it. Nothing under the simulator. Errors are left for that real call to raise.
+    Returns the thread, or None."""
+    if simulated():
+        return None
+    import threading
+
+    def start():
+        from . import driver
+
+        try:
+            driver.lib()
+            if device_name is not None:
+                driver.primary_context(int(device_name.split(":", 1)[1]) if ":" in device_name else 0)
+        except Exception:  # noqa: BLE001 - the load's own call reports it
+            pass
+
+    t = threading.Thread(target=start, name="planc-driver", daemon=True)
+    t.start()
+    return t
 
 
 def warm_up() -> None:
