@@ -128,9 +128,23 @@ def primary_context(idx: int) -> int:
     return ctx
 
 
+_selected = [0]  # the device this process selected last: a thread that selected none works on it
+
+
 def make_current(idx: int) -> None:
     """Make device `idx`'s primary context this thread's current context."""
     check(lib().cuCtxSetCurrent(primary_context(idx)), "cuCtxSetCurrent")
+    _selected[0] = idx
+
+
+def ensure_context() -> int:
+    """This thread's current context; a thread that has none gets the primary context of the device
+    the process selected last (device 0 before any selection), as the runtime API does."""
+    ctx = current_context()
+    if not ctx:
+        ctx = primary_context(_selected[0])
+        check(lib().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx
 
 
 def current_context() -> int:
@@ -140,9 +154,9 @@ def current_context() -> int:
 
 
 def current_device() -> int:
-    """The ordinal of this thread's current context's device (0 when no context is current)."""
+    """The ordinal of this thread's current context's device (with none current: the device selected last)."""
     if not current_context():
-        return 0
+        return _selected[0]
     d = _int()
     check(lib().cuCtxGetDevice(ctypes.byref(d)), "cuCtxGetDevice")
     return d.value
@@ -155,6 +169,7 @@ def attribute(attr: int, idx: int) -> int:
 
 
 def memory_info() -> tuple[int, int]:
+    ensure_context()
     free, total = _sz(), _sz()
     check(lib().cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
     return int(free.value), int(total.value)
@@ -184,7 +199,7 @@ class DeviceMemory:
     __slots__ = ("ptr", "nbytes", "ctx", "__weakref__")
 
     def __init__(self, nbytes: int):
-        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), current_context()
+        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), ensure_context()
         p = _u64()
         rc = lib().cuMemAlloc_v2(ctypes.byref(p), max(1, self.nbytes))
         if rc:
@@ -297,7 +312,7 @@ def to_device(host: np.ndarray) -> DeviceArray:
     """A device copy of a host array (synchronous)."""
     host = np.ascontiguousarray(host)
     mem = DeviceMemory(host.nbytes)
-    if host.nbytes:
+    if host.nbytes:  # DeviceMemory made a context current
         check(lib().cuMemcpyHtoD_v2(mem.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
     return DeviceArray(mem, mem.ptr, host.shape, host.dtype)
 
@@ -309,7 +324,7 @@ class PinnedMemory:
     (`np.asarray`) hold it, and it is freed when the last of them goes."""
 
     def __init__(self, nbytes: int):
-        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), current_context()
+        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), ensure_context()
         p = _vp()
         rc = lib().cuMemHostAlloc(ctypes.byref(p), max(1, self.nbytes), 0)
         if rc:
@@ -345,8 +360,9 @@ class Stream:
 
     def __init__(self):
         h = _vp()
+        self.ctx = ensure_context()
         check(lib().cuStreamCreate(ctypes.byref(h), 0), "cuStreamCreate")
-        self.handle, self.ctx = int(h.value), current_context()
+        self.handle = int(h.value)
 
     def synchronize(self) -> None:
         check(lib().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
@@ -366,8 +382,9 @@ class Event:
 
     def __init__(self):
         h = _vp()
+        self.ctx = ensure_context()
         check(lib().cuEventCreate(ctypes.byref(h), CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-        self.handle, self.ctx = int(h.value), current_context()
+        self.handle = int(h.value)
 
     def record(self, stream: Stream) -> None:
         check(lib().cuEventRecord(self.handle, stream.handle), "cuEventRecord")

@@ -52,8 +52,6 @@ class Gpu:
         return self.d.current_device()
 
     def memory_info(self) -> tuple[int, int] | None:
-        if not self.d.current_context():  # this thread has touched no device yet: the current one is 0
-            self.d.make_current(0)
         return self.d.memory_info()
 
     def compute_capability(self) -> tuple[int, int]:
