@@ -451,7 +451,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     # The driver starts while the executor is imported and the plan read (the device's context too,
     # where --device or LOCAL_RANK names it already).
     local = _env_int("LOCAL_RANK")
-    seam.prewarm(device or (f"cuda:{local}" if local is not None else None))
+    seam.prewarm(device or (f"cuda:{local}" if local is not None else _plan_device_hint(target)))
     from .errors import ExecuteError, Interrupted
     from .execute import execute
     from .execute.report import render_report
@@ -492,6 +492,24 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if v is not None and not v["ok"]:
         raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
                            code="verify-mismatch")
+
+
+_DEVICE_HINT = re.compile(rb'"device":"(cuda(?::[0-9]{1,3})?)"')
+
+
+def _plan_device_hint(path: Path) -> Optional[str]:
+    """The device a saved plan names, from its first 64 KiB (the key follows the checkpoint's file
+    list), so that its context can be made while the plan is read and checked; None for a spec or
+    when not found. Only a hint: the checked plan decides, and nothing else is started from it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return None
+    if not head.startswith(b'{"kind":"planc-plan"'):
+        return None
+    m = _DEVICE_HINT.search(head)
+    return m.group(1).decode() if m else None
 
 
 def _report_rank(plan) -> int:

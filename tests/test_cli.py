@@ -222,3 +222,23 @@ def test_synth_into_folder_with_other_checkpoint_exits_2(capsys, tmp_path):
     line = one_line_error(e)
     assert "model.safetensors" in line and "use an empty folder" in line and line.endswith("[usage]")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+def test_run_reads_the_device_hint_of_a_saved_plan_only(tmp_path):
+    """`planc run PLAN` starts the named device's context while the plan is read: the hint comes from
+    a saved plan's own `device` key, never from a spec or anything else."""
+    from planc.cli import _plan_device_hint
+    from planc.synth import write_checkpoint
+
+    write_checkpoint(tmp_path / "ck", "dense", seed=0)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("checkpoint: ck\ndevice: cuda:1\nbudget: {host: 64MiB}\nio: {slot: 64KiB, slots: 2}\n"
+                    "rules:\n  - match: '*'\n")
+    plan = tmp_path / "p.json"
+    assert main(["compile", str(spec), "-o", str(plan)]) in (0, None)
+    assert _plan_device_hint(plan) == "cuda:1"
+    assert _plan_device_hint(spec) is None
+    assert _plan_device_hint(tmp_path / "missing.json") is None
+    fake = tmp_path / "fake.json"
+    fake.write_text('{"rules": [], "device":"cuda:3"}')
+    assert _plan_device_hint(fake) is None

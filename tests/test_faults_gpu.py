@@ -147,7 +147,7 @@ class PinnedLedger:
 
         for name, fn in ((self.ALLOC, host_alloc), (self.FREE, free_host), (self.REGISTER, register),
                          (self.UNREGISTER, unregister)):
-            setattr(driver, name, fn)
+            setattr(cu, name, fn)
 
     def uninstall(self) -> None:
         for name, fn in self.saved.items():

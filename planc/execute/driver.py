@@ -225,7 +225,7 @@ class DeviceArray:
     """A C-contiguous, typed view of device memory: what the executor, the kernels' launch ABI and
     `__cuda_array_interface__` consumers (PyTorch, CuPy, numba) need of a device array."""
 
-    __slots__ = ("mem", "ptr", "shape", "dtype")
+    __slots__ = ("mem", "ptr", "shape", "dtype", "__weakref__")
 
     def __init__(self, mem: DeviceMemory, ptr: int, shape: tuple, dtype):
         self.mem, self.ptr, self.shape, self.dtype = mem, ptr, tuple(int(s) for s in shape), np.dtype(dtype)
