@@ -446,6 +446,9 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
                                              help="Also write the JSON report to this file; `{rank}` is replaced by the rank."),
         verify: bool = typer.Option(False, "--verify", help="Compare every loaded tensor with the checkpoint, chunk by chunk.")):
     """Execute a plan on the GPU (or the CUDA simulator) and report measured against predicted."""
+    # No BLAS work happens in a load: numpy's import need not start a BLAS thread per core (0.07-0.1 s
+    # of a 16-core machine's process start). A value the user set is kept.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .execute import seam
 
     # The driver starts while the executor is imported and the plan read (the device's context too,
