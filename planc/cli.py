@@ -235,34 +235,39 @@ _PLAN_KEYS = re.compile(rb'"(?:kind|format|fits|layout|parts|peak|refusal|runs|s
 _SNIFF = 1 << 16
 
 
+def _head(path: Path):
+    """(size, the first 64 KiB) of a regular file; None when it is missing, or a FIFO, a device or a
+    folder (opened without blocking and left to the reader that refuses it), or cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return st.st_size, os.read(fd, _SNIFF)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _is_plan(path: Path) -> bool:
     """Whether run/explain should read `path` as a plan (else as a spec), from its first 64 KiB.
 
     A `.json` is a plan when it names a plan-only key there, when it is too large to be a spec, or
     when it does not exist (the plan reader says so); a truncated plan is still a plan. A FIFO or a
     device is left to the spec reader, which refuses it without blocking."""
-    from .spec import SPEC_CAP
+    from .units import SPEC_CAP
 
     if path.suffix.lower() != ".json":
         return False
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError):
-        return False
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return False
-        if st.st_size > SPEC_CAP:
-            return True
-        head = os.read(fd, _SNIFF)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return bool(_PLAN_KEYS.search(head))
+    got = _head(path)
+    if got is None:
+        return not os.path.exists(path)
+    size, head = got
+    return size > SPEC_CAP or bool(_PLAN_KEYS.search(head))
 
 
 def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
@@ -504,14 +509,10 @@ def _plan_device_hint(path: Path) -> Optional[str]:
     """The device a saved plan names, from its first 64 KiB (the key follows the checkpoint's file
     list), so that its context can be made while the plan is read and checked; None for a spec or
     when not found. Only a hint: the checked plan decides, and nothing else is started from it."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
-    except OSError:
+    got = _head(path)
+    if got is None or not got[1].startswith(b'{"kind":"planc-plan"'):
         return None
-    if not head.startswith(b'{"kind":"planc-plan"'):
-        return None
-    m = _DEVICE_HINT.search(head)
+    m = _DEVICE_HINT.search(got[1])
     return m.group(1).decode() if m else None
 
 

@@ -304,7 +304,7 @@ def _resolved(path: Path) -> Path:
         raise
 
 
-SPEC_CAP = 16 * 2**20  # bytes; a spec is a page of rules, and a bigger file is refused before it is read
+from .units import SPEC_CAP  # noqa: E402 - a spec is a page of rules; a bigger file is refused unread
 
 
 def _read_text(p: Path) -> str:

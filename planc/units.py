@@ -66,3 +66,6 @@ def fmt_bytes(n: int | None) -> str:
 
 def gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+SPEC_CAP = 16 * 2**20  # bytes; a spec is a page of rules, and a bigger file is refused before it is read

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -242,3 +243,6 @@ def test_run_reads_the_device_hint_of_a_saved_plan_only(tmp_path):
     fake = tmp_path / "fake.json"
     fake.write_text('{"rules": [], "device":"cuda:3"}')
     assert _plan_device_hint(fake) is None
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    assert _plan_device_hint(fifo) is None  # not opened for a blocking read: a FIFO is no plan

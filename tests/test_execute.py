@@ -68,7 +68,9 @@ def _no_allocation(monkeypatch):
 
     monkeypatch.setattr(type(seam.device()), "device_bytes", refuse)
     monkeypatch.setattr(type(seam.device()), "pinned_bytes", refuse)
-    monkeypatch.setattr(loader_mod, "pinned_ring", refuse)
+    from planc.execute import ring
+
+    monkeypatch.setattr(ring, "pinned_ring", refuse)
     monkeypatch.setattr(loader_mod.Loader, "allocate", refuse)
 
 
@@ -646,8 +648,10 @@ class _CompilingWarmer:
 def test_kernels_deferred_while_the_warmer_compiles(tmp_path, load, dense, monkeypatch, case):
     """Kernels of runs loaded while the warmer still compiles are launched later, on the same stream;
     a run that reuses a landing region its deferred kernels read launches them first."""
+    from planc.execute import kernelruns
+
     warmers = []
-    monkeypatch.setattr(loader_mod, "warm_kernels", lambda plan: warmers.append(_CompilingWarmer()) or warmers[-1])
+    monkeypatch.setattr(kernelruns, "warm_kernels", lambda plan: warmers.append(_CompilingWarmer()) or warmers[-1])
     if case == "convert":
         path, want = dense
         rules = [{"match": "model.layers.0.self_attn.*", "dtype": "float32"},

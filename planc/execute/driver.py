@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 _lib = None
-_lock = threading.Lock()
+_lock = threading.RLock()  # primary_context() may start the driver (lib()) while it holds it
 _contexts: dict[int, int] = {}  # device ordinal -> its retained primary context
 
 _P = ctypes.POINTER

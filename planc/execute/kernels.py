@@ -346,23 +346,3 @@ KERNELS = {
     **{f"dequant_{d}": k for d, k in _k_dequant.items()},
     **{f"transpose_{s}": k for s, k in _k_transpose.items()},
 }
-
-
-# The launchers live in planc.execute.dispatch (no numba there); these names stay importable here.
-from planc.execute.dispatch import (  # noqa: E402,F401
-    convert,
-    dequantize_fp8,
-    fp8_device_table,
-    grid_1d,
-    grid_2d,
-    launch_bf16_to_f16,
-    launch_bf16_to_f32,
-    launch_copy,
-    launch_dequant_fp8,
-    launch_f16_to_bf16,
-    launch_f16_to_f32,
-    launch_f32_to_bf16,
-    launch_f32_to_f16,
-    launch_transpose,
-    transpose2d,
-)
