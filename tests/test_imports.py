@@ -53,3 +53,30 @@ def test_the_gpu_executor_imports_no_numba():
     out = subprocess.run([sys.executable, "-c", GPU_PATH], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["Gpu", False]
+
+
+def test_reading_a_saved_plan_imports_no_spec_models(tmp_path):
+    """`explain PLAN` (and the run path's plan reading) never imports pydantic: neither the spec models
+    nor the CLI library's parameter coercion (typer is kept below 0.29, whose coercion uses pydantic)."""
+    write_checkpoint(tmp_path / "ck", "dense", seed=0)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("checkpoint: ck\nbudget: {host: 64MiB}\nio: {slot: 64KiB, slots: 2}\nrules:\n  - match: '*'\n")
+    plan = tmp_path / "p.json"
+    first = subprocess.run([sys.executable, "-m", "planc", "compile", str(spec), "-o", str(plan)],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert first.returncode == 0, first.stderr
+    probe = """
+import json, sys
+from planc.cli import main
+try:
+    main(["explain", sys.argv[1], "--json"])
+except SystemExit:
+    pass
+import planc.api
+planc.api._plan(sys.argv[1], None)
+print(json.dumps(sorted(m for m in ("pydantic", "networkx", "yaml", "planc.spec", "planc.compile") if m in sys.modules)))
+"""
+    out = subprocess.run([sys.executable, "-c", probe, str(plan)], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
