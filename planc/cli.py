@@ -454,16 +454,6 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     # No BLAS work happens in a load: numpy's import need not start a BLAS thread per core (0.07-0.1 s
     # of a 16-core machine's process start). A value the user set is kept.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from .execute import seam
-
-    # The driver starts while the executor is imported and the plan read (the device's context too,
-    # where --device or LOCAL_RANK names it already).
-    local = _env_int("LOCAL_RANK")
-    seam.prewarm(device or (f"cuda:{local}" if local is not None else _plan_device_hint(target)))
-    from .errors import ExecuteError, Interrupted
-    from .execute import execute
-    from .execute.report import render_report
-
     from .device import check_device
 
     if device is not None:
@@ -471,6 +461,15 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
             check_device(device)
         except ValueError as e:
             raise _usage(f"--device {e}") from None
+    from .execute import seam
+
+    # The driver starts while the executor is imported and the plan read (the device's context too,
+    # where --device or LOCAL_RANK names it already, or the saved plan does).
+    local = _env_int("LOCAL_RANK")
+    seam.prewarm(device or (f"cuda:{local}" if local is not None else _plan_device_hint(target)))
+    from .errors import ExecuteError, Interrupted
+    from .execute import execute
+    from .execute.report import render_report
     plan = _load_plan_or_spec(target, rank)
     if not plan.fits:
         raise _refused(plan)
@@ -509,6 +508,8 @@ def _plan_device_hint(path: Path) -> Optional[str]:
     """The device a saved plan names, from its first 64 KiB (the key follows the checkpoint's file
     list), so that its context can be made while the plan is read and checked; None for a spec or
     when not found. Only a hint: the checked plan decides, and nothing else is started from it."""
+    if path.suffix.lower() != ".json":  # as `_is_plan`: only a .json is read as a plan
+        return None
     got = _head(path)
     if got is None or not got[1].startswith(b'{"kind":"planc-plan"'):
         return None

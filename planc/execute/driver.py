@@ -139,7 +139,8 @@ def make_current(idx: int) -> None:
 
 def ensure_context() -> int:
     """This thread's current context; a thread that has none gets the primary context of the device
-    the process selected last (device 0 before any selection), as the runtime API does."""
+    the process selected last (device 0 before any selection). The runtime API would give such a
+    thread device 0; here a helper thread of a load on cuda:1 works on cuda:1 without being told."""
     ctx = current_context()
     if not ctx:
         ctx = primary_context(_selected[0])

@@ -150,8 +150,9 @@ def _compute_capability() -> tuple:
 
 
 def _context() -> int:
-    """This thread's current CUDA context: loaded modules belong to it."""
-    return driver.current_context()
+    """This thread's current CUDA context (made current first where the thread has none, so that a
+    module load never fails for want of one): loaded modules belong to it."""
+    return driver.ensure_context()
 
 
 def kernel_of(name: str):
@@ -320,6 +321,7 @@ def _raw_launch(fn: int, grid, block, stream, args) -> None:
     gx, gy, gz = _dims(grid)
     bx, by, bz = _dims(block)
     h = stream if isinstance(stream, int) else stream.handle
+    h = int(getattr(h, "value", h) or 0)  # a driver.Stream's int, or a numba stream's CUstream object
     driver.check(driver.lib().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
 
 

@@ -192,7 +192,8 @@ def select(device_name: str) -> int:
 
 
 def current_device() -> int:
-    """The id of this thread's current device (a new thread's is device 0 until it selects one)."""
+    """The id of this thread's current device (a thread that selected none: the device the process
+    selected last, device 0 before any selection)."""
     return device().current_device()
 
 
