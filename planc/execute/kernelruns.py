@@ -100,7 +100,7 @@ def warm_kernels(plan):
         return None
     import threading
 
-    # A new thread's current device is device 0: the thread must use the load's device.
+    # The thread selects the load's device itself, whatever a new thread would default to.
     t = threading.Thread(target=_warm, args=(seam.current_device(), sorted(need, key=str)), name="planc-warm",
                          daemon=True)
     t.start()

@@ -17,8 +17,9 @@ class Slots(list):
 
 
 class Background:
-    """Run `fn` on a thread of its own, on the caller's device (a new thread's current device is
-    device 0); `wait()` returns or re-raises its error, which `on_error` also receives at once."""
+    """Run `fn` on a thread of its own, on the caller's device (selected in the thread, whatever a
+    new thread would default to); `wait()` returns or re-raises its error, which `on_error` also
+    receives at once."""
 
     def __init__(self, fn, name: str, on_error=None):
         import threading

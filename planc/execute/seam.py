@@ -92,9 +92,6 @@ class Gpu:
             moved += n * rows
         return moved
 
-    def release(self, full: bool = True) -> None:
-        """Frees are immediate here; only cycles (a failure's traceback frames) wait for a collection."""
-        gc.collect() if full else gc.collect(1)
 
 
 class Simulator:
@@ -151,8 +148,6 @@ class Simulator:
             moved += n * rows
         return moved
 
-    def release(self, full: bool = True) -> None:
-        gc.collect() if full else gc.collect(1)
 
 
 _devices: dict = {}
@@ -182,11 +177,14 @@ def rows_view(buf, offset: int, pitch: int, width: int, rows: int):
 
 # The calls the rest of the package makes, on this process's device.
 
+def index_of(device_name: str) -> int:
+    """'cuda:N' -> N; 'cuda' -> 0."""
+    return int(device_name.split(":", 1)[1]) if ":" in device_name else 0
+
+
 def select(device_name: str) -> int:
     """'cuda:N' or 'cuda' -> select that device for this thread; returns N."""
-    idx = 0
-    if ":" in device_name:
-        idx = int(device_name.split(":", 1)[1])
+    idx = index_of(device_name)
     device().select(idx)
     return idx
 
@@ -217,7 +215,7 @@ def prewarm(device_name: str | None = None):
         try:
             driver.lib()
             if device_name is not None:
-                driver.primary_context(int(device_name.split(":", 1)[1]) if ":" in device_name else 0)
+                driver.primary_context(index_of(device_name))
         except Exception:  # noqa: BLE001 - the load's own call reports it
             pass
 
@@ -237,5 +235,7 @@ def device_pointer(arr) -> int:
 
 
 def release(full: bool = True) -> None:
-    """Give back what only a garbage collection frees (`full`: every generation, after a failure)."""
-    device().release(full)
+    """Give back what only a garbage collection frees: both implementations free device and pinned
+    memory when its owner goes, so only cycles wait (`full`: every generation, after a failure, whose
+    traceback frames hold buffers in cycles; else the young ones)."""
+    gc.collect() if full else gc.collect(1)
