@@ -26,7 +26,8 @@ class SettingError(ValueError):
 
 # The settings a caller may pass by name, and the variables they stand for.
 NAMES = {"raw_launch": "PLANC_RAW_LAUNCH", "kernel_dir": "PLANC_KERNEL_DIR", "kernel_cache": "PLANC_KERNEL_CACHE",
-         "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG"}
+         "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG",
+         "pin": "PLANC_PIN"}
 _overrides: dict[str, str] = {}  # variable -> value, while a call that was given settings runs
 _lock = threading.Lock()
 
@@ -121,6 +122,19 @@ def probe_file() -> Path | None:
 def default_probe_file() -> Path:
     """Where `planc probe` keeps its figures unless PLANC_PROBE names a file."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "planc" / "io-probe.json"
+
+
+PIN_METHODS = ("register", "alloc")
+
+
+def pin() -> str:
+    """PLANC_PIN: how the pinned ring is made on a GPU: `register` (default: an anonymous mapping of
+    transparent huge pages, registered with cuMemHostRegister, falling back to `alloc` where the
+    driver refuses it) or `alloc` (cuMemHostAlloc)."""
+    v = _get("PLANC_PIN") or "register"
+    if v not in PIN_METHODS:
+        raise SettingError(f"PLANC_PIN: {v!r} is not one of {', '.join(PIN_METHODS)}")
+    return v
 
 
 def debug() -> bool:

@@ -65,6 +65,7 @@ from execute_support import (QKV, STACK, assert_model, cast, cli_run, fail_read_
                              live_room_by_call, load_checked, refuse_direct_open, spec_file, stacked, synth)
 
 import planc.execute as planc_execute  # noqa: E402
+from planc import settings  # noqa: E402
 import planc.execute.loader as loader_mod  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import AdmissionError, FingerprintError, Interrupted, ReadError  # noqa: E402
@@ -100,7 +101,7 @@ FAULT_RULES = [QKV, {"match": "*.mlp.*", "dtype": "float16"}, {"match": "*layern
 class PinnedLedger:
     """Page-locked host memory as the CUDA driver handed it out and took it back: {address: bytes}."""
 
-    ALLOC, FREE, REGISTER, UNREGISTER = "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister", "cuMemHostUnregister"
+    ALLOC, FREE, REGISTER, UNREGISTER = "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister_v2", "cuMemHostUnregister"
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -403,12 +404,14 @@ def test_the_ledger_sees_pinned_memory(request):
     addr = owner.ctypes.data
     record(request.node.name, what="holding 8 MiB pinned", before=before, during=during, delta=_delta(before, during))
     assert during["pinned"] - before["pinned"] == owner.nbytes >= 8 * MIB
-    assert _driver_pins(addr, registered=False)
+    registered = LEDGER.live[addr][1]
+    assert registered == (settings.pin() == "register")  # the default: huge pages registered
+    assert _driver_pins(addr, registered)
     del owner, view
     after = snapshot()
     record(request.node.name, what="given back", after=after, delta=_delta(before, after))
     assert after["pinned"] == before["pinned"]
-    assert not _driver_pins(addr, registered=False), "the driver still pins the buffer after release()"
+    assert not _driver_pins(addr, registered), "the driver still pins the buffer after release()"
     assert LEDGER.stale() == []
 
 

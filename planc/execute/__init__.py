@@ -86,12 +86,13 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
     from .loader import Loader
     from .memory import hwm_bytes, reset_hwm, rss_bytes
     from .model import DeviceTensor, LoadedModel
-    from .seam import memory_info, release, select, simulated
+    from .seam import memory_info, release, select, settle_released, simulated
 
     if not plan.fits:
         r = plan.refusal
         raise AdmissionError(r.message, code=r.code, refusal=r._asdict())
     t_prep = time.perf_counter()
+    settle_released()  # an earlier load's ring is unpinned before this one measures and admits
     check_fingerprints(plan)
     dev = device or plan.device
     idx = select(dev)  # attaches to the device's primary context (made here if no one made it yet)
@@ -145,7 +146,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
     report["kernel_code"] = launch.since(kernel_code)  # where this load's kernels came from (launch.stats)
     model = LoadedModel(tensors, report, arena)
     t_rel = time.perf_counter()
-    release(full=False)
+    release(full=False, settle=False)
     report["timings"]["release"] = round(time.perf_counter() - t_rel, 6)
     report["host"]["rss_after_bytes"] = rss_bytes()
     if verify:

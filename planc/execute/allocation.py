@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from . import dispatch
 from .reader import Reader
 from .ring import Background, Pinner, Slots
-from .seam import release
+from .seam import release, release_later
 
 
 class Allocation:
@@ -98,8 +98,12 @@ class Allocation:
             pass
         self.copying.clear()
         self.pending.clear()
+        held = [self.ring, self.ring_owner]
         self.landing = self.ring = self.ring_owner = self.staging = self.table = self.events = None
-        release(full)
+        if not full:  # a finished load: its ring is unpinned off the caller's path
+            release_later(held)
+        del held
+        release(full, settle=full)
 
     def drop_arena(self) -> None:
         self.arena = None

@@ -43,6 +43,8 @@ _SIGNATURES = {
     "cuMemFree_v2": [_u64],
     "cuMemHostAlloc": [_P(_vp), _sz, _uint],
     "cuMemFreeHost": [_vp],
+    "cuMemHostRegister_v2": [_vp, _sz, _uint],
+    "cuMemHostUnregister": [_vp],
     "cuStreamCreate": [_P(_vp), _uint],
     "cuStreamDestroy_v2": [_vp],
     "cuStreamSynchronize": [_vp],
@@ -350,8 +352,88 @@ class PinnedMemory:
             pass
 
 
-def pinned_array(nbytes: int) -> np.ndarray:
-    return np.asarray(PinnedMemory(nbytes))
+class RegisteredMemory:
+    """Page-locked host memory made from an anonymous mapping: transparent huge pages where the
+    mapping holds whole 2 MiB pages, touched, then registered with `cuMemHostRegister`. Pinning it
+    costs about a third of a `cuMemHostAlloc` of the same size (the kernel zeroes and maps 512 times
+    fewer pages). The start is page aligned. Freed (unregistered, unmapped) when the last numpy
+    array made from it goes, like `PinnedMemory`."""
+
+    def __init__(self, nbytes: int):
+        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), ensure_context()
+        self.mapped = -(-max(1, self.nbytes) // _PAGE) * _PAGE
+        self.base, self.length = _map_anonymous(self.mapped)
+        self.ptr = self.base + ((-self.base) % _HUGE if self.length > self.mapped else 0)
+        if self.mapped >= _HUGE:
+            _libc().madvise(_vp(self.ptr), _sz(self.mapped // _HUGE * _HUGE), _MADV_HUGEPAGE)
+        # one write per small page faults the mapping in (a huge page on its first write)
+        np.frombuffer((ctypes.c_uint8 * self.mapped).from_address(self.ptr), np.uint8)[::_PAGE] = 0
+        rc = lib().cuMemHostRegister_v2(_vp(self.ptr), self.mapped, 0)
+        if rc:
+            self._unmap()
+            from ..errors import ExecuteError
+
+            raise ExecuteError(f"cuMemHostRegister of {self.nbytes:,} host bytes failed: {error_text(rc)}",
+                               code="cuda")
+        self.__array_interface__ = {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
+                                    "version": 3}
+
+    def _unmap(self) -> None:
+        base, self.base = self.base, 0
+        if base:
+            _libc().munmap(_vp(base), _sz(self.length))
+
+    def free(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr and _lib is not None:
+            with _Current(self.ctx):
+                _lib.cuMemHostUnregister(_vp(ptr))
+        self._unmap()
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
+            pass
+
+
+_PAGE, _HUGE = 4096, 2 << 20
+_MADV_HUGEPAGE = 14
+_libc_handle = None
+
+
+def _libc():
+    global _libc_handle
+    if _libc_handle is None:
+        c = ctypes.CDLL(None, use_errno=True)
+        c.mmap.argtypes, c.mmap.restype = [_vp, _sz, _int, _int, _int, ctypes.c_long], _vp
+        c.munmap.argtypes, c.munmap.restype = [_vp, _sz], _int
+        c.madvise.argtypes, c.madvise.restype = [_vp, _sz, _int], _int
+        _libc_handle = c
+    return _libc_handle
+
+
+def _map_anonymous(nbytes: int) -> tuple[int, int]:
+    """(address, length) of a private anonymous read-write mapping of at least `nbytes`; from 2 MiB
+    up, 2 MiB more, so that a huge-page-aligned run of `nbytes` lies inside it."""
+    import mmap as _m
+
+    length = nbytes + (_HUGE if nbytes >= _HUGE else 0)
+    c = _libc()
+    p = c.mmap(None, length, _m.PROT_READ | _m.PROT_WRITE, _m.MAP_PRIVATE | _m.MAP_ANONYMOUS, -1, 0)
+    if p is None or p == ctypes.c_void_p(-1).value:
+        import os
+
+        from ..errors import ExecuteError
+
+        raise ExecuteError(f"mmap of {length:,} host bytes failed: {os.strerror(ctypes.get_errno())}", code="host-memory")
+    return int(p), length
+
+
+def pinned_array(nbytes: int, how: str = "register") -> np.ndarray:
+    """`nbytes` of page-locked host memory as a uint8 array: `register` (huge pages registered with
+    the driver, the default) or `alloc` (`cuMemHostAlloc`)."""
+    return np.asarray(RegisteredMemory(nbytes) if how == "register" else PinnedMemory(nbytes))
 
 
 # -- streams and events ---------------------------------------------------------------------------

@@ -108,7 +108,9 @@ class LoadedModel:
         return state_dict(self)
 
     def free(self) -> None:
+        """Give the device memory back now (the load's pinned ring is already on its way back:
+        `seam.release_later`; the next load, or the interpreter's exit, waits for it)."""
         self.tensors = {}
         arena, self._arena = self._arena, None
         del arena
-        seam.release()
+        seam.release(settle=False)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -44,6 +45,7 @@ class Gpu:
         from . import driver
 
         self.d = driver
+        self.register_refused = False
 
     def select(self, idx: int) -> None:
         self.d.make_current(idx)
@@ -68,7 +70,16 @@ class Gpu:
         return self.d.to_device(host)
 
     def pinned_bytes(self, nbytes: int) -> np.ndarray:
-        return self.d.pinned_array(nbytes)
+        """Page-aligned pinned bytes: registered huge pages (PLANC_PIN=register, the default) or
+        cuMemHostAlloc (PLANC_PIN=alloc, and wherever the driver refuses a registration)."""
+        from .. import settings
+
+        if settings.pin() == "register" and not self.register_refused:
+            try:
+                return self.d.pinned_array(nbytes, "register")
+            except Exception:  # noqa: BLE001 - e.g. a driver or VM without host registration: alloc from now on
+                self.register_refused = True
+        return self.d.pinned_array(nbytes, "alloc")
 
     def stream(self):
         return self.d.Stream()
@@ -126,7 +137,10 @@ class Simulator:
         return self.cuda.to_device(host)
 
     def pinned_bytes(self, nbytes: int) -> np.ndarray:
-        return self.cuda.pinned_array(nbytes, dtype=np.uint8)
+        """Page-aligned bytes (the simulator's pinned memory is a numpy array)."""
+        owner = self.cuda.pinned_array(nbytes + ALIGN, dtype=np.uint8)
+        base = (-owner.ctypes.data) % ALIGN
+        return owner[base:base + nbytes]
 
     def stream(self):
         return self.cuda.stream()
@@ -164,9 +178,10 @@ def device():
 
 def pinned_ring(nbytes: int):
     """A pinned uint8 buffer of `nbytes` whose start is 4 KiB aligned (O_DIRECT), and its owner."""
-    owner = device().pinned_bytes(nbytes + ALIGN)
-    base = (-owner.ctypes.data) % ALIGN
-    return owner, owner[base:base + nbytes]
+    owner = device().pinned_bytes(nbytes)  # page aligned on both devices
+    if owner.ctypes.data % ALIGN:
+        raise AssertionError(f"pinned memory at {owner.ctypes.data:#x} is not {ALIGN}-byte aligned")
+    return owner, owner
 
 
 def rows_view(buf, offset: int, pitch: int, width: int, rows: int):
@@ -234,8 +249,42 @@ def device_pointer(arr) -> int:
     return device().pointer(arr)
 
 
-def release(full: bool = True) -> None:
+def release(full: bool = True, settle: bool = True) -> None:
     """Give back what only a garbage collection frees: both implementations free device and pinned
     memory when its owner goes, so only cycles wait (`full`: every generation, after a failure, whose
-    traceback frames hold buffers in cycles; else the young ones)."""
+    traceback frames hold buffers in cycles; else the young ones). `settle`: also wait until the
+    rings handed to `release_later` are unpinned."""
     gc.collect() if full else gc.collect(1)
+    if settle:
+        settle_released()
+
+
+_unpinning: list = []  # threads unpinning the rings of finished loads
+_unpin_lock = threading.Lock()
+_unpin_at_exit = []  # [True] once settle_released is registered to run at the interpreter's exit
+
+
+def release_later(held: list) -> None:
+    """Unpin what `held` holds (a finished load's pinned ring: tens of milliseconds per 256 MiB) on a
+    thread of its own, off the caller's path; `held` is emptied there, so the caller must keep no
+    other reference. Every load waits for it before it measures its baseline (`settle_released`),
+    so two rings never coexist, and so does the interpreter's exit."""
+    t = threading.Thread(target=held.clear, name="planc-unpin", daemon=True)
+    with _unpin_lock:
+        if not _unpin_at_exit:
+            import atexit
+
+            atexit.register(settle_released)
+            _unpin_at_exit.append(True)
+        _unpinning.append(t)
+    t.start()
+
+
+def settle_released() -> None:
+    """Wait until every ring handed to `release_later` is unpinned."""
+    while True:
+        with _unpin_lock:
+            if not _unpinning:
+                return
+            t = _unpinning.pop()
+        t.join()

@@ -1,0 +1,139 @@
+"""Where one load's wall time goes: a timeline of its steps, thread by thread (run on the GPU machine).
+
+    python3 bench/timeline.py PLAN OUT [--repeat 3] [--pin register,alloc] [--loads 2]
+
+Each run is a fresh process that makes its CUDA context and reads the plan first (not timed), then
+loads it `--loads` times in a row with every step of the pipeline timed by wrappers installed in
+that process (the bench's own instrumentation; the package is unchanged): pinning each ring slot,
+the device allocations, each read, each slot's copies, the waits on slot events, the allocation
+and release phases. Prints, per load, when each phase starts and ends relative to the start of
+`execute()`, and writes OUT/timeline.jsonl (one line per load, with every event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child(plan_path: str, loads: int) -> list[dict]:
+    import planc.execute
+    from planc.execute import allocation, driver, kernelruns, loader, reader, ring, seam
+    from planc.plan import load_plan
+
+    seam.select("cuda:0")
+    plan = load_plan(plan_path)
+    events: list = []
+    t_zero = [0.0]
+
+    def wrap(owner, name: str, label: str | None = None):
+        real = getattr(owner, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                events.append((label or name, threading.current_thread().name, t0 - t_zero[0],
+                               time.perf_counter() - t_zero[0]))
+
+        setattr(owner, name, timed)
+
+    wrap(driver.RegisteredMemory, "__init__", "pin")
+    wrap(driver.PinnedMemory, "__init__", "pin")
+    wrap(driver.RegisteredMemory, "free", "unpin")
+    wrap(driver.PinnedMemory, "free", "unpin")
+    wrap(driver.DeviceMemory, "__init__", "device_alloc")
+    wrap(loader.Loader, "_read", "read")
+    wrap(seam.Gpu, "stage", "copy")
+    wrap(seam.Gpu, "stream", "stream")
+    wrap(driver.Event, "synchronize", "slot_wait")
+    wrap(driver.Stream, "synchronize", "stream_sync")
+    wrap(allocation.Allocation, "allocate", "allocate")
+    wrap(allocation.Allocation, "free", "free")
+    wrap(loader.Loader, "run", "run")
+    wrap(kernelruns, "warm_kernels", "warm_kernels")
+    wrap(reader.Reader, "__init__", "reader")
+    wrap(ring.Pinner, "__init__", "pinner_start")
+    wrap(ring.Background, "__init__", "thread_start")
+    out = []
+    for k in range(loads):
+        events.clear()
+        t_zero[0] = time.perf_counter()
+        model = planc.execute.execute(plan)
+        t_end = time.perf_counter() - t_zero[0]
+        rep = model.report
+        model.free()
+        out.append({"load": k, "execute_s": t_end, "wall_seconds": rep["wall_seconds"],
+                    "timings": rep["timings"], "payload_bytes": rep["payload_bytes"],
+                    "growth_over_predicted": rep["host"]["growth_bytes"] / rep["host"]["predicted_peak_bytes"],
+                    "events": list(events)})
+    seam.settle_released()
+    return out
+
+
+def summarize(ev: list) -> dict:
+    by: dict[str, list] = {}
+    for name, thread, a, b in ev:
+        by.setdefault(name, []).append((a, b, thread))
+    s = {}
+    for name, xs in by.items():
+        s[name] = {"n": len(xs), "first_start": min(a for a, _, _ in xs), "last_end": max(b for _, b, _ in xs),
+                   "busy": sum(b - a for a, b, _ in xs)}
+    return s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("plan", nargs="?")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--loads", type=int, default=2)
+    ap.add_argument("--pin", default="register,alloc")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child[0], int(a.child[1]))))
+        return 0
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict = {}
+    for _ in range(a.repeat):
+        for pin in a.pin.split(","):
+            env = dict(os.environ, PLANC_PIN=pin)
+            p = subprocess.run([sys.executable, __file__, "--child", a.plan, str(a.loads)], capture_output=True,
+                               text=True, env=env, cwd=ROOT, timeout=600)
+            if p.returncode:
+                print(f"pin={pin}: exited {p.returncode}\n{p.stderr[-3000:]}")
+                continue
+            for r in json.loads(p.stdout.strip().splitlines()[-1]):
+                r["pin"] = pin
+                with open(out / "timeline.jsonl", "a") as f:
+                    f.write(json.dumps(r) + "\n")
+                sm = summarize(r["events"])
+                rows.setdefault((pin, r["load"]), []).append((r, sm))
+                brief = {k: f"{v['first_start']:.3f}-{v['last_end']:.3f} busy {v['busy']:.3f} n={v['n']}"
+                         for k, v in sorted(sm.items(), key=lambda kv: kv[1]["first_start"])}
+                print(f"pin={pin} load {r['load']}: execute {r['execute_s']:.3f} wall {r['wall_seconds']:.3f} "
+                      f"growth/pred {r['growth_over_predicted']:.3f}", flush=True)
+                for k, v in brief.items():
+                    print(f"    {k:14s} {v}")
+    print("\nmedians: pin, load -> execute s, wall s, GB/s")
+    for (pin, k), xs in sorted(rows.items()):
+        ex = statistics.median(r["execute_s"] for r, _ in xs)
+        wall = statistics.median(r["wall_seconds"] for r, _ in xs)
+        print(f"  {pin:9s} load {k}: execute {ex:.3f}  wall {wall:.3f}  {xs[0][0]['payload_bytes'] / wall / 1e9:.2f} GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
