@@ -10,6 +10,8 @@ is a fresh process, repeated `--repeat` times, the cells interleaved; medians ar
 * `run`: `planc run PLAN --json`, process wall (spawn to exit) against the load inside it
   (`wall_seconds` of the report) and the report's `prepare`; the difference is what a user waits for
   beyond the streaming. For the 2.2 GB bf16 plan and the 14.96 GiB dense plan.
+* `runclock`: `planc run PLAN --json` as `python -m planc` runs it, under `-X importtime`, with a
+  clock on the driver's start and the context (which thread, from when to when) and on `execute`.
 * `phases`: the same load through the Python API with a clock at each step: interpreter start,
   `import planc.execute` (the executor: no numba on a GPU), the CUDA context, reading the plan, `execute` (and its report's
   `prepare` / load / release), exit.
@@ -199,6 +201,70 @@ def child_torch(kind: str, ckpt: str, plan_path: str) -> dict:
     return out
 
 
+def child_runclock(plan_path: str, spawned: float) -> None:
+    """`planc run PLAN --json` as `python -m planc` runs it, with a clock on the driver's start, the
+    context, and `execute` (run under -X importtime by the parent, which reads the imports' times);
+    the figures go to stderr as one `RUNCLOCK {...}` line before the command exits."""
+    import threading
+
+    import planc.execute as pe
+    from planc.execute import driver
+
+    ev: dict = {"child_started": time.time() - spawned}
+
+    def wrap(name: str):
+        real = getattr(driver, name)
+
+        def timed(*a, **k):
+            t0 = time.time() - spawned
+            try:
+                return real(*a, **k)
+            finally:
+                t1 = time.time() - spawned
+                if t1 - t0 > 0.001:  # the first calls; later ones find everything made
+                    ev.setdefault(name, []).append((threading.current_thread().name, round(t0, 4), round(t1, 4)))
+
+        setattr(driver, name, timed)
+
+    wrap("lib")
+    wrap("primary_context")
+    real_execute = pe.execute
+
+    def execute(*a, **k):
+        t0 = time.time() - spawned
+        ev["numpy_before_execute"] = "numpy" in sys.modules
+        m = real_execute(*a, **k)
+        ev["execute"] = (round(t0, 4), round(time.time() - spawned, 4))
+        ev["timings"] = m.report["timings"]
+        ev["wall_seconds"] = m.report["wall_seconds"]
+        sys.stderr.write("RUNCLOCK " + json.dumps(ev) + "\n")
+        sys.stderr.flush()
+        return m
+
+    pe.execute = execute
+    sys.argv = ["planc", "run", plan_path, "--json"]
+    from planc.prestart import main
+
+    main()
+
+
+def cell_runclock(plan: Path) -> dict:
+    spawned = time.time()
+    wall, _, err = _spawn([sys.executable, "-X", "importtime", _self()[1], "--child", "runclock", str(plan),
+                           repr(spawned)])
+    out = {"process_s": wall}
+    for line in err.splitlines():
+        if line.startswith("RUNCLOCK "):
+            out.update(json.loads(line[len("RUNCLOCK "):]))
+        elif line.startswith("import time:") and line.count("|") == 2:
+            _, cum, name = line.split("|")
+            name = name.strip()
+            if name in ("planc.cli", "typer", "numpy", "planc.execute.loader", "planc.plan", "planc.prestart",
+                        "rich.console"):
+                out[f"import_{name}_s"] = int(cum) / 1e6
+    return out
+
+
 def child_safetensors(ckpt: str) -> dict:
     t0 = time.perf_counter()
     import torch
@@ -288,6 +354,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         kind, *rest = a.child
+        if kind == "runclock":
+            child_runclock(rest[0], float(rest[1]))
+            return 0
         if kind == "phases":
             res = child_phases(rest[0], float(rest[1]))
         elif kind == "pin":
@@ -318,7 +387,8 @@ def main(argv=None) -> int:
         rows.setdefault(name, []).append(r)
         with open(log, "a") as f:
             f.write(json.dumps(r) + "\n")
-        brief = {k: round(v, 3) for k, v in r.items() if isinstance(v, float) and k != "time"}
+        brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                 if k != "time" and (isinstance(v, float) or k in ("lib", "primary_context", "execute"))}
         print(name, brief, flush=True)
 
     # a new machine: empty kernel folder and driver cache; then later loads with the same folders
@@ -337,6 +407,7 @@ def main(argv=None) -> int:
 
     for k in range(a.repeat):
         record("run-llama-bf16", lambda: cell_run(plans["llama-bf16"]))
+        record("runclock-llama-bf16", lambda: cell_runclock(plans["llama-bf16"]))
         if "dense-15GiB" in plans:
             record("run-dense-15GiB", lambda: cell_run(plans["dense-15GiB"]))
         record("phases-llama-bf16", phases)

@@ -18,19 +18,44 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from . import __version__, settings
 from .errors import PlancError, printable, shorten_words
+from .prestart import head as _head
+from .prestart import plan_device_hint
 from .units import fmt_bytes, parse_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="planc: compile a checkpoint + placement spec into a load plan that is proven to fit, "
                        "explain it, and run it on the GPU.")
-out = Console(emoji=False)
-err = Console(stderr=True, emoji=False)
+class _Console:
+    """A rich Console made at its first use: `planc run --json` never imports rich's console."""
+
+    def __init__(self, **kw):
+        self._kw, self._c = kw, None
+
+    def __getattr__(self, name):
+        if self._c is None:
+            from rich.console import Console
+
+            self._c = Console(**self._kw)
+        return getattr(self._c, name)
+
+
+def Table(*a, **kw):  # noqa: N802 - rich's Table, imported at its first use
+    from rich.table import Table as _Table
+
+    return _Table(*a, **kw)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as _escape
+
+    return _escape(text)
+
+
+out = _Console(emoji=False)
+err = _Console(stderr=True, emoji=False)
 
 
 def _version(value: bool):
@@ -232,25 +257,6 @@ def _rank(opt: Optional[str], size: int, allow_all: bool = False):
 # Keys only a plan has (plans are written compact, keys sorted: `{"budget":{"device_bytes":...`).
 _PLAN_KEYS = re.compile(rb'"(?:kind|format|fits|layout|parts|peak|refusal|runs|steps|timeline|totals|'
                         rb'device_bytes|host_bytes|mtime_ns|size_bytes)"\s*:')
-_SNIFF = 1 << 16
-
-
-def _head(path: Path):
-    """(size, the first 64 KiB) of a regular file; None when it is missing, or a FIFO, a device or a
-    folder (opened without blocking and left to the reader that refuses it), or cannot be read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except (OSError, ValueError):
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        return st.st_size, os.read(fd, _SNIFF)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _is_plan(path: Path) -> bool:
@@ -466,10 +472,9 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     # The driver starts while the executor is imported and the plan read (the device's context too,
     # where --device or LOCAL_RANK names it already, or the saved plan does).
     local = _env_int("LOCAL_RANK")
-    seam.prewarm(device or (f"cuda:{local}" if local is not None else _plan_device_hint(target)))
+    seam.prewarm(device or (f"cuda:{local}" if local is not None else plan_device_hint(target)))
     from .errors import ExecuteError, Interrupted
     from .execute import execute
-    from .execute.report import render_report
     plan = _load_plan_or_spec(target, rank)
     if not plan.fits:
         raise _refused(plan)
@@ -492,6 +497,8 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         if as_json:
             _emit_json(model.report)
         else:
+            from .execute.report import render_report
+
             render_report(model.report, out)
     finally:
         model.free()
@@ -499,22 +506,6 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if v is not None and not v["ok"]:
         raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
                            code="verify-mismatch")
-
-
-_DEVICE_HINT = re.compile(rb'"device":"(cuda(?::[0-9]{1,3})?)"')
-
-
-def _plan_device_hint(path: Path) -> Optional[str]:
-    """The device a saved plan names, from its first 64 KiB (the key follows the checkpoint's file
-    list), so that its context can be made while the plan is read and checked; None for a spec or
-    when not found. Only a hint: the checked plan decides, and nothing else is started from it."""
-    if path.suffix.lower() != ".json":  # as `_is_plan`: only a .json is read as a plan
-        return None
-    got = _head(path)
-    if got is None or not got[1].startswith(b'{"kind":"planc-plan"'):
-        return None
-    m = _DEVICE_HINT.search(got[1])
-    return m.group(1).decode() if m else None
 
 
 def _report_rank(plan) -> int:

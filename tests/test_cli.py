@@ -228,7 +228,7 @@ def test_synth_into_folder_with_other_checkpoint_exits_2(capsys, tmp_path):
 def test_run_reads_the_device_hint_of_a_saved_plan_only(tmp_path):
     """`planc run PLAN` starts the named device's context while the plan is read: the hint comes from
     a saved plan's own `device` key, never from a spec or anything else."""
-    from planc.cli import _plan_device_hint
+    from planc.prestart import plan_device_hint as _plan_device_hint
     from planc.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0)

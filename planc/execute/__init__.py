@@ -15,11 +15,6 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as _np
-
-if not hasattr(_np, "row_stack"):  # numba-cuda's kernel compiler still calls numpy.row_stack (gone in numpy 2.5)
-    _np.row_stack = _np.vstack
-
 from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError
 from ..ir import Plan
 from ..units import gib

@@ -16,8 +16,6 @@ from __future__ import annotations
 import ctypes
 import threading
 
-import numpy as np
-
 _lib = None
 _lock = threading.RLock()  # primary_context() may start the driver (lib()) while it holds it
 _contexts: dict[int, int] = {}  # device ordinal -> its retained primary context
@@ -130,6 +128,25 @@ def primary_context(idx: int) -> int:
     return ctx
 
 
+def prewarm(idx: int | None = None) -> threading.Thread:
+    """Start the driver (cuInit) and, when `idx` is given, that device's primary context, on a
+    thread of its own: the first real call waits for it (the lock) and finds them made. Errors are
+    left for that real call to raise. Needs nothing but ctypes (no numpy), so that a command can
+    start it before its own imports."""
+
+    def start():
+        try:
+            lib()
+            if idx is not None:
+                primary_context(idx)
+        except Exception:  # noqa: BLE001 - the load's own call reports it
+            pass
+
+    t = threading.Thread(target=start, name="planc-driver", daemon=True)
+    t.start()
+    return t
+
+
 _selected = [0]  # the device this process selected last: a thread that selected none works on it
 
 
@@ -231,6 +248,8 @@ class DeviceArray:
     __slots__ = ("mem", "ptr", "shape", "dtype", "__weakref__")
 
     def __init__(self, mem: DeviceMemory, ptr: int, shape: tuple, dtype):
+        import numpy as np
+
         self.mem, self.ptr, self.shape, self.dtype = mem, ptr, tuple(int(s) for s in shape), np.dtype(dtype)
 
     @property
@@ -276,6 +295,8 @@ class DeviceArray:
         return DeviceArray(self.mem, self.ptr + start * self.dtype.itemsize, (n,), self.dtype)
 
     def view(self, dtype) -> "DeviceArray":
+        import numpy as np
+
         d = np.dtype(dtype)
         if self.ndim != 1 or self.nbytes % d.itemsize:
             raise ValueError(f"cannot view {self.nbytes} bytes of shape {self.shape} as {d}")
@@ -291,6 +312,8 @@ class DeviceArray:
         return DeviceArray(self.mem, self.ptr, shape, self.dtype)
 
     def copy_to_host(self) -> np.ndarray:
+        import numpy as np
+
         out = np.empty(self.shape, dtype=self.dtype)
         if out.nbytes:
             with _Current(self.mem.ctx):
@@ -308,11 +331,13 @@ class DeviceArray:
 
 def device_bytes(nbytes: int) -> DeviceArray:
     mem = DeviceMemory(nbytes)
-    return DeviceArray(mem, mem.ptr, (int(nbytes),), np.uint8)
+    return DeviceArray(mem, mem.ptr, (int(nbytes),), "uint8")
 
 
 def to_device(host: np.ndarray) -> DeviceArray:
     """A device copy of a host array (synchronous)."""
+    import numpy as np
+
     host = np.ascontiguousarray(host)
     mem = DeviceMemory(host.nbytes)
     if host.nbytes:  # DeviceMemory made a context current
@@ -367,6 +392,8 @@ class RegisteredMemory:
         if self.mapped >= _HUGE:
             _libc().madvise(_vp(self.ptr), _sz(self.mapped // _HUGE * _HUGE), _MADV_HUGEPAGE)
         # one write per small page faults the mapping in (a huge page on its first write)
+        import numpy as np
+
         np.frombuffer((ctypes.c_uint8 * self.mapped).from_address(self.ptr), np.uint8)[::_PAGE] = 0
         rc = lib().cuMemHostRegister_v2(_vp(self.ptr), self.mapped, 0)
         if rc:
@@ -433,6 +460,8 @@ def _map_anonymous(nbytes: int) -> tuple[int, int]:
 def pinned_array(nbytes: int, how: str = "register") -> np.ndarray:
     """`nbytes` of page-locked host memory as a uint8 array: `register` (huge pages registered with
     the driver, the default) or `alloc` (`cuMemHostAlloc`)."""
+    import numpy as np
+
     return np.asarray(RegisteredMemory(nbytes) if how == "register" else PinnedMemory(nbytes))
 
 

@@ -28,9 +28,13 @@ import os
 import warnings
 from types import SimpleNamespace
 
-import numba
 import numpy as np
-from numba import cuda
+
+if not hasattr(np, "row_stack"):  # numba-cuda's kernel compiler still calls numpy.row_stack (gone in numpy 2.5)
+    np.row_stack = np.vstack
+
+import numba  # noqa: E402
+from numba import cuda  # noqa: E402
 
 from planc import settings
 

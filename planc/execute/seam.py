@@ -222,21 +222,9 @@ def prewarm(device_name: str | None = None):
     Returns the thread, or None."""
     if simulated():
         return None
-    import threading
+    from . import driver
 
-    def start():
-        from . import driver
-
-        try:
-            driver.lib()
-            if device_name is not None:
-                driver.primary_context(index_of(device_name))
-        except Exception:  # noqa: BLE001 - the load's own call reports it
-            pass
-
-    t = threading.Thread(target=start, name="planc-driver", daemon=True)
-    t.start()
-    return t
+    return driver.prewarm(None if device_name is None else index_of(device_name))
 
 
 def warm_up() -> None:
