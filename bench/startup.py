@@ -23,6 +23,9 @@ is a fresh process, repeated `--repeat` times, the cells interleaved; medians ar
   created its CUDA context (not timed): `torch-planc`, `planc.load_into` a meta-device module built from the config, from the
   saved plan, to a ready module (the `import planc` inside the clock); `torch-hf`,
   `from_pretrained(device_map="cuda")`; `torch-state`, `planc.load(plan).state_dict()`.
+* `exit-*`: what leaving a CUDA process costs (from the child's last word to the parent's wait):
+  a context alone, with 2.2 GB of device memory freed or still held, and after a primary-context
+  reset.
 * `safetensors`: a fresh process that imports torch and reads every shard with
   `safetensors.torch.load_file(device="cuda")`: process wall and load.
 
@@ -32,6 +35,7 @@ Prints the tables and writes OUT/startup.jsonl (one line per process) and OUT/st
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -248,6 +252,32 @@ def child_runclock(plan_path: str, spawned: float) -> None:
     main()
 
 
+def child_exit(nbytes: int, how: str, spawned: float) -> None:
+    """What a CUDA process's exit costs: the context made, `nbytes` of device memory allocated and,
+    unless `how` is `held`, freed; `reset` also resets the primary context before leaving. Prints
+    the time it leaves at, then `os._exit`; the parent takes the rest from its own clock."""
+    from planc.execute import driver, seam
+
+    seam.select("cuda:0")
+    mem = driver.DeviceMemory(nbytes) if nbytes else None
+    if how != "held" and mem is not None:
+        mem.free()
+    t0 = time.time()
+    if how == "reset":
+        cu = driver.lib()
+        cu.cuDevicePrimaryCtxReset.argtypes = [ctypes.c_int]
+        cu.cuDevicePrimaryCtxReset(0)
+    print(json.dumps({"leaving": time.time() - spawned, "reset_s": time.time() - t0}), flush=True)
+    os._exit(0)
+
+
+def cell_exit(nbytes: int, how: str) -> dict:
+    spawned = time.time()
+    wall, text, _ = _spawn(_self("--child", "exit", nbytes, how, repr(spawned)))
+    got = _last_json(text)
+    return {"process_s": wall, "exit_s": time.time() - spawned - got["leaving"], "reset_s": got["reset_s"]}
+
+
 def cell_runclock(plan: Path) -> dict:
     spawned = time.time()
     wall, _, err = _spawn([sys.executable, "-X", "importtime", _self()[1], "--child", "runclock", str(plan),
@@ -320,7 +350,10 @@ def cell_run(plan: Path, env: dict | None = None) -> dict:
 
 
 def prepare(data: Path, out: Path, large: bool) -> dict:
-    """The checkpoints, specs and plans (compiled once, saved)."""
+    """The checkpoints, specs and plans (compiled once, saved); the package's bytecode compiled, as
+    an installed package has it (pip compiles at install; a checkout run with
+    PYTHONDONTWRITEBYTECODE=1 would compile every module in every process)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "planc")], check=True)
     from common import ensure_checkpoint
     from common import write_spec as dense_spec
     from handoff import write_model
@@ -354,6 +387,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         kind, *rest = a.child
+        if kind == "exit":
+            child_exit(int(rest[0]), rest[1], float(rest[2]))
+            return 0
         if kind == "runclock":
             child_runclock(rest[0], float(rest[1]))
             return 0
@@ -399,6 +435,9 @@ def main(argv=None) -> int:
         record("first", lambda: cell_run(plans["llama-fp16"], env))
         record("later", lambda: cell_run(plans["llama-fp16"], env))
     record("pin", lambda: _child("pin", 16, 16))
+    for k in range(a.repeat):
+        for nbytes, how in ((0, "freed"), (2200 << 20, "freed"), (2200 << 20, "held"), (2200 << 20, "reset")):
+            record(f"exit-{nbytes >> 20}MiB-{how}", lambda nbytes=nbytes, how=how: cell_exit(nbytes, how))
 
     def phases():
         spawned = time.time()

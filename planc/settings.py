@@ -60,6 +60,8 @@ def overridden(values=None):
         env[NAMES[k]] = v
     if "PLANC_HOST_RESERVE" in env:
         _host_reserve(env["PLANC_HOST_RESERVE"])  # a bad size is refused now, naming the setting
+    if env.get("PLANC_PIN", PIN_METHODS[0]) not in PIN_METHODS:
+        raise SettingError(f"setting 'pin': {env['PLANC_PIN']!r} is not one of {', '.join(PIN_METHODS)}")
     with _lock:
         saved = dict(_overrides)
         _overrides.update(env)

@@ -41,6 +41,12 @@ def test_values(monkeypatch):
     monkeypatch.setenv("PLANC_HOST_RESERVE", "lots")
     with pytest.raises(settings.SettingError, match="PLANC_HOST_RESERVE"):
         settings.host_reserve_bytes()
+    assert settings.pin() == "register"
+    monkeypatch.setenv("PLANC_PIN", "alloc")
+    assert settings.pin() == "alloc"
+    monkeypatch.setenv("PLANC_PIN", "mlock")
+    with pytest.raises(settings.SettingError, match="PLANC_PIN.*register, alloc"):
+        settings.pin()
 
 
 def test_overridden_takes_precedence_and_restores(monkeypatch, tmp_path):
@@ -56,3 +62,11 @@ def test_overridden_takes_precedence_and_restores(monkeypatch, tmp_path):
             pass
     assert set(settings.NAMES.values()) == set(re.findall(r'"(PLANC_[A-Z_]+)"', (ROOT / "planc" / "settings.py")
                                                           .read_text()))
+
+
+def test_a_bad_pin_method_is_refused_before_anything_is_read():
+    with pytest.raises(settings.SettingError, match="'pin'.*register, alloc"):
+        with settings.overridden({"pin": "mlock"}):
+            pass
+    with settings.overridden({"pin": "alloc"}):
+        assert settings.pin() == "alloc"

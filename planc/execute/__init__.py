@@ -79,7 +79,7 @@ def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, devic
 def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
     from . import launch
     from .loader import Loader
-    from .memory import hwm_bytes, reset_hwm, rss_bytes
+    from .memory import hwm_bytes, pin_method, reset_hwm, rss_bytes
     from .model import DeviceTensor, LoadedModel
     from .seam import memory_info, release, select, settle_released, simulated
 
@@ -88,6 +88,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
         raise AdmissionError(r.message, code=r.code, refusal=r._asdict())
     t_prep = time.perf_counter()
     settle_released()  # an earlier load's ring is unpinned before this one measures and admits
+    pin_method()  # a bad PLANC_PIN is refused before anything is allocated
     check_fingerprints(plan)
     dev = device or plan.device
     idx = select(dev)  # attaches to the device's primary context (made here if no one made it yet)

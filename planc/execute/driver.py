@@ -391,10 +391,13 @@ class RegisteredMemory:
         self.ptr = self.base + ((-self.base) % _HUGE if self.length > self.mapped else 0)
         if self.mapped >= _HUGE:
             _libc().madvise(_vp(self.ptr), _sz(self.mapped // _HUGE * _HUGE), _MADV_HUGEPAGE)
-        # one write per small page faults the mapping in (a huge page on its first write)
-        import numpy as np
+        # The pages are made now, by the kernel (MADV_POPULATE_WRITE, Linux 5.14: no page faults, and
+        # without the interpreter's lock, so the ring's lanes pin in parallel); an older kernel
+        # refuses the advice, and one write per small page faults them in instead.
+        if _libc().madvise(_vp(self.ptr), _sz(self.mapped), _MADV_POPULATE_WRITE):
+            import numpy as np
 
-        np.frombuffer((ctypes.c_uint8 * self.mapped).from_address(self.ptr), np.uint8)[::_PAGE] = 0
+            np.frombuffer((ctypes.c_uint8 * self.mapped).from_address(self.ptr), np.uint8)[::_PAGE] = 0
         rc = lib().cuMemHostRegister_v2(_vp(self.ptr), self.mapped, 0)
         if rc:
             self._unmap()
@@ -425,7 +428,7 @@ class RegisteredMemory:
 
 
 _PAGE, _HUGE = 4096, 2 << 20
-_MADV_HUGEPAGE = 14
+_MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
 _libc_handle = None
 
 

@@ -21,6 +21,18 @@ def reserve_bytes() -> int:
         raise SpecError(str(e), code="bad-env") from None
 
 
+def pin_method() -> str:
+    """PLANC_PIN, checked before anything is allocated (a bad value: SpecError `bad-env`, exit 2)."""
+    from ..settings import SettingError, pin
+
+    try:
+        return pin()
+    except SettingError as e:
+        from ..errors import SpecError
+
+        raise SpecError(str(e), code="bad-env") from None
+
+
 def _meminfo(key: str) -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

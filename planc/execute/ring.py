@@ -1,8 +1,8 @@
 """The pinned ring and the loader's background threads.
 
 `Slots` is the ring (a list that can be weakly referenced, so tests can watch it go); `Pinner`
-pins its slots one by one, in order, on a thread of its own, so that slot k's pinning overlaps
-the reads and copies already running in slots < k; `Background` runs a function on a thread of
+pins its slots in order on a few threads of its own, so that slot k's pinning overlaps the reads
+and copies already running in slots < k; `Background` runs a function on a thread of
 its own, on the caller's device.
 """
 
@@ -48,31 +48,39 @@ class Background:
 
 
 class Pinner:
-    """Pins the ring's slots in order on a thread of its own; `wait(k)` returns once slot k is pinned.
+    """Pins the ring's slots on `lanes` threads of their own, each taking the next slot in order;
+    `wait(k)` returns once slot k is pinned.
 
-    The thread stops between slots when asked; an error while pinning is raised by the next `wait`.
+    Pinning is the kernel zeroing and mapping pages, which scales with threads; the driver's
+    registration after it is short. The threads stop between slots when asked; an error while
+    pinning is raised by the next `wait` of a slot not pinned.
     """
 
-    def __init__(self, ring: list, owners: list, nbytes: int):
+    LANES = 4
+
+    def __init__(self, ring: list, owners: list, nbytes: int, lanes: int = LANES):
         import threading
 
         self.ring, self.owners, self.nbytes = ring, owners, nbytes
         self.cond = threading.Condition()
-        self.done = 0
+        self.next = 0  # the next slot a lane takes
         self.error: BaseException | None = None
         self.stopping = False
-        self.job = Background(self._pin, "planc-pin", on_error=self._failed)
+        self.jobs = [Background(self._pin, f"planc-pin-{i}", on_error=self._failed)
+                     for i in range(max(1, min(lanes, len(ring))))]
 
     def _pin(self) -> None:
-        for k in range(len(self.ring)):
-            if self.stopping:
-                return
+        while True:
+            with self.cond:
+                k = self.next
+                if self.stopping or self.error is not None or k >= len(self.ring):
+                    return
+                self.next = k + 1
             owner, view = pinned_ring(self.nbytes)
             with self.cond:
                 if self.stopping:
                     return
                 self.owners[k], self.ring[k] = owner, view
-                self.done = k + 1
                 self.cond.notify_all()
 
     def _failed(self, e: BaseException) -> None:
@@ -82,12 +90,13 @@ class Pinner:
 
     def wait(self, k: int) -> None:
         with self.cond:
-            while self.done <= k and self.error is None:
+            while self.ring[k] is None and self.error is None:
                 self.cond.wait()
-            if self.done <= k:
+            if self.ring[k] is None:
                 raise self.error
 
     def stop(self) -> None:
         with self.cond:
             self.stopping = True
-        self.job.thread.join()
+        for job in self.jobs:
+            job.thread.join()

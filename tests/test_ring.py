@@ -1,0 +1,188 @@
+"""The pinned ring's lanes, the off-path release of a finished load's ring, and `planc run`'s head
+start (under the simulator: its pinned memory is numba's, the threads and their order are real)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import weakref
+
+import pytest
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+from planc import prestart  # noqa: E402
+from planc.execute import ring, seam  # noqa: E402
+from planc.execute.ring import Pinner, Slots  # noqa: E402
+
+MIB = 1 << 20
+
+
+def _pin_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("planc-pin")]
+
+
+def test_lanes_pin_every_slot_once_and_in_order():
+    n = 12
+    slots, owners = Slots([None] * n), Slots([None] * n)
+    taken = []
+    real = ring.pinned_ring
+
+    def pinned(nbytes):
+        taken.append(threading.current_thread().name)
+        return real(nbytes)
+
+    ring.pinned_ring = pinned
+    try:
+        p = Pinner(slots, owners, 64 * 1024, lanes=4)
+        for k in range(n):
+            p.wait(k)
+            assert slots[k] is not None and slots[k].nbytes == 64 * 1024
+            assert slots[k].ctypes.data % seam.ALIGN == 0
+        p.stop()
+    finally:
+        ring.pinned_ring = real
+    assert len(taken) == n and len(set(taken)) <= 4 and len(p.jobs) == 4
+    assert len({s.ctypes.data for s in slots}) == n  # twelve buffers, none shared
+    assert _pin_threads() == []
+
+
+def test_a_lane_that_fails_raises_at_the_wait_and_the_others_stop():
+    slots, owners = Slots([None] * 8), Slots([None] * 8)
+    real, calls = ring.pinned_ring, []
+    lock = threading.Lock()
+
+    def pinned(nbytes):
+        with lock:
+            calls.append(1)
+            if len(calls) == 3:
+                raise MemoryError("injected: no pinned memory")
+        return real(nbytes)
+
+    ring.pinned_ring = pinned
+    try:
+        p = Pinner(slots, owners, 4096, lanes=2)
+        with pytest.raises(MemoryError, match="injected"):
+            for k in range(8):
+                p.wait(k)
+        p.stop()
+    finally:
+        ring.pinned_ring = real
+    assert any(s is None for s in slots) and len(calls) < 8 + 2
+    assert _pin_threads() == []
+
+
+def test_stop_while_pinning_leaves_no_thread_and_no_slot_taken_after_it():
+    slots, owners = Slots([None] * 64), Slots([None] * 64)
+    p = Pinner(slots, owners, MIB, lanes=3)
+    p.wait(0)
+    p.stop()
+    pinned = sum(s is not None for s in slots)
+    assert _pin_threads() == [] and pinned >= 1
+    assert sum(s is not None for s in slots) == pinned  # nothing lands after stop() returned
+
+
+def test_release_later_gives_the_ring_back_off_the_callers_thread():
+    slots = Slots([seam.pinned_ring(MIB)[1] for _ in range(3)])
+    gone = weakref.ref(slots)
+    freed_on = []
+    weakref.finalize(slots, lambda: freed_on.append(threading.current_thread().name))
+    held = [slots]
+    del slots
+    seam.release_later(held)
+    seam.settle_released()
+    gc.collect()
+    assert gone() is None and held == []
+    assert freed_on == ["planc-unpin"]
+    assert seam._unpinning == []
+
+
+def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_path):
+    """The ring of a load that returned is given back by the unpinning thread; the next load waits for
+    it first thing, so its baseline and admission see the memory free."""
+    from planc.compile import compile_spec
+    from planc.execute import execute, loader as loader_mod
+    from planc.synth import write_checkpoint
+
+    write_checkpoint(tmp_path / "ck", "dense", seed=0)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("checkpoint: ck\nbudget: {host: 64MiB}\nio: {slot: 64KiB, slots: 3, workers: 2}\nrules:\n"
+                    "  - match: '*'\n")
+    plan = compile_spec(spec)
+    rings = []
+    real_allocate = loader_mod.Loader.allocate
+
+    def allocate(self):
+        assert seam._unpinning == [] or all(not t.is_alive() for t in seam._unpinning), \
+            "a load allocated while an earlier ring was still being unpinned"
+        real_allocate(self)
+        rings.append(weakref.ref(self.ring_owner))
+
+    loader_mod.Loader.allocate = allocate
+    try:
+        for _ in range(2):
+            execute(plan).free()
+    finally:
+        loader_mod.Loader.allocate = real_allocate
+    seam.settle_released()
+    gc.collect()
+    assert len(rings) == 2 and all(r() is None for r in rings)
+
+
+# -- planc run's head start -------------------------------------------------------------------
+
+def test_run_device_from_the_raw_arguments(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    plan = tmp_path / "p.json"
+    plan.write_text('{"kind":"planc-plan","format":3,"checkpoint":{},"device":"cuda:3"}')
+    rd = prestart.run_device
+    assert rd([str(plan)]) == "cuda:3"
+    assert rd([str(plan), "--device", "cuda:1"]) == "cuda:1"
+    assert rd(["--device=cuda:2", str(plan)]) == "cuda:2"
+    assert rd(["--rank", "1", str(plan), "--json"]) == "cuda:3"  # the rank's value is no target
+    assert rd(["--report", "r.json", str(plan)]) == "cuda:3"
+    assert rd([str(plan), "--device", "cpu"]) is None  # not a device name: the command refuses it
+    assert rd([str(plan), "--device"]) == "cuda:3"  # no value: the command refuses it; a head start is harmless
+    assert rd([]) is None and rd([str(tmp_path / "missing.json")]) is None
+    assert rd(["--", str(plan)]) == "cuda:3"
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    assert rd([str(plan)]) == "cuda:5"
+    monkeypatch.setenv("LOCAL_RANK", "five")  # left to the command, which names it
+    assert rd([str(plan)]) == "cuda:3"
+
+
+PRESTART = """
+import json, os, sys
+os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+os.environ.pop("OPENBLAS_NUM_THREADS", None)
+import planc.prestart
+mods = sorted(m for m in ("numpy", "typer", "rich", "pydantic", "numba", "planc.cli") if m in sys.modules)
+print(json.dumps([mods, sorted(m for m in sys.modules if m.startswith("planc"))]))
+"""
+
+
+def test_the_head_start_imports_nothing_heavy():
+    out = subprocess.run([sys.executable, "-c", PRESTART], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    heavy, _ = json.loads(out.stdout.strip().splitlines()[-1])
+    assert heavy == []
+
+
+def test_planc_run_through_the_entry_point_under_the_simulator(tmp_path):
+    """`python -m planc run` goes through the head start (which under the simulator starts nothing)
+    and loads as before."""
+    from planc.synth import write_checkpoint
+
+    write_checkpoint(tmp_path / "ck", "dense", seed=0)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("checkpoint: ck\nbudget: {host: 64MiB}\nio: {slot: 64KiB, slots: 2}\nrules:\n  - match: '*'\n")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    out = subprocess.run([sys.executable, "-m", "planc", "run", str(spec), "--json"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["simulator"] and rep["requests"]["issued"] == rep["requests"]["predicted"]
