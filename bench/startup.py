@@ -383,6 +383,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-large", action="store_true", help="leave out the 14.96 GiB checkpoint")
     ap.add_argument("--no-torch", action="store_true", help="leave out the cells that import torch")
+    ap.add_argument("--cells", default="", help="run only the cells whose names start with one of these "
+                                                "(comma-separated), e.g. torch,run")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -413,7 +415,11 @@ def main(argv=None) -> int:
     log = out / "startup.jsonl"
     rows: dict[str, list] = {}
 
+    wanted = [c for c in a.cells.split(",") if c]
+
     def record(name: str, fn) -> None:
+        if wanted and not any(name.startswith(c) for c in wanted):
+            return
         try:
             r = fn()
         except (Exception, SystemExit) as e:  # noqa: BLE001 - one failed cell is reported, the rest run
@@ -458,6 +464,10 @@ def main(argv=None) -> int:
     summary = {name: {key: statistics.median([r[key] for r in rs if isinstance(r.get(key), (int, float))])
                       for key in rs[0] if isinstance(rs[0][key], (int, float)) and key != "time"}
                for name, rs in rows.items()}
+    if rows.get("torch-hf") and rows.get("torch-planc"):  # each round's pair, run side by side
+        summary["torch-ratios"] = [round(p["ready_s"] / h["ready_s"], 3)
+                                   for p, h in zip(rows["torch-planc"], rows["torch-hf"])]
+        print("torch: planc.load_into / from_pretrained, round by round:", summary["torch-ratios"])
     (out / "startup.json").write_text(json.dumps(summary, indent=1) + "\n")
     print_tables(summary)
     return 0
