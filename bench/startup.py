@@ -247,7 +247,7 @@ def child_runclock(plan_path: str, spawned: float) -> None:
 
     pe.execute = execute
     sys.argv = ["planc", "run", plan_path, "--json"]
-    from planc.prestart import main
+    from planc.entry import main
 
     main()
 

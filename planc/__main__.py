@@ -1,5 +1,5 @@
 try:
-    from planc.prestart import main
+    from planc.entry import main
 except KeyboardInterrupt:  # Ctrl-C while the interpreter is still importing: one line, no traceback
     import sys
 

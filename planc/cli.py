@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import stat
 import sys
 from collections import Counter
 from pathlib import Path

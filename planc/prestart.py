@@ -100,13 +100,3 @@ def start_run(argv: list[str]) -> None:
     dev = run_device(argv)
     driver.prewarm(None if dev is None else (int(dev.split(":", 1)[1]) if ":" in dev else 0))
 
-
-def main() -> None:
-    """The `planc` command: `planc run` gets its head start, then the CLI runs."""
-    import sys
-
-    if sys.argv[1:2] == ["run"]:
-        start_run(sys.argv[2:])
-    from .cli import entry
-
-    entry()

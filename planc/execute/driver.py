@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy is imported where arrays are made: `planc run` starts the driver before it
+    import numpy as np
 
 _lib = None
 _lock = threading.RLock()  # primary_context() may start the driver (lib()) while it holds it

@@ -17,7 +17,6 @@ implementation (`driver.DeviceArray` or numba's), sliced, viewed and copied to t
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import threading
 
@@ -30,10 +29,9 @@ def simulated() -> bool:
     numba = sys.modules.get("numba")
     if numba is not None and hasattr(numba, "config"):
         return bool(numba.config.ENABLE_CUDASIM)
-    try:
-        return int(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") or 0) != 0
-    except ValueError:
-        return False
+    from ..prestart import simulated_by_env
+
+    return simulated_by_env()
 
 
 class Gpu:
