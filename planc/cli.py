@@ -616,7 +616,10 @@ def _exit(rc: int) -> None:
 
     seam = sys.modules.get("planc.execute.seam")
     if seam is not None:  # a finished load's ring being unpinned: the exit gives that memory back at once
-        atexit.unregister(seam.settle_released)
+        seam.leave_released_to_exit()
+    for t in threading.enumerate():  # the driver's head start (`planc run --help`, a usage error): let
+        if t.name == "planc-driver":  # it finish, never leave the driver half started to the exit
+            t.join(10)
     others = [t for t in threading.enumerate()
               if t is not threading.current_thread() and not (t.daemon and t.name == "planc-unpin")]
     if not others:

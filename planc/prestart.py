@@ -21,6 +21,7 @@ SNIFF = 1 << 16  # the bytes of a file's head that `head` reads
 _DEVICE = re.compile(r"cuda(?::[0-9]{1,3})?")
 _DEVICE_HINT = re.compile(rb'"device":"(cuda(?::[0-9]{1,3})?)"')
 _VALUED = ("--device", "--rank", "--report")  # `planc run` options that take a value
+_RANK = re.compile(r"[0-9]{1,3}")
 
 
 def simulated_by_env() -> bool:
@@ -81,7 +82,7 @@ def run_device(argv: list[str]) -> str | None:
             target = a
     if device is None:
         local = os.environ.get("LOCAL_RANK", "").strip()
-        if local.isdigit():
+        if _RANK.fullmatch(local):  # anything else is left to the command, which names it
             device = f"cuda:{int(local)}"
     if device is None and target:
         device = plan_device_hint(Path(target))
@@ -93,7 +94,7 @@ def start_run(argv: list[str]) -> None:
     on a thread (nothing under the simulator); no BLAS thread per core in numpy's import (a value
     the user set is kept)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if simulated_by_env():
+    if simulated_by_env() or "--help" in argv:
         return
     from .execute import driver
 

@@ -60,7 +60,7 @@ def overridden(values=None):
         env[NAMES[k]] = v
     if "PLANC_HOST_RESERVE" in env:
         _host_reserve(env["PLANC_HOST_RESERVE"])  # a bad size is refused now, naming the setting
-    if env.get("PLANC_PIN", PIN_METHODS[0]) not in PIN_METHODS:
+    if (env.get("PLANC_PIN") or PIN_METHODS[0]) not in PIN_METHODS:  # empty: the default, as in the environment
         raise SettingError(f"setting 'pin': {env['PLANC_PIN']!r} is not one of {', '.join(PIN_METHODS)}")
     with _lock:
         saved = dict(_overrides)

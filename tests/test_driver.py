@@ -122,3 +122,117 @@ def test_the_device_is_chosen_as_numba_chooses_before_numba_is_imported(value, s
     got_sim, kind, numba_loaded = out.stdout.split()
     assert got_sim == str(sim) and kind == ("Simulator" if sim else "Gpu")
     assert numba_loaded == str(sim)  # the simulator is numba's; the GPU path never imports it
+
+
+# -- registered pinned memory, against a stand-in for the driver's few calls it makes -----------
+# (the mapping, the huge-page advice and the population are the real system calls; only the
+# driver's registration is stood in for, since this machine has no GPU)
+
+class _StubDriver:
+    """cuMemHostRegister answers `rc`; every (un)registration and pinned allocation is recorded."""
+
+    def __init__(self, rc: int = 0):
+        self.rc, self.calls, self.buffers = rc, [], {}
+
+    def cuMemHostRegister_v2(self, p, size, flags):
+        self.calls.append(("register", p.value, size))
+        return self.rc
+
+    def cuMemHostUnregister(self, p):
+        self.calls.append(("unregister", p.value))
+        return 0
+
+    def cuMemHostAlloc(self, pp, size, flags):
+        import ctypes
+
+        buf = ctypes.create_string_buffer(size + 4096)
+        addr = ctypes.addressof(buf)
+        self.buffers[addr] = buf
+        pp._obj.value = addr
+        self.calls.append(("alloc", addr, size))
+        return 0
+
+    def cuMemFreeHost(self, p):
+        self.calls.append(("free", p))
+        return 0
+
+    def cuCtxGetCurrent(self, pp):
+        pp._obj.value = 1
+        return 0
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    def make(rc: int = 0) -> _StubDriver:
+        s = _StubDriver(rc)
+        monkeypatch.setattr(driver, "_lib", s)
+        monkeypatch.setattr(driver, "lib", lambda: s)
+        monkeypatch.setattr(driver, "ensure_context", lambda: 1)
+        monkeypatch.setattr(driver, "error_text", lambda rc, cu=None: f"CUresult {rc}")
+        return s
+
+    return make
+
+
+def _mapped(addr: int) -> bool:
+    for line in open("/proc/self/maps"):
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("nbytes", [4096, 100_000, 2 << 20, (3 << 20) + 4096, 16 << 20])
+def test_registered_memory_registers_what_it_maps_and_gives_both_back(stub, nbytes):
+    s = stub(0)
+    mem = driver.RegisteredMemory(nbytes)
+    ptr = mem.ptr
+    (kind, addr, size), = s.calls
+    assert kind == "register" and addr == ptr and size == -(-nbytes // 4096) * 4096
+    assert ptr % 4096 == 0 and (nbytes < (2 << 20) or ptr % (2 << 20) == 0)
+    assert mem.length == size  # the huge-page padding is unmapped at once: no page beyond the plan's bytes
+    arr = np.asarray(mem)
+    arr[:] = 7  # populated, writable, and exactly nbytes long
+    assert arr.nbytes == nbytes and _mapped(ptr) and _mapped(ptr + size - 1)
+    del arr, mem
+    assert s.calls[-1] == ("unregister", ptr)
+    assert not _mapped(ptr)
+
+
+@pytest.mark.parametrize("rc, code", [(801, "pin-refused"), (2, "host-memory")])
+def test_a_refused_registration_leaves_nothing_mapped_or_registered(stub, monkeypatch, rc, code):
+    from planc.errors import ExecuteError
+
+    s = stub(rc)
+    seen = []
+    real = driver._map_anonymous
+    monkeypatch.setattr(driver, "_map_anonymous", lambda n: seen.append(real(n)) or seen[-1])
+    with pytest.raises(ExecuteError) as ei:
+        driver.RegisteredMemory(8 << 20)
+    assert ei.value.code == code and "cuMemHostRegister" in ei.value.message
+    import gc
+
+    del ei
+    gc.collect()
+    assert [c[0] for c in s.calls] == ["register"]  # never unregistered: it was never registered
+    (base, length), = seen
+    assert not any(_mapped(a) for a in range(base, base + length, 1 << 20))
+
+
+def test_the_gpu_falls_back_to_host_alloc_only_when_registration_is_refused(stub, monkeypatch):
+    from planc.errors import ExecuteError
+    from planc.execute.seam import Gpu
+
+    monkeypatch.delenv("PLANC_PIN", raising=False)
+    s = stub(2)  # out of memory: no fallback, the load fails typed
+    g = Gpu()
+    with pytest.raises(ExecuteError, match="cuMemHostRegister"):
+        g.pinned_bytes(1 << 20)
+    assert g.pin_method() == "register"
+    s.rc = 801  # not supported here: cuMemHostAlloc, from now on
+    buf = g.pinned_bytes(1 << 20)
+    assert g.pin_method() == "alloc" and buf.nbytes == 1 << 20
+    assert [c[0] for c in s.calls] == ["register", "register", "alloc"]
+    more = g.pinned_bytes(4096)
+    assert [c[0] for c in s.calls] == ["register", "register", "alloc", "alloc"]  # registration not tried again
+    del buf, more

@@ -113,7 +113,7 @@ def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_pat
     spec.write_text("checkpoint: ck\nbudget: {host: 64MiB}\nio: {slot: 64KiB, slots: 3, workers: 2}\nrules:\n"
                     "  - match: '*'\n")
     plan = compile_spec(spec)
-    rings = []
+    rings, freed_on = [], []
     real_allocate = loader_mod.Loader.allocate
 
     def allocate(self):
@@ -121,16 +121,21 @@ def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_pat
             "a load allocated while an earlier ring was still being unpinned"
         real_allocate(self)
         rings.append(weakref.ref(self.ring_owner))
+        weakref.finalize(self.ring_owner, lambda: freed_on.append(threading.current_thread().name))
+        gc.collect()  # what a long load's own collections do: the loader and its ring reach the old generation
 
     loader_mod.Loader.allocate = allocate
+    gc.disable()  # nothing but reference counts may free the ring: no cycle may hold it
     try:
-        for _ in range(2):
-            execute(plan).free()
+        models = [execute(plan) for _ in range(2)]  # the models are kept: the rings must go all the same
     finally:
+        gc.enable()
         loader_mod.Loader.allocate = real_allocate
     seam.settle_released()
-    gc.collect()
-    assert len(rings) == 2 and all(r() is None for r in rings)
+    assert len(rings) == 2 and all(r() is None for r in rings), "a finished load's ring outlived it"
+    assert freed_on == ["planc-unpin", "planc-unpin"], freed_on
+    for m in models:
+        m.free()
 
 
 # -- planc run's head start -------------------------------------------------------------------
@@ -151,8 +156,21 @@ def test_run_device_from_the_raw_arguments(tmp_path, monkeypatch):
     assert rd(["--", str(plan)]) == "cuda:3"
     monkeypatch.setenv("LOCAL_RANK", "5")
     assert rd([str(plan)]) == "cuda:5"
-    monkeypatch.setenv("LOCAL_RANK", "five")  # left to the command, which names it
-    assert rd([str(plan)]) == "cuda:3"
+    for bad in ("five", "\u00b2", "9" * 5000, "-1"):  # left to the command, which names it
+        monkeypatch.setenv("LOCAL_RANK", bad)
+        assert rd([str(plan)]) == "cuda:3"
+
+
+@pytest.mark.parametrize("local_rank", ["\u00b2", "9" * 5000, "x"])
+def test_a_bad_launcher_variable_is_the_commands_usage_error_not_a_crash(local_rank):
+    """The head start reads LOCAL_RANK before the command does: whatever it holds, the command still
+    reports it, one line and exit 2, as without the head start."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["LOCAL_RANK"] = local_rank
+    out = subprocess.run([sys.executable, "-m", "planc", "run", "missing.json"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 2, out.stderr
+    assert "LOCAL_RANK" in out.stderr and "Traceback" not in out.stderr
 
 
 PRESTART = """
@@ -186,3 +204,26 @@ def test_planc_run_through_the_entry_point_under_the_simulator(tmp_path):
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
     assert rep["simulator"] and rep["requests"]["issued"] == rep["requests"]["predicted"]
+
+
+def test_every_caller_of_settle_waits_for_the_unpinning():
+    import time
+
+    class Slow:
+        def __del__(self):
+            time.sleep(0.3)
+
+    seam.release_later([Slow()])
+    t = seam._unpinning[0]
+    returned_early = []
+
+    def settle():
+        seam.settle_released()
+        returned_early.append(t.is_alive())
+
+    callers = [threading.Thread(target=settle) for _ in range(3)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    assert returned_early == [False, False, False]

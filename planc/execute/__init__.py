@@ -215,6 +215,7 @@ def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_allo
         "host": {
             "predicted_peak_bytes": plan.peak.host_bytes,
             "pinned_bytes": lay.ring_bytes,
+            "pinned_by": loader.dev.pin_method(),
             "baseline_rss_bytes": base_rss,
             "hwm_bytes": hwm,
             "hwm_reset": hwm_reset,

@@ -383,34 +383,51 @@ class PinnedMemory:
 
 class RegisteredMemory:
     """Page-locked host memory made from an anonymous mapping: transparent huge pages where the
-    mapping holds whole 2 MiB pages, touched, then registered with `cuMemHostRegister`. Pinning it
+    mapping holds whole 2 MiB pages, populated, then registered with `cuMemHostRegister`. Pinning it
     costs about a third of a `cuMemHostAlloc` of the same size (the kernel zeroes and maps 512 times
     fewer pages). The start is page aligned. Freed (unregistered, unmapped) when the last numpy
-    array made from it goes, like `PinnedMemory`."""
+    array made from it goes, like `PinnedMemory`.
+
+    Raises ExecuteError: `pin-refused` when the driver refuses to register host memory (some VMs and
+    drivers; the caller may fall back to `cuMemHostAlloc`), `host-memory` when the memory itself
+    cannot be had (mapping, populating, or the driver out of memory). Nothing is left mapped."""
 
     def __init__(self, nbytes: int):
-        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), ensure_context()
+        from ..errors import ExecuteError
+
+        self.ptr, self.base, self.nbytes, self.ctx = 0, 0, int(nbytes), ensure_context()
         self.mapped = -(-max(1, self.nbytes) // _PAGE) * _PAGE
         self.base, self.length = _map_anonymous(self.mapped)
-        self.ptr = self.base + ((-self.base) % _HUGE if self.length > self.mapped else 0)
-        if self.mapped >= _HUGE:
-            _libc().madvise(_vp(self.ptr), _sz(self.mapped // _HUGE * _HUGE), _MADV_HUGEPAGE)
-        # The pages are made now, by the kernel (MADV_POPULATE_WRITE, Linux 5.14: no page faults, and
-        # without the interpreter's lock, so the ring's lanes pin in parallel); an older kernel
-        # refuses the advice, and one write per small page faults them in instead.
-        if _libc().madvise(_vp(self.ptr), _sz(self.mapped), _MADV_POPULATE_WRITE):
-            import numpy as np
-
-            np.frombuffer((ctypes.c_uint8 * self.mapped).from_address(self.ptr), np.uint8)[::_PAGE] = 0
-        rc = lib().cuMemHostRegister_v2(_vp(self.ptr), self.mapped, 0)
-        if rc:
+        try:
+            ptr = self._trim()
+            if self.mapped >= _HUGE:
+                _libc().madvise(_vp(ptr), _sz(self.mapped // _HUGE * _HUGE), _MADV_HUGEPAGE)
+            _populate(ptr, self.mapped)
+            rc = lib().cuMemHostRegister_v2(_vp(ptr), self.mapped, 0)
+            if rc:
+                raise ExecuteError(f"cuMemHostRegister of {self.nbytes:,} host bytes failed: {error_text(rc)}",
+                                   code="host-memory" if rc == _OUT_OF_MEMORY else "pin-refused")
+        except BaseException:
             self._unmap()
-            from ..errors import ExecuteError
-
-            raise ExecuteError(f"cuMemHostRegister of {self.nbytes:,} host bytes failed: {error_text(rc)}",
-                               code="cuda")
+            raise
+        self.ptr = ptr  # only now: free() unregisters exactly what was registered
         self.__array_interface__ = {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
                                     "version": 3}
+
+    def _trim(self) -> int:
+        """Keep only the `mapped` bytes from a 2 MiB boundary (from 2 MiB up): the padding is unmapped,
+        so that no huge page can form over bytes the plan did not count (THP `always`)."""
+        if self.length == self.mapped:
+            return self.base
+        c, base, length = _libc(), self.base, self.length
+        ptr = base + (-base) % _HUGE
+        end = ptr + self.mapped
+        if ptr > base:
+            c.munmap(_vp(base), _sz(ptr - base))
+        if base + length > end:
+            c.munmap(_vp(end), _sz(base + length - end))
+        self.base, self.length = ptr, self.mapped
+        return ptr
 
     def _unmap(self) -> None:
         base, self.base = self.base, 0
@@ -419,10 +436,12 @@ class RegisteredMemory:
 
     def free(self) -> None:
         ptr, self.ptr = self.ptr, 0
-        if ptr and _lib is not None:
-            with _Current(self.ctx):
-                _lib.cuMemHostUnregister(_vp(ptr))
-        self._unmap()
+        try:
+            if ptr and _lib is not None:
+                with _Current(self.ctx):
+                    _lib.cuMemHostUnregister(_vp(ptr))
+        finally:
+            self._unmap()
 
     def __del__(self):
         try:
@@ -431,6 +450,28 @@ class RegisteredMemory:
             pass
 
 
+def _populate(ptr: int, nbytes: int) -> None:
+    """Make the pages now, in the kernel (MADV_POPULATE_WRITE, Linux 5.14: no page faults, and without
+    the interpreter's lock, so the ring's lanes pin in parallel). An older kernel refuses the advice
+    (EINVAL), and one write per small page faults them in instead; any other refusal (ENOMEM under a
+    memory limit) is a typed error rather than faults that would end in the OOM killer."""
+    if _libc().madvise(_vp(ptr), _sz(nbytes), _MADV_POPULATE_WRITE) == 0:
+        return
+    import errno
+    import os
+
+    err = ctypes.get_errno()
+    if err not in (errno.EINVAL, 0):
+        from ..errors import ExecuteError
+
+        raise ExecuteError(f"making {nbytes:,} bytes of host memory for the pinned ring failed: "
+                           f"{os.strerror(err)}", code="host-memory")
+    import numpy as np
+
+    np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), np.uint8)[::_PAGE] = 0
+
+
+_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 _PAGE, _HUGE = 4096, 2 << 20
 _MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
 _libc_handle = None

@@ -39,6 +39,10 @@ class Background:
             self.error = e
             if self.on_error is not None:
                 self.on_error(e)
+        finally:
+            # `fn` is often a bound method of the object that holds this job: dropped, no cycle keeps
+            # that object (and what it holds: a ring, device memory) alive for the garbage collector
+            self.fn = self.on_error = None
 
     def wait(self) -> None:
         self.thread.join()
@@ -100,3 +104,4 @@ class Pinner:
             self.stopping = True
         for job in self.jobs:
             job.thread.join()
+        self.ring = self.owners = None  # the ring is its loader's to give back, not the pinner's

@@ -70,14 +70,20 @@ class Gpu:
     def pinned_bytes(self, nbytes: int) -> np.ndarray:
         """Page-aligned pinned bytes: registered huge pages (PLANC_PIN=register, the default) or
         cuMemHostAlloc (PLANC_PIN=alloc, and wherever the driver refuses a registration)."""
-        from .. import settings
-
-        if settings.pin() == "register" and not self.register_refused:
+        if self.pin_method() == "register":
             try:
                 return self.d.pinned_array(nbytes, "register")
-            except Exception:  # noqa: BLE001 - e.g. a driver or VM without host registration: alloc from now on
-                self.register_refused = True
+            except Exception as e:
+                if getattr(e, "code", None) != "pin-refused":
+                    raise  # no memory to be had: the load fails, typed, as cuMemHostAlloc's would
+                self.register_refused = True  # a driver or VM that registers no host memory: alloc from now on
         return self.d.pinned_array(nbytes, "alloc")
+
+    def pin_method(self) -> str:
+        """How this process pins a ring slot now: PLANC_PIN, or `alloc` once registration was refused."""
+        from .. import settings
+
+        return "alloc" if self.register_refused else settings.pin()
 
     def stream(self):
         return self.d.Stream()
@@ -134,6 +140,9 @@ class Simulator:
     def to_device(self, host: np.ndarray):
         return self.cuda.to_device(host)
 
+    def pin_method(self) -> str:
+        return "simulator"
+
     def pinned_bytes(self, nbytes: int) -> np.ndarray:
         """Page-aligned bytes (the simulator's pinned memory is a numpy array)."""
         owner = self.cuda.pinned_array(nbytes + ALIGN, dtype=np.uint8)
@@ -176,10 +185,12 @@ def device():
 
 def pinned_ring(nbytes: int):
     """A pinned uint8 buffer of `nbytes` whose start is 4 KiB aligned (O_DIRECT), and its owner."""
-    owner = device().pinned_bytes(nbytes)  # page aligned on both devices
-    if owner.ctypes.data % ALIGN:
-        raise AssertionError(f"pinned memory at {owner.ctypes.data:#x} is not {ALIGN}-byte aligned")
-    return owner, owner
+    owner = device().pinned_bytes(nbytes)  # page aligned on both devices (registered: mapped pages)
+    if owner.ctypes.data % ALIGN:  # cuMemHostAlloc promises less than a page: padded where it gives less
+        owner = None
+        owner = device().pinned_bytes(nbytes + ALIGN)
+    base = (-owner.ctypes.data) % ALIGN
+    return owner, owner[base:base + nbytes]
 
 
 def rows_view(buf, offset: int, pitch: int, width: int, rows: int):
@@ -272,5 +283,19 @@ def settle_released() -> None:
         with _unpin_lock:
             if not _unpinning:
                 return
-            t = _unpinning.pop()
-        t.join()
+            t = _unpinning[0]
+        t.join()  # joined before it leaves the list: a second caller waits for it too
+        with _unpin_lock:
+            if _unpinning and _unpinning[0] is t:
+                _unpinning.pop(0)
+
+
+def leave_released_to_exit() -> None:
+    """For a process that leaves through `os._exit`: the exit gives the rings back at once, so the
+    interpreter's exit need not wait for them (the wait is registered again by the next ring)."""
+    import atexit
+
+    with _unpin_lock:
+        if _unpin_at_exit:
+            atexit.unregister(settle_released)
+            _unpin_at_exit.clear()
