@@ -48,23 +48,16 @@ def child(plan_path: str, loads: int) -> list[dict]:
 
         setattr(owner, name, timed)
 
-    wrap(driver.RegisteredMemory, "__init__", "pin")
-    wrap(driver.PinnedMemory, "__init__", "pin")
-    wrap(driver.RegisteredMemory, "free", "unpin")
-    wrap(driver.PinnedMemory, "free", "unpin")
-    wrap(driver.DeviceMemory, "__init__", "device_alloc")
-    wrap(loader.Loader, "_read", "read")
-    wrap(seam.Gpu, "stage", "copy")
-    wrap(seam.Gpu, "stream", "stream")
-    wrap(driver.Event, "synchronize", "slot_wait")
-    wrap(driver.Stream, "synchronize", "stream_sync")
-    wrap(allocation.Allocation, "allocate", "allocate")
-    wrap(allocation.Allocation, "free", "free")
-    wrap(loader.Loader, "run", "run")
-    wrap(kernelruns, "warm_kernels", "warm_kernels")
-    wrap(reader.Reader, "__init__", "reader")
-    wrap(ring.Pinner, "__init__", "pinner_start")
-    wrap(ring.Background, "__init__", "thread_start")
+    steps = ((driver.RegisteredMemory, "__init__", "pin"), (driver.PinnedMemory, "__init__", "pin"),
+             (driver.RegisteredMemory, "free", "unpin"), (driver.PinnedMemory, "free", "unpin"),
+             (driver.DeviceMemory, "__init__", "device_alloc"), (loader.Loader, "_read", "read"),
+             (seam.Gpu, "stage", "copy"), (seam.Gpu, "stream", "stream"), (driver.Event, "synchronize", "slot_wait"),
+             (driver.Stream, "synchronize", "stream_sync"), (allocation.Allocation, "allocate", "allocate"),
+             (allocation.Allocation, "free", "free"), (loader.Loader, "run", "run"),
+             (kernelruns, "warm_kernels", "warm_kernels"), (reader.Reader, "__init__", "reader"),
+             (ring.Pinner, "__init__", "pinner_start"), (ring.Background, "__init__", "thread_start"))
+    for owner, name, label in steps:
+        wrap(owner, name, label)
     out = []
     for k in range(loads):
         events.clear()

@@ -614,14 +614,14 @@ def _exit(rc: int) -> None:
     import atexit
     import threading
 
-    seam = sys.modules.get("planc.execute.seam")
+    driver, seam = sys.modules.get("planc.execute.driver"), sys.modules.get("planc.execute.seam")
+    if driver is not None:  # the driver's head start (`planc run --help`, a usage error): let it finish,
+        driver.wait_started()  # never leave the driver half started to the exit
+    unpinning = []
     if seam is not None:  # a finished load's ring being unpinned: the exit gives that memory back at once
         seam.leave_released_to_exit()
-    for t in threading.enumerate():  # the driver's head start (`planc run --help`, a usage error): let
-        if t.name == "planc-driver":  # it finish, never leave the driver half started to the exit
-            t.join(10)
-    others = [t for t in threading.enumerate()
-              if t is not threading.current_thread() and not (t.daemon and t.name == "planc-unpin")]
+        unpinning = seam.unpinning()
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and t not in unpinning]
     if not others:
         atexit._run_exitfuncs()  # and forgets them: the ordinary exit below would not run them twice
         try:

@@ -211,7 +211,7 @@ def test_16bit_conversion_in_place(src, dst):
     # the launcher on uint16 views, in place as well
     buf2 = _dev(bits)
     view = buf2.view(np.uint16)
-    (D.launch_bf16_to_f16 if src == "BF16" else D.launch_f16_to_bf16)(view, view, bits.size)
+    D.launch_map("bf16_to_f16" if src == "BF16" else "f16_to_bf16", view, view, bits.size)
     _assert_same(_host(buf2, dst), _ref(bits, src, dst), dst)
 
 

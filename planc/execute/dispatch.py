@@ -85,41 +85,13 @@ def grid_2d(rows: int, cols: int, per_block: tuple[int, int]) -> tuple[int, int]
 
 # -- launchers: arrays already viewed with the kernel's element type ------------------------------
 
-def _launch_map(name: str, src, dst, n: int, stream=0) -> None:
+def launch_map(name: str, src, dst, n: int, stream=0) -> None:
+    """One elementwise kernel `name` (`f32_to_bf16`, `bf16_to_f16`, `copy`, ...) over `n` elements of
+    arrays already viewed with its element types; the 16-bit conversions may run in place."""
     if n <= 0:
         return
     blocks, threads = grid_1d(n)
     launch.go(name, blocks, threads, stream, src, dst, n)
-
-
-def launch_f32_to_bf16(src_u32, dst_u16, n: int, stream=0) -> None:
-    _launch_map("f32_to_bf16", src_u32, dst_u16, n, stream)
-
-
-def launch_f32_to_f16(src_u32, dst_u16, n: int, stream=0) -> None:
-    _launch_map("f32_to_f16", src_u32, dst_u16, n, stream)
-
-
-def launch_bf16_to_f32(src_u16, dst_u32, n: int, stream=0) -> None:
-    _launch_map("bf16_to_f32", src_u16, dst_u32, n, stream)
-
-
-def launch_f16_to_f32(src_u16, dst_u32, n: int, stream=0) -> None:
-    _launch_map("f16_to_f32", src_u16, dst_u32, n, stream)
-
-
-def launch_bf16_to_f16(src_u16, dst_u16, n: int, stream=0) -> None:
-    """May run in place (src_u16 and dst_u16 the same buffer)."""
-    _launch_map("bf16_to_f16", src_u16, dst_u16, n, stream)
-
-
-def launch_f16_to_bf16(src_u16, dst_u16, n: int, stream=0) -> None:
-    """May run in place (src_u16 and dst_u16 the same buffer)."""
-    _launch_map("f16_to_bf16", src_u16, dst_u16, n, stream)
-
-
-def launch_copy(src, dst, n: int, stream=0) -> None:
-    _launch_map("copy", src, dst, n, stream)
 
 
 def launch_dequant_fp8(
@@ -223,7 +195,7 @@ def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0
     else:
         _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
     name = "copy" if src_dtype == dst_dtype else CONVERT_KERNEL[(src_dtype, dst_dtype)]
-    _launch_map(name, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream)
+    launch_map(name, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream)
 
 
 def dequantize_fp8(w_u8, scale_u8, out_u8, fp8_dtype: str, out_dtype: str, rows: int, cols: int,

@@ -17,6 +17,8 @@ import ctypes
 import threading
 from typing import TYPE_CHECKING
 
+from .libc import MAP_FAILED, libc
+
 if TYPE_CHECKING:  # numpy is imported where arrays are made: `planc run` starts the driver before it
     import numpy as np
 
@@ -148,7 +150,17 @@ def prewarm(idx: int | None = None) -> threading.Thread:
 
     t = threading.Thread(target=start, name="planc-driver", daemon=True)
     t.start()
+    _starting.append(t)
     return t
+
+
+_starting: list = []  # the threads `prewarm` started
+
+
+def wait_started(timeout: float = 10.0) -> None:
+    """Wait for the threads `prewarm` started: a process must not leave while one is inside the driver."""
+    for t in list(_starting):
+        t.join(timeout)
 
 
 _selected = [0]  # the device this process selected last: a thread that selected none works on it
@@ -217,7 +229,29 @@ class _Current:
 
 # -- device memory ------------------------------------------------------------------------------
 
-class DeviceMemory:
+class _Owned:
+    """Memory the driver handed out at `self.ptr`, in context `self.ctx`: `free()` gives it back once,
+    in that context, and so does the last reference going (`_give_back(ptr)` says how)."""
+
+    __slots__ = ()
+
+    def _give_back(self, ptr: int) -> None:
+        raise NotImplementedError
+
+    def free(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr and _lib is not None:
+            with _Current(self.ctx):
+                self._give_back(ptr)
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
+            pass
+
+
+class DeviceMemory(_Owned):
     """One `cuMemAlloc` of the current context; freed by `free()` or when the last reference goes."""
 
     __slots__ = ("ptr", "nbytes", "ctx", "__weakref__")
@@ -232,17 +266,8 @@ class DeviceMemory:
             raise ExecuteError(f"cuMemAlloc of {self.nbytes:,} bytes failed: {error_text(rc)}", code="cuda")
         self.ptr = int(p.value)
 
-    def free(self) -> None:
-        ptr, self.ptr = self.ptr, 0
-        if ptr and _lib is not None:
-            with _Current(self.ctx):
-                _lib.cuMemFree_v2(ptr)
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
-            pass
+    def _give_back(self, ptr: int) -> None:
+        _lib.cuMemFree_v2(ptr)
 
 
 class DeviceArray:
@@ -351,7 +376,7 @@ def to_device(host: np.ndarray) -> DeviceArray:
 
 # -- pinned host memory ---------------------------------------------------------------------------
 
-class PinnedMemory:
+class PinnedMemory(_Owned):
     """One `cuMemHostAlloc` (page-locked, mapped into every context); numpy arrays made from it
     (`np.asarray`) hold it, and it is freed when the last of them goes."""
 
@@ -368,20 +393,11 @@ class PinnedMemory:
         self.__array_interface__ = {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
                                     "version": 3}
 
-    def free(self) -> None:
-        ptr, self.ptr = self.ptr, 0
-        if ptr and _lib is not None:
-            with _Current(self.ctx):
-                _lib.cuMemFreeHost(ptr)
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
-            pass
+    def _give_back(self, ptr: int) -> None:
+        _lib.cuMemFreeHost(ptr)
 
 
-class RegisteredMemory:
+class RegisteredMemory(_Owned):
     """Page-locked host memory made from an anonymous mapping: transparent huge pages where the
     mapping holds whole 2 MiB pages, populated, then registered with `cuMemHostRegister`. Pinning it
     costs about a third of a `cuMemHostAlloc` of the same size (the kernel zeroes and maps 512 times
@@ -401,7 +417,7 @@ class RegisteredMemory:
         try:
             ptr = self._trim()
             if self.mapped >= _HUGE:
-                _libc().madvise(_vp(ptr), _sz(self.mapped // _HUGE * _HUGE), _MADV_HUGEPAGE)
+                libc().madvise(_vp(ptr), _sz(self.mapped // _HUGE * _HUGE), _MADV_HUGEPAGE)
             _populate(ptr, self.mapped)
             rc = lib().cuMemHostRegister_v2(_vp(ptr), self.mapped, 0)
             if rc:
@@ -419,7 +435,7 @@ class RegisteredMemory:
         so that no huge page can form over bytes the plan did not count (THP `always`)."""
         if self.length == self.mapped:
             return self.base
-        c, base, length = _libc(), self.base, self.length
+        c, base, length = libc(), self.base, self.length
         ptr = base + (-base) % _HUGE
         end = ptr + self.mapped
         if ptr > base:
@@ -432,22 +448,16 @@ class RegisteredMemory:
     def _unmap(self) -> None:
         base, self.base = self.base, 0
         if base:
-            _libc().munmap(_vp(base), _sz(self.length))
+            libc().munmap(_vp(base), _sz(self.length))
+
+    def _give_back(self, ptr: int) -> None:
+        _lib.cuMemHostUnregister(_vp(ptr))
 
     def free(self) -> None:
-        ptr, self.ptr = self.ptr, 0
         try:
-            if ptr and _lib is not None:
-                with _Current(self.ctx):
-                    _lib.cuMemHostUnregister(_vp(ptr))
+            super().free()
         finally:
-            self._unmap()
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone already
-            pass
+            self._unmap()  # the mapping goes even where the driver could not be reached
 
 
 def _populate(ptr: int, nbytes: int) -> None:
@@ -455,7 +465,7 @@ def _populate(ptr: int, nbytes: int) -> None:
     the interpreter's lock, so the ring's lanes pin in parallel). An older kernel refuses the advice
     (EINVAL), and one write per small page faults them in instead; any other refusal (ENOMEM under a
     memory limit) is a typed error rather than faults that would end in the OOM killer."""
-    if _libc().madvise(_vp(ptr), _sz(nbytes), _MADV_POPULATE_WRITE) == 0:
+    if libc().madvise(_vp(ptr), _sz(nbytes), _MADV_POPULATE_WRITE) == 0:
         return
     import errno
     import os
@@ -474,29 +484,15 @@ def _populate(ptr: int, nbytes: int) -> None:
 _OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 _PAGE, _HUGE = 4096, 2 << 20
 _MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
-_libc_handle = None
-
-
-def _libc():
-    global _libc_handle
-    if _libc_handle is None:
-        c = ctypes.CDLL(None, use_errno=True)
-        c.mmap.argtypes, c.mmap.restype = [_vp, _sz, _int, _int, _int, ctypes.c_long], _vp
-        c.munmap.argtypes, c.munmap.restype = [_vp, _sz], _int
-        c.madvise.argtypes, c.madvise.restype = [_vp, _sz, _int], _int
-        _libc_handle = c
-    return _libc_handle
-
-
 def _map_anonymous(nbytes: int) -> tuple[int, int]:
     """(address, length) of a private anonymous read-write mapping of at least `nbytes`; from 2 MiB
     up, 2 MiB more, so that a huge-page-aligned run of `nbytes` lies inside it."""
     import mmap as _m
 
     length = nbytes + (_HUGE if nbytes >= _HUGE else 0)
-    c = _libc()
+    c = libc()
     p = c.mmap(None, length, _m.PROT_READ | _m.PROT_WRITE, _m.MAP_PRIVATE | _m.MAP_ANONYMOUS, -1, 0)
-    if p is None or p == ctypes.c_void_p(-1).value:
+    if p is None or p == MAP_FAILED:
         import os
 
         from ..errors import ExecuteError

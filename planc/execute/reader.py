@@ -18,28 +18,21 @@ from dataclasses import dataclass, field
 from .. import costmodel
 from ..costmodel import MAP_LANES
 from ..errors import ReadError
+from .libc import MAP_FAILED, libc
 
 ALIGN = 4096
-_libc = None
 
 
 def page_cache_fraction(path: str, size: int, sample_pages: int = 4096) -> float | None:
     """Fraction of sampled pages of `path` resident in the page cache (mincore), or None when unknown."""
-    global _libc
     try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _libc.mmap.restype = ctypes.c_void_p
-            _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                   ctypes.c_long]
-            _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        c = libc()
         fd = os.open(path, os.O_RDONLY)
     except (OSError, AttributeError, ValueError):
         return None
     try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
+        addr = c.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, MAP_FAILED):
             return None
         try:
             # mincore costs time in proportion to the pages it is asked about (about 20 ms per GiB),
@@ -56,13 +49,13 @@ def page_cache_fraction(path: str, size: int, sample_pages: int = 4096) -> float
             resident = counted = 0
             for first in starts:
                 n = min(run, pages - first)
-                if _libc.mincore(ctypes.c_void_p(addr + first * mmap.PAGESIZE), n * mmap.PAGESIZE, vec) != 0:
+                if c.mincore(ctypes.c_void_p(addr + first * mmap.PAGESIZE), n * mmap.PAGESIZE, vec) != 0:
                     return None
                 resident += sum(vec[i] & 1 for i in range(n))
                 counted += n
             return resident / counted if counted else None
         finally:
-            _libc.munmap(ctypes.c_void_p(addr), size)
+            c.munmap(ctypes.c_void_p(addr), size)
     finally:
         os.close(fd)
 

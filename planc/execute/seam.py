@@ -290,6 +290,12 @@ def settle_released() -> None:
                 _unpinning.pop(0)
 
 
+def unpinning() -> list:
+    """The threads still unpinning finished loads' rings."""
+    with _unpin_lock:
+        return list(_unpinning)
+
+
 def leave_released_to_exit() -> None:
     """For a process that leaves through `os._exit`: the exit gives the rings back at once, so the
     interpreter's exit need not wait for them (the wait is registered again by the next ring)."""
