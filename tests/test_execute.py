@@ -259,6 +259,43 @@ def test_stack_moe_experts_through_the_scatter_kernel(tmp_path, load):
     assert_model(model, out)
 
 
+def test_scatter_rows_cut_every_copy_into_chunks(tmp_path, monkeypatch, load):
+    """The scatter table cuts each scattered copy into rows of at most SCATTER_CHUNK_BYTES (one block
+    each: the kernel's parallelism follows the bytes, not the copies); the rows cover every copy
+    exactly, in order, and a load through 256-byte rows is still bit-exact."""
+    from planc.execute import dispatch
+
+    path, want = synth(tmp_path, "moe")
+    plan = compile_spec(spec_file(tmp_path, path, [STACK, {"match": "*"}], io=dict(SMALL_IO, slot="64KiB", slots=2)))
+    assert plan.totals.scatters >= 2
+    for chunk in (256, 1000, 1 << 20):
+        table, where = dispatch.scatter_table(plan, chunk)
+        for r in plan.runs:
+            for qi, q in enumerate(r.requests):
+                if not q.scatter:
+                    assert (r.index, qi) not in where
+                    continue
+                first, last = where[(r.index, qi)]
+                rows, w = table[first:last], q.width
+                assert (rows[:, 2] * w <= max(chunk, w)).all() and (rows[:, 2] > 0).all()
+                got = [(int(s) * w, int(d) * w, int(n) * w) for s, d, n in rows]
+                k = 0
+                for c in q.copies:
+                    done = 0
+                    while done < c.nbytes:
+                        s, d, n = got[k]
+                        assert (s, d) == (c.slot_offset + done, c.dst_offset + done)
+                        done += n
+                        k += 1
+                    assert done == c.nbytes
+                assert k == len(got)
+        assert sorted(b for a in where.values() for b in a)[-1] == len(table)
+    monkeypatch.setattr(dispatch, "SCATTER_CHUNK_BYTES", 256)
+    plan, model = load(spec_file(tmp_path, path, [STACK, {"match": "*"}], io=dict(SMALL_IO, slot="64KiB", slots=2)))
+    assert plan.totals.scatters >= 2 and len(dispatch.scatter_table(plan)[0]) > plan.layout.scatter_segments
+    assert_model(model, stacked(want, 2, 8))
+
+
 @pytest.mark.parametrize("on,target", [("device", "keep"), ("host", "keep"), ("host", "float32")])
 def test_transpose(tmp_path, load, dense, on, target):
     path, want = dense

@@ -40,6 +40,8 @@ _SIM_BLOCK_TRANSPOSE = (32, 4)
 _SIM_GRID_TRANSPOSE = (2, 2)
 _TILE = 32  # the transpose kernel's tile edge
 _SCATTER_THREADS, _SIM_SCATTER_THREADS = 256, 32
+# Bytes of one scatter-table row (one block's work): a staged slot spreads over hundreds of blocks.
+SCATTER_CHUNK_BYTES = 64 << 10
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -245,19 +247,41 @@ def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0) -
 
 # -- scatter and zero-fill ------------------------------------------------------------------------
 
-def scatter_table(plan) -> tuple[np.ndarray, dict]:
-    """All scattered requests' segments, in element units: (table int64 [n, 3], {(run, req): (first, last)})."""
-    rows, where = [], {}
+def scatter_table(plan, chunk_bytes: int | None = None) -> tuple[np.ndarray, dict]:
+    """All scattered requests' segments, in element units, each cut into rows of at most
+    `chunk_bytes`: (table int64 [n, 3], {(run, req): (first, last)}).
+
+    The kernel gives each row one block, so the rows, not the plan's copies, set its parallelism: a
+    16 MiB request of four 4 MiB pieces is 256 blocks, not 4 (one block moves a few GB/s, and the
+    stream's copies wait behind the kernel)."""
+    chunk_bytes = chunk_bytes or SCATTER_CHUNK_BYTES
+    src, dst, n, per_req, keys = [], [], [], [], []
     for r in plan.runs:
         for qi, q in enumerate(r.requests):
             if not q.scatter:
                 continue
             w = q.width
-            first = len(rows)
-            for slot_off, _space, dst, n, _rows, _pitch in q.copies:
-                rows.append((slot_off // w, dst // w, n // w))
-            where[(r.index, qi)] = (first, len(rows))
-    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+            c = max(1, chunk_bytes // w)
+            before = len(n)
+            for slot_off, _space, d, nbytes, _rows, _pitch in q.copies:
+                src.append(slot_off // w)
+                dst.append(d // w)
+                n.append(nbytes // w)
+                per_req.append(c)
+            keys.append(((r.index, qi), before, len(n)))
+    if not n:
+        return np.zeros((0, 3), np.int64), {}
+    src_a, dst_a, n_a, c_a = (np.asarray(x, np.int64) for x in (src, dst, n, per_req))
+    chunks = np.maximum(1, -(-n_a // c_a))  # rows per segment
+    ends = np.cumsum(chunks)
+    seg = np.repeat(np.arange(len(n_a)), chunks)
+    k = (np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - chunks, chunks)) * c_a[seg]
+    table = np.empty((len(seg), 3), np.int64)
+    table[:, 0] = src_a[seg] + k
+    table[:, 1] = dst_a[seg] + k
+    table[:, 2] = np.minimum(c_a[seg], n_a[seg] - k)
+    starts = np.concatenate(([0], ends))
+    where = {key: (int(starts[a]), int(starts[b])) for key, a, b in keys}
     return table, where
 
 
