@@ -4,8 +4,8 @@
 
 A dim-1 slice of a row-major [R, C] weight is R segments of C/N elements, a row apart. Measured
 here on one file in the page cache (warm), payload GB/s of:
-- `mmap`: each thread maps a window of the file, copies its segments with numpy (GIL released),
-  unmaps; only the segments' pages are touched;
+- `mmapN`: each thread maps a window of N MiB of the file (`--windows`), copies its segments with
+  numpy (GIL released), unmaps; only the segments' pages are touched (threads = mapping lanes);
 - `pread-seg`: one `os.preadv` per segment from Python;
 - `pread-rows`: whole rows read (buffered), the bytes a rank does not need included;
 and on the GPU (cupy), a slot of whole rows to the device as one 2-D copy (`cudaMemcpy2DAsync`,
@@ -141,17 +141,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data", type=Path)
     ap.add_argument("--gib", type=int, default=4)
-    ap.add_argument("--threads", default="1,8,16")
+    ap.add_argument("--threads", default="1,4,8,16")
+    ap.add_argument("--windows", default="2,8,32", help="mmap window sizes in MiB (a `mmapN` row each)")
+    ap.add_argument("--shapes", default="", help="seg:stride pairs, comma-separated (default: five shapes)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     path = _file(a.data, a.gib)
-    shapes = [(1024, 8192), (3584, 28672), (2048, 4096), (8192, 16384), (2, 16)]
+    shapes = ([tuple(int(v) for v in x.split(":")) for x in a.shapes.split(",")] if a.shapes
+              else [(1024, 8192), (3584, 28672), (2048, 4096), (8192, 16384), (2, 16)])
+    mmaps = [(f"mmap{w}", _mmap_job, int(w) << 20) for w in a.windows.split(",")]
     rows = []
     for seg, stride in shapes:
         for th in (int(x) for x in a.threads.split(",")):
-            for name, fn, window in (("mmap", _mmap_job, 2 << 20), ("mmap8", _mmap_job, 8 << 20),
-                                     ("pread-rows", _pread_rows_job, 0), ("pread-seg", _pread_seg_job, 0)):
+            for name, fn, window in (*mmaps, ("pread-rows", _pread_rows_job, 0), ("pread-seg", _pread_seg_job, 0)):
                 if name == "pread-seg" and seg < 1024:
                     continue
                 if name == "pread-seg" and th == 1 and seg * 2 < stride:
