@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The measurements the open issues still need, on the GPU machine, after bench/gpu_validate.sh.
+# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b]
+#   a (about 6 minutes): the hand-off (Llama 2.2 GB and the small Mixtral, bf16 and fp16; the fused-MoE
+#     rate against a plain copy of the same files and against the fused plan with no request
+#     scattered), then `planc run` of the 2.2 GB and the 14.96 GiB plans in fresh processes.
+#   b (about 5 minutes): rank 0 of TP 8 alone against the whole load (warm, n=3), that rank's load
+#     step by step (timeline), and the host-side strided-read sweep (threads x mapping windows,
+#     io_uring against mapped windows).
+# Without a part, both, one after the other (more than one call's ten minutes: pass a part).
+set -u
+OUT=${1:?OUT_DIR}
+PART=${2:-ab}
+mkdir -p "$OUT"
+source bench/device_env.sh || exit 1
+DATA=${PLANC_BENCH_DATA:-/tmp/data}
+T0=$(date +%s)
+el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+if [[ $PART == *a* ]]; then
+    python3 bench/handoff.py "$OUT/handoff" --repeats 3 > "$OUT/handoff.log" 2>&1
+    python3 -c "
+import json; d = json.load(open('$OUT/handoff/handoff.json'))
+for r in d['results']: print(r['model'], r['dtype'], r['median_seconds'], r['logits_equal'])
+m = d['fused_moe']
+if m:
+    for k in ('fused', 'plain', 'fused_direct'):
+        print(k, round(m[k]['gb_per_s'], 2), 'GB/s', m[k]['copies'], 'copies', m[k]['scatters'], 'scatters')
+    print('ratio', round(m['ratio'], 3), 'direct', round(m['ratio_direct'], 3), 'by round', m['ratio_by_round'])" \
+        2>&1 || tail -20 "$OUT/handoff.log"
+    el handoff
+    python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 3 --no-torch --cells run 2>&1 | tail -12
+    el startup
+fi
+if [[ $PART == *b* ]]; then
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone --tp 8 --modes warm --repeat 3 --no-verify 2>&1 | tail -12
+    el tp
+    if [ -f "$OUT/tp/plans/tp8-rank-0.json" ]; then
+        python3 bench/timeline.py "$OUT/tp/plans/tp8-rank-0.json" "$OUT/timeline-tp8" --repeat 2 --loads 2 \
+            --pin register 2>&1 | tail -30
+    fi
+    el timeline
+    python3 bench/probe_strided.py "$DATA" --gib 4 --threads 1,4,8,16 --windows 2,8,32 --repeat 3 \
+        --shapes 1024:8192,3584:28672,4096:8192 --out "$OUT/probe_strided.jsonl" 2>&1 | grep -v "^h2d" | tail -40
+    python3 bench/probe_uring.py "$DATA" --threads 1,4,16 2>&1 | tail -30
+    el probes
+fi
