@@ -5,7 +5,9 @@
 #     rate against a plain copy of the same files and against the fused plan with no request
 #     scattered), then `planc run` of the 2.2 GB and the 14.96 GiB plans in fresh processes.
 #   b (about 5 minutes): rank 0 of TP 8 alone against the whole load (warm, n=3), that rank's load
-#     step by step (timeline), and the host-side strided-read sweep (threads x mapping windows,
+#     step by step (timeline; again after 32 GiB of memory were written once, for the share of the
+#     pinning that is the virtual machine backing memory on first use), and the host-side
+#     strided-read sweep (threads x mapping windows,
 #     io_uring against mapped windows).
 # Without a part, both, one after the other (more than one call's ten minutes: pass a part).
 set -u
@@ -36,7 +38,7 @@ if [[ $PART == *b* ]]; then
     el tp
     if [ -f "$OUT/tp/plans/tp8-rank-0.json" ]; then
         python3 bench/timeline.py "$OUT/tp/plans/tp8-rank-0.json" "$OUT/timeline-tp8" --repeat 2 --loads 2 \
-            --pin register 2>&1 | tail -30
+            --pin register --touch 32 2>&1 | tail -40
     fi
     el timeline
     python3 bench/probe_strided.py "$DATA" --gib 4 --threads 1,4,8,16 --windows 2,8,32 --repeat 3 \

@@ -1,6 +1,6 @@
 """Where one load's wall time goes: a timeline of its steps, thread by thread (run on the GPU machine).
 
-    python3 bench/timeline.py PLAN OUT [--repeat 3] [--pin register,alloc] [--loads 2]
+    python3 bench/timeline.py PLAN OUT [--repeat 3] [--pin register,alloc] [--loads 2] [--touch GiB]
 
 Each run is a fresh process that makes its CUDA context and reads the plan first (not timed), then
 loads it `--loads` times in a row with every step of the pipeline timed by wrappers installed in
@@ -8,6 +8,12 @@ that process (the bench's own instrumentation; the package is unchanged): pinnin
 the device allocations, each read, each slot's copies, the waits on slot events, the allocation
 and release phases. Prints, per load, when each phase starts and ends relative to the start of
 `execute()`, and writes OUT/timeline.jsonl (one line per load, with every event).
+
+`--touch N`: after the rounds, a separate process writes N GiB of anonymous memory once and exits,
+then the rounds run again (`touched` in each line). A virtual machine whose memory the host backs
+on first use (the lent machines: Firecracker, memory growing as it is used) makes a process's first
+touch of guest memory no one used before slower than on a machine whose memory was used; pinning
+the ring is such a first touch. The two sets of rounds measure how much of the pinning that is.
 """
 
 from __future__ import annotations
@@ -74,6 +80,21 @@ def child(plan_path: str, loads: int) -> list[dict]:
     return out
 
 
+def touch(gib: float) -> int:
+    """Write `gib` GiB of anonymous memory once (one byte per page), then exit."""
+    import mmap
+
+    n = int(gib * (1 << 30))
+    m = mmap.mmap(-1, n)
+    try:
+        m.madvise(23)  # MADV_POPULATE_WRITE: the kernel writes every page
+    except (OSError, ValueError):
+        for off in range(0, n, 4096):
+            m[off] = 1
+    m.close()
+    return 0
+
+
 def summarize(ev: list) -> dict:
     by: dict[str, list] = {}
     for name, thread, a, b in ev:
@@ -92,15 +113,26 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--loads", type=int, default=2)
     ap.add_argument("--pin", default="register,alloc")
+    ap.add_argument("--touch", type=float, default=0.0, help="GiB of memory written once between two sets of rounds")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--touch-child", type=float, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(a.child[0], int(a.child[1]))))
         return 0
+    if a.touch_child:
+        return touch(a.touch_child)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: dict = {}
-    for _ in range(a.repeat):
+    rounds = [(False, k) for k in range(a.repeat)]
+    if a.touch:
+        rounds += [(True, k) for k in range(a.repeat)]
+    for touched, k in rounds:
+        if touched and k == 0:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, __file__, "--touch-child", str(a.touch)], check=True, timeout=600)
+            print(f"touched {a.touch:g} GiB in {time.perf_counter() - t0:.2f} s", flush=True)
         for pin in a.pin.split(","):
             env = dict(os.environ, PLANC_PIN=pin)
             p = subprocess.run([sys.executable, __file__, "--child", a.plan, str(a.loads)], capture_output=True,
@@ -109,14 +141,14 @@ def main() -> int:
                 print(f"pin={pin}: exited {p.returncode}\n{p.stderr[-3000:]}")
                 continue
             for r in json.loads(p.stdout.strip().splitlines()[-1]):
-                r["pin"] = pin
+                r["pin"], r["touched"] = pin, touched
                 with open(out / "timeline.jsonl", "a") as f:
                     f.write(json.dumps(r) + "\n")
                 sm = summarize(r["events"])
-                rows.setdefault((pin, r["load"]), []).append((r, sm))
+                rows.setdefault((pin + ("+touched" if touched else ""), r["load"]), []).append((r, sm))
                 brief = {k: f"{v['first_start']:.3f}-{v['last_end']:.3f} busy {v['busy']:.3f} n={v['n']}"
                          for k, v in sorted(sm.items(), key=lambda kv: kv[1]["first_start"])}
-                print(f"pin={pin} load {r['load']}: execute {r['execute_s']:.3f} wall {r['wall_seconds']:.3f} "
+                print(f"pin={pin}{' touched' if touched else ''} load {r['load']}: execute {r['execute_s']:.3f} wall {r['wall_seconds']:.3f} "
                       f"growth/pred {r['growth_over_predicted']:.3f}", flush=True)
                 for k, v in brief.items():
                     print(f"    {k:14s} {v}")
@@ -124,7 +156,7 @@ def main() -> int:
     for (pin, k), xs in sorted(rows.items()):
         ex = statistics.median(r["execute_s"] for r, _ in xs)
         wall = statistics.median(r["wall_seconds"] for r, _ in xs)
-        print(f"  {pin:9s} load {k}: execute {ex:.3f}  wall {wall:.3f}  {xs[0][0]['payload_bytes'] / wall / 1e9:.2f} GB/s")
+        print(f"  {pin:17s} load {k}: execute {ex:.3f}  wall {wall:.3f}  {xs[0][0]['payload_bytes'] / wall / 1e9:.2f} GB/s")
     return 0
 
 
