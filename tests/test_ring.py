@@ -138,6 +138,42 @@ def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_pat
         m.free()
 
 
+def test_the_lanes_start_after_the_files_are_open_and_the_readers_threads_exist(tmp_path, monkeypatch):
+    """Populating a slot holds the memory-map lock that mapping a file and starting a thread wait for:
+    the caller's steps come first, and the lanes start last."""
+    from planc.compile import compile_spec
+    from planc.execute import allocation, execute
+    from planc.synth import write_checkpoint
+
+    write_checkpoint(tmp_path / "ck", "dense", seed=0, shards=2)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("checkpoint: ck\nbudget: {host: 64MiB}\nio: {slot: 64KiB, slots: 3, workers: 3}\nrules:\n"
+                    "  - match: '*'\n")
+    plan = compile_spec(spec)
+    assert len(plan.checkpoint.files) == 2 and sum(len(r.requests) for r in plan.runs) >= 3
+    seen = []
+    real = allocation.Pinner
+
+    class Watched(real):
+        def __init__(self, *a, **k):
+            me = threading.current_thread()
+            loader = next(f.f_locals["self"] for f in _frames() if type(f.f_locals.get("self")).__name__ == "Loader")
+            seen.append((sorted(getattr(loader.reader, "files", {})), len(getattr(loader.pool, "_threads", ())),
+                         [t.name for t in threading.enumerate() if t.name.startswith("planc-pin")], me.name))
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(allocation, "Pinner", Watched)
+    execute(plan).free()
+    assert seen == [(sorted(f.path for f in plan.checkpoint.files), 3, [], threading.current_thread().name)], seen
+
+
+def _frames():
+    f = sys._getframe(1)
+    while f is not None:
+        yield f
+        f = f.f_back
+
+
 # -- planc run's head start -------------------------------------------------------------------
 
 def test_run_device_from_the_raw_arguments(tmp_path, monkeypatch):

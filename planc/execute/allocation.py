@@ -8,6 +8,7 @@ Nothing the plan did not count is allocated, and `free` releases everything, als
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +16,19 @@ from . import dispatch
 from .reader import Reader
 from .ring import Background, Pinner, Slots
 from .seam import release, release_later
+
+
+def _start_threads(pool: ThreadPoolExecutor, n: int) -> None:
+    """Have `pool` start `n` threads now (it otherwise starts one per submission, later)."""
+    if n <= 0:
+        return
+    gate = threading.Barrier(n + 1)
+    for _ in range(n):
+        pool.submit(gate.wait)
+    try:
+        gate.wait(timeout=10)
+    except threading.BrokenBarrierError:  # a thread that could not start: the pool starts it on demand
+        pass
 
 
 class Allocation:
@@ -27,26 +41,33 @@ class Allocation:
         The reads need only the pinned ring, so they start at once; the arena (one allocation the size
         of the model, tens of milliseconds to map) is allocated meanwhile and waited for before the
         first copy (`_device`).
+
+        The ring's lanes start last. Populating a slot holds the process's memory-map lock for as long
+        as the kernel takes to make its pages, and mapping a file (the page-cache check of each
+        checkpoint file) or starting a thread (its stack) must wait for that lock: started after the
+        lanes, the caller's own steps took tens of milliseconds instead of one or two. So the files
+        are opened, and the readers' threads started, before the first slot is populated.
         """
         t0 = time.perf_counter()
+        lay = self.plan.layout
+        self.stream = self.dev.stream()
+        self.device_job = Background(self._allocate_device, "planc-alloc")
         if self.warmer is None:
             from .kernelruns import warm_kernels
 
             self.warmer = warm_kernels(self.plan)
-        lay = self.plan.layout
-        self.stream = self.dev.stream()
-        self.device_job = Background(self._allocate_device, "planc-alloc")
-        # Ring slots are pinned one by one, in order, by a thread of their own: pinning costs time in
-        # proportion to the bytes (about 1-2 GB/s here), so slot k's pinning overlaps the reads and
-        # copies already running in slots < k instead of stalling the thread that issues them.
-        self.ring = Slots([None] * (lay.ring_bytes // self.slot))
-        self.ring_owner = Slots([None] * len(self.ring))
-        self.events = [None] * len(self.ring)
-        self.pinner = Pinner(self.ring, self.ring_owner, self.slot)
         self.reader = Reader(self.plan.checkpoint.root, self.io.direct)
         for f in self.plan.checkpoint.files:
             self.reader.open(f.path, f.size_bytes)
         self.pool = ThreadPoolExecutor(max_workers=self.io.workers, thread_name_prefix="planc-read")
+        _start_threads(self.pool, min(self.io.workers, sum(len(r.requests) for r in self.plan.runs)))
+        # Ring slots are pinned in order by lanes of their own: pinning costs time in proportion to the
+        # bytes, so slot k's pinning overlaps the reads and copies already running in slots < k instead
+        # of stalling the thread that issues them.
+        self.ring = Slots([None] * (lay.ring_bytes // self.slot))
+        self.ring_owner = Slots([None] * len(self.ring))
+        self.events = [None] * len(self.ring)
+        self.pinner = Pinner(self.ring, self.ring_owner, self.slot)
         self.free_slots.extend(range(lay.ring_bytes // self.slot))
         self.timings["allocate"] = time.perf_counter() - t0
 
