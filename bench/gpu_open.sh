@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The measurements the open issues still need, on the GPU machine, after bench/gpu_validate.sh.
-# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b]
+# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b|c]
 #   a (about 6 minutes): the hand-off (Llama 2.2 GB and the small Mixtral, bf16 and fp16; the fused-MoE
 #     rate against a plain copy of the same files and against the fused plan with no request
 #     scattered), then `planc run` of the 2.2 GB and the 14.96 GiB plans in fresh processes.
-#   b (about 5 minutes): rank 0 of TP 8 alone against the whole load (warm, n=3), that rank's load
+#   b (about 5 minutes): rank 0 of TP 8 alone against the whole load (warm, n=3), with the default
+#     ring (16 x 16 MiB) and with 32 x 4 MiB slots (half the memory to pin), then that rank's load
 #     step by step (timeline; again after 32 GiB of memory were written once, for the share of the
-#     pinning that is the virtual machine backing memory on first use), and the host-side
-#     strided-read sweep (threads x mapping windows,
-#     io_uring against mapped windows).
-# Without a part, both, one after the other (more than one call's ten minutes: pass a part).
+#     pinning that is the virtual machine backing memory on first use).
+#   c (about 4 minutes): the host-side strided-read sweeps (threads x mapping windows; io_uring
+#     against mapped windows).
+# Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
-PART=${2:-ab}
+PART=${2:-abc}
 mkdir -p "$OUT"
 source bench/device_env.sh || exit 1
 DATA=${PLANC_BENCH_DATA:-/tmp/data}
@@ -36,11 +37,16 @@ fi
 if [[ $PART == *b* ]]; then
     python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone --tp 8 --modes warm --repeat 3 --no-verify 2>&1 | tail -12
     el tp
+    python3 bench/tp.py "$DATA" "$OUT/tp-slot4" --cases whole,alone --tp 8 --modes warm --repeat 3 --no-verify \
+        --io slot=4MiB,slots=32 2>&1 | tail -12
+    el tp-slot4
     if [ -f "$OUT/tp/plans/tp8-rank-0.json" ]; then
         python3 bench/timeline.py "$OUT/tp/plans/tp8-rank-0.json" "$OUT/timeline-tp8" --repeat 2 --loads 2 \
             --pin register --touch 32 2>&1 | tail -40
     fi
     el timeline
+fi
+if [[ $PART == *c* ]]; then
     python3 bench/probe_strided.py "$DATA" --gib 4 --threads 1,4,8,16 --windows 2,8,32 --repeat 3 \
         --shapes 1024:8192,3584:28672,4096:8192 --out "$OUT/probe_strided.jsonl" 2>&1 | grep -v "^h2d" | tail -40
     python3 bench/probe_uring.py "$DATA" --threads 1,4,16 2>&1 | tail -30
