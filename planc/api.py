@@ -43,8 +43,20 @@ def _plan(spec_or_plan, rank: int | None):
         if size > 1 and env is None:
             raise BindError(f"{path}: tensor_parallel.size is {size}: pass rank= (0..{size - 1}) or set RANK",
                             code="bad-rank")
-        rank = int(env) if size > 1 else 0
+        rank = _env_rank(env, path) if size > 1 else 0
     return compile_spec(path, rank)
+
+
+def _env_rank(env: str, path) -> int:
+    """$RANK as a rank: an integer 0 or more, else a typed error naming the variable."""
+    try:
+        n = int(env.strip())
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise BindError(f"{path}: RANK={env[:40]!r} is not a rank: a launcher sets it to an integer 0 or more",
+                        code="bad-rank")
+    return n
 
 
 def _check_rank(plan, rank: int | None, what: str):

@@ -36,8 +36,26 @@ MAP_WINDOW = 8 << 20  # file bytes a strided read maps at a time (its pages coun
 MAP_LANES = 4  # windows mapped at once, whatever the readers: what bounds the mapped pages in the RSS
 
 
-def map_bytes(workers: int, strided_requests: int) -> int:
-    """Host bytes the mapped windows of strided reads hold at most (`layout.map_bytes`)."""
+def window_bytes(seg: int, stride: int, count: int) -> int:
+    """The largest file window a strided request (`count` segments of `seg` bytes, `stride` apart)
+    maps at a time (`Reader.read_strided`): as many whole segments as fit in `MAP_WINDOW`, or one
+    `MAP_WINDOW` piece of a longer segment, from the page below its first byte, in whole pages."""
+    piece = min(seg, MAP_WINDOW)
+    rows = min(count, max(1, MAP_WINDOW // stride)) if piece == seg else 1
+    return -(-(PAGE - 1 + (rows - 1) * stride + piece) // PAGE) * PAGE
+
+
+def map_bytes(workers: int, windows) -> int:
+    """Host bytes the mapped windows of strided reads hold at most (`layout.map_bytes`): the largest
+    windows (`window_bytes` of each strided request) of as many requests as may read at once."""
+    import heapq
+
+    return sum(heapq.nlargest(min(MAP_LANES, workers), windows))
+
+
+def map_bytes_bound(workers: int, strided_requests: int) -> int:
+    """What `map_bytes` can be at most: a full window per lane (plans from before windows were sized
+    to their requests claimed this)."""
     return min(MAP_LANES, workers, strided_requests) * (MAP_WINDOW + PAGE)
 
 

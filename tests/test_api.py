@@ -153,6 +153,11 @@ def test_tensor_parallel_spec_needs_a_rank(tmp_path, monkeypatch, loaded):
     with pytest.raises(BindError) as info:
         planc.load(spec)
     assert info.value.code == "bad-rank" and "tensor_parallel.size is 2" in info.value.message
+    for bad in ("one", "-1", "²", ""):  # a launcher variable that is not a rank: typed, naming RANK
+        monkeypatch.setenv("RANK", bad)
+        with pytest.raises(BindError, match="RANK=") as info:
+            planc.load(spec)
+        assert info.value.code == "bad-rank"
     monkeypatch.setenv("RANK", "1")
     model = loaded(spec)  # replicated tensors only: every rank loads them whole
     assert model.report["tensor_parallel"] == {"rank": 1, "size": 2}

@@ -176,6 +176,79 @@ def test_row_parallel_slices_by_mapped_reads_or_whole_rows(ckpt, how):
     assert [r["method"] for r in explain_doc(plans[0])["strided_reads"]] == [how]
 
 
+@pytest.mark.parametrize("window", [None, 256, 100_000])
+def test_mapped_windows_are_what_the_plan_counts(ckpt, monkeypatch, window):
+    """`layout.map_bytes` is the largest windows of as many strided requests as may read at once, each
+    what `costmodel.window_bytes` says its request maps; every mapping the reader makes during the
+    load is within its request's window (a small slice is not counted as a full 8 MiB window)."""
+    import mmap as mmap_mod
+
+    from planc import costmodel
+    from planc.execute import reader as reader_mod
+
+    if window:
+        monkeypatch.setattr(costmodel, "MAP_WINDOW", window)
+    d, t = ckpt
+    rules = [{"match": "l.*.mlp.down_proj.weight", "split": {"dim": 1}},
+             {"match": "l.*.attn.o_proj.weight", "split": {"dim": 1}}, {"match": "*", "skip": True}]
+    plan = compile_spec(_spec(d, 2, rules, {"slot": "8KiB", "strided": "mapped", "workers": 1}, f"w{window}.yaml"), 0)
+    reqs = [q for r in plan.runs for q in r.requests if q.stride]
+    wins = {(q.offset, q.count): costmodel.window_bytes(q.length, q.stride, q.count) for q in reqs}
+    assert len(reqs) >= 2
+    assert plan.layout.map_bytes == max(wins.values())  # one reader: one window at a time
+    assert plan.layout.map_bytes < 2 * (costmodel.MAP_WINDOW + costmodel.PAGE) or window == 256
+    maps = []
+    real = mmap_mod.mmap
+
+    class Watched(real):
+        def __new__(cls, fd, length, *a, **k):
+            maps.append(-(-length // costmodel.PAGE) * costmodel.PAGE)
+            return real.__new__(cls, fd, length, *a, **k)
+
+    monkeypatch.setattr(reader_mod.mmap, "mmap", Watched)
+    by_request = {}
+    real_read = reader_mod.Reader.read_strided
+
+    def read_strided(self, rel, offset, length, stride, count, buf):
+        before = len(maps)
+        n = real_read(self, rel, offset, length, stride, count, buf)
+        by_request[(offset, count)] = maps[before:]
+        return n
+
+    monkeypatch.setattr(reader_mod.Reader, "read_strided", read_strided)
+    _load(plan)
+    monkeypatch.undo()
+    assert set(by_request) == set(wins)
+    for key, got in by_request.items():
+        assert got and max(got) <= wins[key], (key, got, wins[key])
+    # the bound is tight: at most the page that a window's first byte may start into
+    assert max(max(g) for g in by_request.values()) >= max(wins.values()) - costmodel.PAGE
+
+
+def test_a_plan_claiming_full_windows_still_loads_and_one_claiming_less_is_refused(ckpt):
+    """Plans written when every strided request counted a full window are admitted as they are (they
+    claim more, never less); a plan claiming less than its windows is refused, naming the field."""
+    from planc.errors import PlanFormatError
+    from planc.plan import decode, encode
+
+    d, t = ckpt
+    rules = [{"match": "l.*.mlp.down_proj.weight", "split": {"dim": 1}}, {"match": "*", "skip": True}]
+    plan = compile_spec(_spec(d, 2, rules, {"slot": "8KiB", "strided": "mapped"}, "claim.yaml"), 0)
+    doc = json.loads(encode(plan))
+    exact = doc["layout"]["map_bytes"]
+    n = sum(1 for r in plan.runs for q in r.requests if q.stride)
+    full = min(4, plan.io.workers, n) * ((8 << 20) + 4096)
+    doc["layout"]["map_bytes"] = full
+    doc["peak"]["host_bytes"] += full - exact  # the recorded peak is the replay's, with what the plan claims
+    old = decode(json.dumps(doc))
+    assert old.layout.map_bytes == full > exact and old.peak.host_bytes > plan.peak.host_bytes
+    for bad in (exact - 1, full + 1):
+        doc["layout"]["map_bytes"] = bad
+        doc["peak"]["host_bytes"] = plan.peak.host_bytes + bad - exact
+        with pytest.raises(PlanFormatError, match="layout.map_bytes"):
+            decode(json.dumps(doc))
+
+
 def test_uneven_split_names_the_tensor_and_padding_zero_fills(ckpt):
     d, t = ckpt
     rules = [{"match": "embed.weight", "split": {"dim": 0}}, {"match": "*", "skip": True}]
