@@ -49,11 +49,10 @@ def _plan(spec_or_plan, rank: int | None):
 
 def _env_rank(env: str, path) -> int:
     """$RANK as a rank: an integer 0 or more, else a typed error naming the variable."""
-    try:
-        n = int(env.strip())
-    except ValueError:
-        n = -1
-    if n < 0:
+    from .units import ascii_int
+
+    n = ascii_int(env)
+    if n is None or n < 0:
         raise BindError(f"{path}: RANK={env[:40]!r} is not a rank: a launcher sets it to an integer 0 or more",
                         code="bad-rank")
     return n

@@ -19,10 +19,10 @@ from typing import Optional
 import typer
 
 from . import __version__, settings
-from .errors import PlancError, printable, shorten_words
+from .errors import PlanFormatError, PlancError, printable, shorten_words
 from .prestart import head as _head
 from .prestart import plan_device_hint
-from .units import fmt_bytes, parse_bytes
+from .units import SPEC_CAP, ascii_int, fmt_bytes, parse_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="planc: compile a checkpoint + placement spec into a load plan that is proven to fit, "
@@ -216,12 +216,9 @@ def _env_int(name: str) -> Optional[int]:
     val = os.environ.get(name)
     if val is None:
         return None
-    try:
-        n = int(val.strip())
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise _usage(f"{name}={printable(val)[:40]!r} is not a rank: a launcher sets it to an integer 0 or more")
+    n = ascii_int(val)
+    if n is None or n < 0:
+        raise _usage(f"{name}={printable(val)[:40]!r} is not an integer 0 or more, which a launcher sets it to")
     return n
 
 
@@ -243,10 +240,9 @@ def _rank(opt: Optional[str], size: int, allow_all: bool = False):
     elif allow_all and opt == "all":
         return "all"
     else:
-        try:
-            r = int(opt)
-        except ValueError:
-            raise _usage(f"--rank must be an integer{' or all' if allow_all else ''}, got {printable(opt)[:40]!r}") from None
+        r = ascii_int(opt)
+        if r is None:
+            raise _usage(f"--rank must be an integer{' or all' if allow_all else ''}, got {printable(opt)[:40]!r}")
         what = "--rank"
     if not 0 <= r < size:
         raise _usage(f"rank {r} is outside tensor_parallel.size {size} (ranks 0..{size - 1}); it came from {what}")
@@ -264,8 +260,6 @@ def _is_plan(path: Path) -> bool:
     A `.json` is a plan when it names a plan-only key there, when it is too large to be a spec, or
     when it does not exist (the plan reader says so); a truncated plan is still a plan. A FIFO or a
     device is left to the spec reader, which refuses it without blocking."""
-    from .units import SPEC_CAP
-
     if path.suffix.lower() != ".json":
         return False
     got = _head(path)
@@ -275,23 +269,39 @@ def _is_plan(path: Path) -> bool:
     return size > SPEC_CAP or bool(_PLAN_KEYS.search(head))
 
 
+def _looks_like_spec(path: Path) -> bool:
+    """A JSON document with a spec's `rules` and none of a plan's `runs`."""
+    try:
+        doc = json.loads(path.read_bytes()[:SPEC_CAP])
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "rules" in doc and "runs" not in doc
+
+
 def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
     if _is_plan(path):
         from .plan import load_plan
 
-        plan = load_plan(path)
-        tp = plan.tensor_parallel
-        env, _ = _env_int("RANK"), _env_int("WORLD_SIZE")  # checked whether or not they pick the plan
-        if rank is not None:
-            want, what = rank, "--rank"
-        elif tp.size > 1:
-            want, what = env, "RANK"
-        else:  # a data-parallel replica: RANK does not pick the plan
-            want, what = None, None
-        if want is not None and str(want) != str(tp.rank):
-            raise _usage(f"{path} is the plan of rank {tp.rank}, but {what} {printable(str(want))[:40]} asks for "
-                         f"another")
-        return plan
+        try:
+            plan = load_plan(path)
+        except PlanFormatError as e:
+            if e.code != "plan-kind" or not _looks_like_spec(path):
+                raise
+            plan = None  # a JSON spec whose key looks like a plan's (a typo): read as the spec it is
+        if plan is not None:
+            tp = plan.tensor_parallel
+            env, world = _env_int("RANK"), _env_int("WORLD_SIZE")  # checked whether or not they pick the plan
+            if world is not None and tp.size > 1 and world != tp.size:
+                raise _usage(f"WORLD_SIZE={world} but {path} is a plan of tensor_parallel.size {tp.size}")
+            if rank is not None:
+                want, what = _rank(rank, tp.size), "--rank"
+            elif tp.size > 1:
+                want, what = env, "RANK"
+            else:  # a data-parallel replica: RANK does not pick the plan
+                want, what = None, None
+            if want is not None and want != tp.rank:
+                raise _usage(f"{path} is the plan of rank {tp.rank}, but {what} {want} asks for another")
+            return plan
     from .compile import compile_spec  # a spec: only now the spec models and the compiler are imported
     from .spec import load_spec
 

@@ -20,6 +20,7 @@ from .admission import admit, run_host_bytes
 from .dtypes import DTYPES
 from .errors import PlanFormatError, printable
 from .costmodel import MAP_LANES, MAP_WINDOW, PAGE, STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
+from .units import MAX_BYTES
 from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
@@ -156,7 +157,7 @@ def _nbytes_of(dtype: str, shape: tuple, path: str) -> int:
     return n
 
 
-_MAX = 2**62  # any byte count or offset beyond this is not a real one
+_MAX = MAX_BYTES  # any byte count or offset beyond this is not a real one (units.MAX_BYTES: 2**62)
 new = tuple.__new__  # a record built from checked fields, without its Python-level constructor
 _ROLES = ("weight", "scale")
 

@@ -1,4 +1,5 @@
-"""Byte sizes: one parser (`64MiB`, `8GiB`, `1.5GB`, `4096`) and one formatter."""
+"""Numbers from text: byte sizes (`64MiB`, `8GiB`, `1.5GB`, `4096`, one parser and one formatter) and
+ASCII integers (`ascii_int`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ _UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
-MAX_BYTES = 2**63 - 1  # what the plan's figures, file offsets and int64 fields can hold
+MAX_BYTES = 2**62  # what a plan's figures may be (plancheck: beyond it no byte count is a real one), with room
+# for their sums in int64 fields
 _RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -29,7 +31,7 @@ def parse_bytes(value) -> int:
         m = _RE.match(value)
         if m and m.group(2).lower() in _UNITS:
             if len(m.group(1)) > 40:  # past any byte count; Fraction would also refuse a few thousand digits
-                raise ValueError(f"a byte size is at most 2**63 - 1 ({MAX_BYTES}), got {_clip(value)}")
+                raise ValueError(f"a byte size is at most 2**62 ({MAX_BYTES}), got {_clip(value)}")
             # Exact arithmetic: a float would lose digits past 2**53 and overflow to infinity.
             n = Fraction(m.group(1)) * _UNITS[m.group(2).lower()]
             if n.denominator == 1:
@@ -40,7 +42,7 @@ def parse_bytes(value) -> int:
 
 def _bounded(n: int, value) -> int:
     if n > MAX_BYTES:
-        raise ValueError(f"a byte size is at most 2**63 - 1 ({MAX_BYTES}), got {_clip(value)}")
+        raise ValueError(f"a byte size is at most 2**62 ({MAX_BYTES}), got {_clip(value)}")
     return n
 
 
@@ -69,3 +71,12 @@ def gib(n: int) -> str:
 
 
 SPEC_CAP = 16 * 2**20  # bytes; a spec is a page of rules, and a bigger file is refused before it is read
+
+
+def ascii_int(text: str) -> int | None:
+    """An integer written in ASCII digits (`int` also takes other scripts' digits and `_`), else None."""
+    t = text.strip()
+    body = t[1:] if t[:1] in "+-" else t
+    if not body or not body.isascii() or not body.isdigit() or len(body) > 18:
+        return None
+    return int(t)

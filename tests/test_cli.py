@@ -246,3 +246,15 @@ def test_run_reads_the_device_hint_of_a_saved_plan_only(tmp_path):
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
     assert _plan_device_hint(fifo) is None  # not opened for a blocking read: a FIFO is no plan
+
+
+def test_what_compile_admits_the_plan_reader_reads(capsys, ckpt):
+    """Byte sizes stop at 2**62, the most a plan's figures may be: a budget at the limit compiles to a
+    plan file that `run`/`explain` read; one byte more is the spec's error, not an unreadable plan."""
+    s = spec(ckpt, host=str(2**62), device=str(2**62))
+    rc, out, err = run(capsys, "compile", s, "-o", ckpt / "p.json")
+    assert rc == 0, err
+    assert run(capsys, "explain", ckpt / "p.json")[0] == 0
+    for host in (str(2**62 + 1), "5000000TiB", str(2**63 - 1)):
+        rc, out, err = run(capsys, "compile", spec(ckpt, host=host, name="big.yaml"))
+        assert rc == 2 and "budget.host" in one_line_error(err) and "at most 2**62" in err, err

@@ -299,6 +299,30 @@ def test_cli_rank_all_and_env(ckpt, tmp_path, capsys, monkeypatch):
     assert main(["run", str(tmp_path / "plans" / "rank-1.json")]) == 2  # RANK=2 but the plan is rank 1
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert main(["compile", str(spec)]) == 2
+    # a saved plan is held to the launcher's variables as its spec is
+    plan = str(tmp_path / "plans" / "rank-2.json")
+    capsys.readouterr()
+    assert main(["explain", plan]) == 2 and "WORLD_SIZE=3 but" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for bad in ("\u0662", "-1", "2.0", " "):  # an Arabic-Indic two, a negative, a float, blank
+        monkeypatch.setenv("RANK", bad)
+        assert main(["explain", plan]) == 2 and "RANK=" in capsys.readouterr().err
+    monkeypatch.delenv("RANK")
+    assert main(["explain", plan, "--rank", "02"]) == 0  # the rank as an integer, as for a spec
+    capsys.readouterr()
+    assert main(["explain", plan, "--rank", "-1"]) == 2 and "outside tensor_parallel.size 4" in capsys.readouterr().err
+
+
+def test_a_json_spec_with_a_plan_like_key_is_reported_as_the_spec_it_is(ckpt, tmp_path, capsys):
+    d, _ = ckpt
+    js = d / "typo.json"
+    js.write_text(json.dumps({"checkpoint": "m.safetensors", "budget": {"host": "64MiB"}, "format": 1,
+                              "rules": [{"match": "*"}]}))
+    for cmd in ("explain", "run"):
+        assert main([cmd, str(js)]) == 2
+        assert "format: unknown key [spec-invalid]" in capsys.readouterr().err
+    js.write_text(json.dumps({"kind": "nope", "runs": []}))  # a damaged plan stays a plan error
+    assert main(["explain", str(js)]) == 2 and "[plan-kind]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("how", ["mapped", "rows"])
