@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BindError, PlanFormatError
+from .errors import BindError, HandoffError, PlanFormatError, SpecError
 
 
 def _plan(spec_or_plan, rank: int | None):
@@ -23,6 +23,11 @@ def _plan(spec_or_plan, rank: int | None):
 
     if isinstance(spec_or_plan, Plan):
         return _check_rank(spec_or_plan, rank, "the plan given")
+    if not isinstance(spec_or_plan, (str, os.PathLike)):
+        raise SpecError(f"spec_or_plan must be the path of a spec or a plan file, or a Plan; got "
+                        f"{type(spec_or_plan).__name__}", code="spec-missing")
+    if rank is not None:
+        rank = _rank_arg(rank)
     path = Path(spec_or_plan)
     if path.suffix.lower() == ".json":
         from .plan import load_plan
@@ -45,6 +50,19 @@ def _plan(spec_or_plan, rank: int | None):
                             code="bad-rank")
         rank = _env_rank(env, path) if size > 1 else 0
     return compile_spec(path, rank)
+
+
+def _rank_arg(rank) -> int:
+    """`rank=` as an int 0 or more (numpy integers too; not a bool), else a typed error."""
+    import operator
+
+    try:
+        r = operator.index(rank) if not isinstance(rank, bool) else -1
+    except TypeError:
+        r = -1
+    if r < 0:
+        raise BindError(f"rank must be an integer 0 or more, got {str(rank)[:40]!r}", code="bad-rank")
+    return r
 
 
 def _env_rank(env: str, path) -> int:
@@ -118,7 +136,10 @@ def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = N
     """
     from .torch_handoff import assign, import_torch
 
-    import_torch()  # before anything is loaded: without torch there is nothing to load into
+    torch = import_torch()  # before anything is loaded: without torch there is nothing to load into
+    if not isinstance(module, torch.nn.Module):
+        raise HandoffError(f"load_into needs a torch.nn.Module (built on the meta device), got "
+                           f"{type(module).__name__}", code="not-a-module")
     import time
 
     model = load(spec_or_plan, rank=rank, device=device, verify=verify, settings=settings)

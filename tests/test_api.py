@@ -400,3 +400,32 @@ def test_settings_passed_as_arguments_hold_for_the_call_only(tmp_path, loaded, m
         planc.load(plan, settings={"host_reserv": "1GiB"})
     with pytest.raises(settings.SettingError, match="PLANC_HOST_RESERVE"):
         planc.load(plan, settings={"host_reserve": "lots"})
+
+
+def test_bad_arguments_are_typed_errors_before_anything_is_loaded(tmp_path, monkeypatch):
+    """What a caller may pass wrong: the target, the rank, the device, the module. Each is a typed
+    error naming the argument, raised before anything is allocated."""
+    from planc.errors import SpecError
+    from planc.execute import seam
+
+    src = families.llama()
+    spec = shipped(tmp_path, "transformers-llama", src)
+    plan = tmp_path / "plan.json"
+    save_plan(compile_spec(spec), plan)
+    monkeypatch.setattr(seam, "select", lambda *a: pytest.fail("a bad argument reached the device"))
+    for target in (5, None, b"spec.yaml"[0]):
+        with pytest.raises(SpecError, match="spec_or_plan must be") as info:
+            planc.load(target)
+        assert info.value.code == "spec-missing"
+    for rank in ("1", -1, True, 1.0):
+        with pytest.raises(BindError, match="rank must be an integer") as info:
+            planc.load(plan, rank=rank)
+        assert info.value.code == "bad-rank"
+    for device in ("cpu", "cuda:abc", 0, "cuda:1:2", ""):
+        with pytest.raises(SpecError, match="device must be cuda or cuda:N") as info:
+            planc.load(plan, device=device)
+        assert info.value.code == "bad-device"
+    torch = pytest.importorskip("torch")
+    with pytest.raises(HandoffError, match="needs a torch.nn.Module") as info:
+        planc.load_into(object(), plan)
+    assert info.value.code == "not-a-module" and torch.nn.Module

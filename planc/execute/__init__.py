@@ -90,7 +90,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
     settle_released()  # an earlier load's ring is unpinned before this one measures and admits
     pin_method()  # a bad PLANC_PIN is refused before anything is allocated
     check_fingerprints(plan)
-    dev = device or plan.device
+    dev = plan.device if device is None else _device_arg(device)
     idx = select(dev)  # attaches to the device's primary context (made here if no one made it yet)
     live = admit_live(plan)
     base_rss = rss_bytes()
@@ -232,3 +232,14 @@ def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_allo
         "files": loader.reader.modes() if loader.reader else {},
         "retries": loader.reader.retries if loader.reader else 0,
     }
+
+
+def _device_arg(device) -> str:
+    """`device=` of a load: `cuda` or `cuda:N`, else a typed error before anything is allocated."""
+    from ..device import check_device
+    from ..errors import SpecError
+
+    try:
+        return check_device(device)
+    except ValueError as e:
+        raise SpecError(f"device {e}", code="bad-device") from None
