@@ -30,6 +30,28 @@ def _find_spec(spec: Path | None) -> tuple[Path, bool]:
     return Path(__file__).resolve().parent / DEFAULT_SPEC, True
 
 
+def _write_unless_same(folder: Path, family: str):
+    """Write the demo checkpoint of `family` into `folder`, leaving files that already hold exactly
+    those bytes untouched: a plan compiled against them stays valid (its fingerprints hold the
+    files' modification times)."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    from .synth import write_checkpoint
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".planc-demo-") as tmp:
+        res = write_checkpoint(Path(tmp), family, seed=0)
+        for f in sorted(Path(tmp).iterdir()):
+            dst = folder / f.name
+            if dst.is_file() and not dst.is_symlink() and dst.read_bytes() == f.read_bytes():
+                continue
+            shutil.move(str(f), str(dst))
+    files = tuple(str(folder / Path(x).name) for x in res.files)
+    return dataclasses.replace(res, path=str(folder / Path(res.path).name), files=files)
+
+
 def gpu_present() -> bool:
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return False
@@ -45,7 +67,6 @@ def gpu_present() -> bool:
 def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Console) -> None:
     from .compile import compile_spec
     from .explain import render
-    from .synth import write_checkpoint
 
     spec_path, packaged = _find_spec(spec)
     ckpt_dir = spec_path.resolve().parent.parent / "demo" / "dense" if spec is None and not packaged else None
@@ -56,10 +77,13 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
         text = _CHECKPOINT_LINE.sub("checkpoint: dense/model.safetensors", spec_path.read_text(), count=1)
         spec_path = workdir / "demo.yaml"
         spec_path.write_text(text)
+    from .spec import load_spec
+
+    load_spec(spec_path)  # a spec that cannot be read is refused before any checkpoint is written
     target = ckpt_dir or workdir / "dense"
-    res = write_checkpoint(target, "dense", seed=0)
+    res = _write_unless_same(target, "dense")
     for family in ("moe", "fp8"):  # the other example specs in specs/ read these
-        write_checkpoint(target.parent / family, family, seed=0)
+        _write_unless_same(target.parent / family, family)
     console.print(f"[bold]1. checkpoint[/bold]: {res.tensors} tensors, {res.total_bytes:,} bytes -> {res.path}")
     plan = compile_spec(spec_path)
     console.print(f"[bold]2. compile + explain[/bold] {spec_path}")

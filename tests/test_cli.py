@@ -258,3 +258,26 @@ def test_what_compile_admits_the_plan_reader_reads(capsys, ckpt):
     for host in (str(2**62 + 1), "5000000TiB", str(2**63 - 1)):
         rc, out, err = run(capsys, "compile", spec(ckpt, host=host, name="big.yaml"))
         assert rc == 2 and "budget.host" in one_line_error(err) and "at most 2**62" in err, err
+
+
+def test_demo_again_keeps_the_checkpoints_a_plan_was_compiled_against(capsys, tmp_path, monkeypatch):
+    """`planc demo` writes the same bytes each time, so it leaves them in place: a plan compiled
+    after the first demo still matches its checkpoint; a spec it cannot read is refused first."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    shipped = __import__("planc").__file__.rsplit("/", 1)[0] + "/specs/demo.yaml"
+    (tmp_path / "specs" / "demo.yaml").write_text(open(shipped).read())
+    assert main(["demo", "--no-run"]) == 0
+    ck = tmp_path / "demo" / "dense" / "model.safetensors"
+    before = ck.stat().st_mtime_ns
+    assert main(["compile", "specs/demo.yaml", "-o", "plan.json"]) == 0
+    assert main(["demo", "--no-run"]) == 0
+    assert ck.stat().st_mtime_ns == before
+    from planc.execute import check_fingerprints
+
+    check_fingerprints(load_plan("plan.json"))  # what `planc run` checks first: the files did not change
+    capsys.readouterr()
+    ck.write_bytes(ck.read_bytes()[:-1] + b"\x00")  # damaged: the demo puts the right bytes back
+    assert main(["demo", "--spec", "nope.yaml", "--no-run"]) == 2
+    assert "spec file not found" in capsys.readouterr().err and ck.read_bytes()[-1:] == b"\x00"
+    assert main(["demo", "--no-run"]) == 0 and ck.read_bytes()[-1:] != b"\x00"
