@@ -23,13 +23,28 @@ def blob(tmp_path):
     (299_000, 1000, 1000, 1)])
 def test_read_strided_equals_numpy_slicing(blob, monkeypatch, window, offset, length, stride, count):
     monkeypatch.setattr(costmodel, "MAP_WINDOW", window)  # windows and segment pieces smaller than the reads
+    import mmap
+
+    from planc.execute import reader as reader_mod
+
     d, data = blob
     r = Reader(str(d), "off")
     buf = np.full(length * count + 64, 0xAB, dtype=np.uint8)
+    maps, real = [], mmap.mmap
+
+    class Watched(real):
+        def __new__(cls, fd, n, *a, **k):
+            maps.append(n)
+            return real.__new__(cls, fd, n, *a, **k)
+
+    monkeypatch.setattr(reader_mod.mmap, "mmap", Watched)
     try:
         assert r.read_strided("f.bin", offset, length, stride, count, buf) == length * count
     finally:
         r.close()
+    monkeypatch.setattr(reader_mod.mmap, "mmap", real)
+    # every window mapped is within what the plan counts for the request (layout.map_bytes)
+    assert maps and max(maps) <= costmodel.window_bytes(length, stride, count)
     want = np.lib.stride_tricks.as_strided(data[offset:], (count, length), (stride, 1)).reshape(-1)
     assert np.array_equal(buf[:length * count], want)
     assert (buf[length * count:] == 0xAB).all()  # nothing written past the packed segments
@@ -43,5 +58,19 @@ def test_read_strided_past_the_end_is_a_typed_error_not_a_fault(blob):
         with pytest.raises(ReadError) as ei:
             r.read_strided("f.bin", 299_000, 100, 1000, 3, np.empty(300, np.uint8))
         assert ei.value.code == "read-short" and "f.bin" in ei.value.message
+    finally:
+        r.close()
+
+
+def test_a_short_read_names_where_the_file_really_ends(blob):
+    """A file cut short after compile: the message gives its size now, not the read's offset."""
+    d, data = blob
+    (d / "f.bin").write_bytes(data[:100_000].tobytes())
+    r = Reader(str(d), "off")
+    r.open("f.bin", 300_000)
+    try:
+        with pytest.raises(ReadError) as ei:
+            r.read_into("f.bin", 200_704, 8192, np.empty(8192, np.uint8), 8192)
+        assert ei.value.code == "read-short" and "file ended at 100000 bytes" in ei.value.message, ei.value.message
     finally:
         r.close()

@@ -71,9 +71,17 @@ def pread_exact(fd: int, buf, offset: int, path: str) -> None:
             raise ReadError(f"{path}: read of {len(mv)} bytes at offset {offset} failed: {e.strerror}",
                             code="read-failed") from None
         if n == 0:
-            raise ReadError(f"{path}: file ended at {offset + got} bytes, {len(mv) - got} bytes short of the "
+            raise ReadError(f"{path}: file ended at {_size(fd, offset + got)} bytes, {len(mv) - got} bytes short of the "
                             f"planned read at offset {offset} (was it truncated after compile?)", code="read-short")
         got += n
+
+
+def _size(fd: int, fallback: int) -> int:
+    """The file's size now (for a short read's message: where it really ends), else `fallback`."""
+    try:
+        return os.fstat(fd).st_size
+    except OSError:
+        return fallback
 
 
 @dataclass
@@ -150,13 +158,13 @@ class Reader:
                 self.requests += 1 if got == 0 else 0
                 self.retries += 1 if got else 0
             if n == 0:
-                raise ReadError(f"{f.path}: file ended at {offset + got} bytes, {needed - got} bytes short of the "
+                raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, {needed - got} bytes short of the "
                                 f"planned read at offset {offset} (was it truncated after compile?)", code="read-short")
             got += n
             if f.direct and got % ALIGN:
                 break  # O_DIRECT short read at end of file
         if got < needed:
-            raise ReadError(f"{f.path}: file ended at {offset + got} bytes, short of the planned read at offset "
+            raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, short of the planned read at offset "
                             f"{offset} (was it truncated after compile?)", code="read-short")
         with self._lock:
             self.bytes_read += got
