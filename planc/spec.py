@@ -20,16 +20,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema,
+                      field_validator, model_validator)
 
 from .device import DIRECT_ALIGN, check_device  # noqa: F401 - the spec's names for them
 from .device import brief as _brief
 from .dtypes import DTYPES
 from .errors import SpecError
 from .specparse import parse_json, parse_yaml
-from .units import parse_bytes
+from .units import MAX_BYTES, parse_bytes
 
-ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
+# The JSON Schema says what the validators take: a byte size as an integer or as text (`64MiB`), a
+# yes/no as a boolean, 0 or 1, or one of the words pydantic reads as one.
+_BYTES_TEXT = r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT]([iI]?[bB])?|[bB])?\s*$"
+ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_BYTES}, {"type": "string", "pattern": _BYTES_TEXT}]})]
+_YES_NO = ["yes", "no", "on", "off", "true", "false", "y", "n", "t", "f", "1", "0"]
+YesNo = Annotated[bool, WithJsonSchema(
+    {"anyOf": [{"type": "boolean"}, {"enum": [0, 1]}, {"type": "string", "enum": _YES_NO + [w.upper() for w in _YES_NO
+                                                                                       if w.isalpha()]}]})]
 Target = Literal["keep", "float16", "bfloat16", "float32"]
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -118,7 +127,7 @@ class Dequantize(_Model):
 class Split(_Model):
     dim: int = Field(ge=0)
     """Dim of the loaded tensor to split across ranks: 0 is column parallel for a [out, in] weight, 1 row parallel."""
-    pad: bool = False
+    pad: YesNo = False
     """Allow sizes not divisible by the number of ranks: each rank gets ceil(D / N); the last ranks are zero-padded."""
 
 
@@ -134,7 +143,7 @@ class Rule(_Model):
     """Only tensors stored in one of these safetensors dtypes match (e.g. [F8_E4M3])."""
     dtype: Target = "keep"
     """Target dtype of the loaded tensor."""
-    skip: bool = False
+    skip: YesNo = False
     """Do not load matching tensors."""
     on: Literal["device", "host"] = "device"
     """Where conversions and packs run."""
@@ -148,7 +157,7 @@ class Rule(_Model):
     """Stack same-shaped matched tensors into one tensor with a new leading dim."""
     dequantize: Dequantize | None = None
     """Dequantize FP8 weights with block scales to `dtype` (bfloat16 unless float16 is given)."""
-    transpose: bool = False
+    transpose: YesNo = False
     """Transpose 2-D tensors."""
     split: Split | Literal["replicate"] = "replicate"
     """Tensor parallel: `{dim: 0}` (column parallel), `{dim: 1}` (row parallel) or `replicate` (every rank loads it)."""

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,29 @@ def test_schema(capsys):
     assert rc == 0
     s = json.loads(o)
     assert {"checkpoint", "budget", "io", "rules"} <= set(s["properties"])
+
+
+def test_the_schema_takes_every_shipped_spec_and_refuses_what_the_spec_refuses(capsys):
+    """`planc schema` is a JSON Schema a script can check specs with: the shipped specs (byte sizes
+    as text, yes/no words) validate against it; what the spec itself refuses, it refuses too."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    rc, o, _ = run(capsys, "schema")
+    schema = json.loads(o)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    v = jsonschema.Draft202012Validator(schema)
+    specs = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.yaml"))
+    assert len(specs) >= 8
+    for f in specs:
+        doc = yaml.safe_load(f.read_text())
+        assert not list(v.iter_errors(doc)), (f.name, [e.message for e in v.iter_errors(doc)][:3])
+    base = {"checkpoint": "ckpt", "budget": {"host": "64MiB"}, "rules": [{"match": "*"}]}
+    assert v.is_valid(dict(base, io={"slot": "4KiB", "merge_gap": 0}))
+    assert v.is_valid(dict(base, rules=[{"match": "a", "skip": "yes"}, {"match": "*", "transpose": 1}]))
+    for bad in ({"host": -5}, {"host": "5 parsecs"}, {"host": 2**62 + 1}, {"host": True}):
+        assert not v.is_valid(dict(base, budget=bad)), bad
+    assert not v.is_valid(dict(base, rules=[{"match": "*", "skip": "maybe"}]))
 
 
 def test_inspect_json(capsys, ckpt):
