@@ -37,8 +37,22 @@ class _Console:
         if self._c is None:
             from rich.console import Console
 
-            self._c = Console(**self._kw)
+            kw = dict(self._kw)
+            stream = sys.stderr if kw.get("stderr") else sys.stdout
+            if "COLUMNS" not in os.environ and not _isatty(stream):
+                kw["width"] = LOG_WIDTH  # a log or a pipe: tables whole, not cut to 80 columns
+            self._c = Console(**kw)
         return getattr(self._c, name)
+
+
+LOG_WIDTH = 160  # columns of text output that goes to a file or a pipe (COLUMNS, when set, wins)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
 
 
 def Table(*a, **kw):  # noqa: N802 - rich's Table, imported at its first use

@@ -306,3 +306,14 @@ def test_demo_again_keeps_the_checkpoints_a_plan_was_compiled_against(capsys, tm
     assert main(["demo", "--spec", "nope.yaml", "--no-run"]) == 2
     assert "spec file not found" in capsys.readouterr().err and ck.read_bytes()[-1:] == b"\x00"
     assert main(["demo", "--no-run"]) == 0 and ck.read_bytes()[-1:] != b"\x00"
+
+
+def test_text_output_to_a_pipe_is_not_cut_to_80_columns(capsys, ckpt, monkeypatch):
+    """Into a file or a pipe (no terminal, no COLUMNS), tables keep their words: no cell ends in '…'."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    from planc import cli
+
+    monkeypatch.setattr(cli, "out", cli._Console(emoji=False))
+    monkeypatch.setattr(cli, "err", cli._Console(stderr=True, emoji=False))
+    rc, o, e = run(capsys, "explain", spec(ckpt, host="4KiB"))
+    assert rc == 0 and "REFUSED" in o and "alloc:ring" in o and "…" not in o, o
