@@ -199,6 +199,8 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
         raise _usage(f"--size: {e}")
     if folder.exists() and not folder.is_dir():
         raise _usage(f"FOLDER {folder} is a file, not a folder")
+    if not folder.is_dir():
+        raise _usage(f"FOLDER {folder} does not exist: give a folder on the disk the checkpoints live on")
     try:
         doc = measure(folder, size_bytes, workers, repeat)
         where = save(doc, output)

@@ -16,6 +16,9 @@ from planc.explain import explain_doc
 
 def test_probe_writes_figures_that_compile_reads(tmp_path, monkeypatch, capsys):
     out = tmp_path / "probe.json"
+    assert main(["probe", str(tmp_path / "scratch"), "-o", str(out)]) == 2  # a folder that does not exist
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "scratch").exists() and not out.exists()
+    (tmp_path / "scratch").mkdir()
     rc = main(["probe", str(tmp_path / "scratch"), "--size", "64MiB", "--workers", "2", "--repeat", "1",
                "-o", str(out), "--json"])
     assert rc == 0
