@@ -364,19 +364,18 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     size = load_spec(spec).spec.tensor_parallel.size
     r = _rank(rank, size, allow_all=True)
     if r == "all":
-        if output is None:
-            raise _usage("--rank all writes one plan per rank: give a folder with -o DIR")
-        if output.exists() and not output.is_dir():
+        if output is not None and output.exists() and not output.is_dir():
             raise _usage(f"-o {output} is a file; --rank all writes rank-K.json files into a folder")
-        _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
+        if output is not None:
+            _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
         plans = _all_ranks(spec)
-        for k, plan in enumerate(plans):
+        for k, plan in enumerate(plans if output is not None else ()):
             _write(output / f"rank-{k}.json", "-o", lambda p=plan, k=k: save_plan(p, output / f"rank-{k}.json"))
+        refused = [p for p in plans if not p.fits]
         if as_json:
             _emit_json({"ranks": [explain_doc(p) for p in plans]})
         else:
-            _rank_table(plans, out)
-        refused = [p for p in plans if not p.fits]
+            _rank_table(plans, err if refused else out)  # a refusal leaves stdout clean, as for one rank
         if refused:
             ref = refused[0].refusal
             k = refused[0].tensor_parallel.rank

@@ -289,6 +289,14 @@ def test_cli_rank_all_and_env(ckpt, tmp_path, capsys, monkeypatch):
     assert main(["explain", str(spec), "--rank", "all", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["totals"]["read_bytes"] > 0 for r in doc["ranks"]] == [True] * 4
+    capsys.readouterr()
+    assert main(["compile", str(spec), "--rank", "all"]) == 0  # no -o: every rank compiled, nothing written
+    assert "ranks" in capsys.readouterr().out and sorted(p.name for p in (tmp_path / "plans").iterdir()) == files
+    tight = _spec(d, 4, name="tight.yaml")
+    tight.write_text(tight.read_text().replace("host: 64MiB", "host: 4KiB"))
+    assert main(["compile", str(tight), "--rank", "all"]) == 3
+    o, e = capsys.readouterr()
+    assert o == "" and "ranks" in e and "refused" in e  # a refusal leaves stdout clean
     assert main(["compile", str(spec)]) == 2  # no rank, no $RANK
     assert "tensor_parallel.size is 4" in capsys.readouterr().err
     monkeypatch.setenv("RANK", "2")
