@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError,
+                      WithJsonSchema,
                       field_validator, model_validator)
 
 from .device import DIRECT_ALIGN, check_device  # noqa: F401 - the spec's names for them
@@ -62,11 +63,11 @@ class Budget(_Model):
 
 
 class IO(_Model):
-    workers: int = Field(16, ge=1, le=256)
+    workers: StrictInt = Field(16, ge=1, le=256)
     """Reader threads issuing reads concurrently."""
     slot: ByteSize = 16 * 2**20
     """Bytes of one pinned ring slot; one read request fills at most one slot. A multiple of 4 KiB."""
-    slots: int = Field(16, ge=1, le=1024)
+    slots: StrictInt = Field(16, ge=1, le=1024)
     """Slots in the pinned staging ring (ring bytes = slots x slot)."""
     run: ByteSize = 1024 * 2**20
     """Largest bytes read by one run; bounds the landing regions and the reads in flight."""
@@ -104,7 +105,7 @@ class Group(_Model):
 
 
 class Fuse(Group):
-    dim: int = Field(0, ge=0)
+    dim: StrictInt = Field(0, ge=0)
     """Dim of the source tensors to concatenate along. Placed by offset, so the dims before it must
     all be 1 (dim 0 always qualifies); rows that would interleave are refused (`fuse-interleaved`)."""
 
@@ -112,7 +113,7 @@ class Fuse(Group):
 class Dequantize(_Model):
     scale: str = "{name}_scale_inv"
     """Name of the block-scale tensor; `{name}` is the weight's name. Scale tensors are consumed, not loaded."""
-    block: int = Field(128, ge=1)
+    block: StrictInt = Field(128, ge=1)
     """Edge of the square scale block (128 for DeepSeek-V3 style checkpoints)."""
 
     @field_validator("scale")
@@ -125,14 +126,14 @@ class Dequantize(_Model):
 
 
 class Split(_Model):
-    dim: int = Field(ge=0)
+    dim: StrictInt = Field(ge=0)
     """Dim of the loaded tensor to split across ranks: 0 is column parallel for a [out, in] weight, 1 row parallel."""
     pad: YesNo = False
     """Allow sizes not divisible by the number of ranks: each rank gets ceil(D / N); the last ranks are zero-padded."""
 
 
 class TensorParallel(_Model):
-    size: int = Field(1, ge=1, le=1024)
+    size: StrictInt = Field(1, ge=1, le=1024)
     """Number of ranks; each rank's plan reads only its own bytes."""
 
 
@@ -190,6 +191,9 @@ class Rule(_Model):
             raise ValueError("dequantize with transpose is not supported")
         if self.skip and self.split != "replicate":
             raise ValueError("a skip rule takes no split")
+        _check_match(self.match)
+        if self.rename is not None and not self.rename.strip():
+            raise ValueError("rename must name a tensor (a template such as model.layers.{L}.mlp.gate.weight)")
         found = _PLACEHOLDER.findall(self.match)
         twice = sorted({n for n in found if found.count(n) > 1})
         if twice:
@@ -252,6 +256,17 @@ def _check_template(template: str, names: set[str], field: str) -> None:
             shown = "{" + f + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
             raise ValueError(f"{field} {template!r} is not a name template with {{X}} placeholders: "
                              f"{shown} is not one of {sorted('{' + n + '}' for n in names)}") from None
+
+
+def _check_match(glob: str) -> None:
+    """A brace outside a `{NAME}` placeholder, or a `[` that no `]` closes, is a typo that would match
+    the text literally (no tensor name holds one): refused, naming the pattern."""
+    rest = _PLACEHOLDER.sub("", glob)
+    if "{" in rest or "}" in rest:
+        raise ValueError(f"match {glob!r}: a brace must be part of a placeholder {{NAME}} (letters, digits and _, "
+                         f"not starting with a digit)")
+    if "[" in rest and "]" not in rest[rest.index("["):]:
+        raise ValueError(f"match {glob!r}: a [ opens a set of characters that no ] closes")
 
 
 def compile_match(glob: str) -> re.Pattern:
@@ -353,8 +368,30 @@ def validate_spec(data: Any, path: Path | str = "<spec>", lines: dict | None = N
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
-        msgs = [_format_error(err, path, lines or {}) for err in e.errors()]
+        msgs = [_format_error(err, path, lines or {}) for err in _one_per_union(e.errors())]
         raise SpecError("; ".join(msgs), code="spec-invalid") from None
+
+
+_SPLIT_FORMS = ("Split", "literal['replicate']")  # the members of `split`'s union, as pydantic tags them
+
+
+def _one_per_union(errors: list) -> list:
+    """`split` is `replicate` or `{dim, pad}`: report the form the value was written in, not both."""
+    out = []
+    for err in errors:
+        loc = err["loc"]
+        tag = next((x for x in loc if x in _SPLIT_FORMS), None)
+        if tag is not None:
+            k = loc.index(tag)
+            written = err.get("input") if k == len(loc) - 1 else {}  # a deeper error: a mapping was written
+            meant = "Split" if isinstance(written, dict) else "literal['replicate']"
+            if tag != meant:
+                continue
+            err = dict(err, loc=loc[:k] + loc[k + 1:])
+            if tag != "Split":
+                err["msg"] = "must be replicate or {dim: D} (with pad: true for uneven sizes)"
+        out.append(err)
+    return out
 
 
 def _format_error(err: dict, path, lines: dict) -> str:

@@ -230,3 +230,31 @@ def test_bad_name_templates(tmp_path, rule, field):
     with pytest.raises(SpecError) as info:
         load_spec(write_spec(tmp_path, {**BASE, "rules": [rule]}))
     assert f"{field}:" in info.value.message and "name template" in info.value.message
+
+
+@pytest.mark.parametrize("line, words", [
+    ("tensor_parallel: {size: 2.0}", "tensor_parallel.size: Input should be a valid integer"),
+    ("io: {workers: '4'}", "io.workers: Input should be a valid integer"),
+    ("rules: [{match: 'model.{L'}]", "a brace must be part of a placeholder"),
+    ("rules: [{match: 'model.{1x}.weight'}]", "a brace must be part of a placeholder"),
+    ("rules: [{match: 'a}'}]", "a brace must be part of a placeholder"),
+    ("rules: [{match: '[abc'}]", "no ] closes"),
+    ("rules: [{match: 'lm_head.weight', rename: ''}, {match: '*'}]", "rename must name a tensor"),
+    ("rules: [{match: '*', split: {dim: -1}}]", "rules[0].split.dim: Input should be greater than or equal to 0"),
+    ("rules: [{match: '*', split: replicat}]", "rules[0].split: must be replicate or {dim: D}"),
+])
+def test_typos_that_would_be_taken_literally_or_read_loosely_are_refused(tmp_path, line, words):
+    key = line.split(":", 1)[0]
+    base = {"checkpoint": "checkpoint: m.safetensors", "budget": "budget: {host: 1MiB}",
+            "rules": "rules: [{match: '*'}]"}
+    base[key] = line
+    e = spec_error(tmp_path, "\n".join(base.values()) + "\n")  # the line replaces its key's, or is added
+    assert words in e.message, e.message
+    assert "literal[" not in e.message and ".Split" not in e.message  # one form of split reported, untagged
+
+
+def test_placeholders_and_character_sets_still_match():
+    from planc.spec import Rule
+
+    r = Rule(match="model.layers.[0-9].{P}.weight")
+    assert r.pattern().match("model.layers.3.q.weight").group("P") == "q"
