@@ -284,7 +284,7 @@ def _read_shard(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry]]:
     prev = None
     for tname, dt, shape, begin, end in spans:
         if begin != cursor:
-            after = "the start of the data" if prev is None else f"tensor {prev!r} ends at {cursor}"
+            after = "the data starts at 0" if prev is None else f"tensor {prev!r} ends at {cursor}"
             if begin > cursor:
                 raise ManifestError(
                     f"{path}: tensor {tname!r} begins at data offset {begin} but {after}: "
