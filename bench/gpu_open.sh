@@ -9,7 +9,8 @@
 #     step by step (timeline; again after 32 GiB of memory were written once, for the share of the
 #     pinning that is the virtual machine backing memory on first use).
 #   c (about 4 minutes): the host-side strided-read sweeps (threads x mapping windows; io_uring
-#     against mapped windows).
+#     against mapped windows), and the ring's populating lanes against the memory-map lock (a mapping
+#     per slot against one for the ring; 1, 2 and 4 lanes).
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
@@ -50,5 +51,6 @@ if [[ $PART == *c* ]]; then
     python3 bench/probe_strided.py "$DATA" --gib 4 --threads 1,4,8,16 --windows 2,8,32 --repeat 3 \
         --shapes 1024:8192,3584:28672,4096:8192 --out "$OUT/probe_strided.jsonl" 2>&1 | grep -v "^h2d" | tail -40
     python3 bench/probe_uring.py "$DATA" --threads 1,4,16 2>&1 | tail -30
+    python3 bench/probe_maplock.py "$DATA/strided-4g.bin" 2>&1 | tail -8  # written by probe_strided above
     el probes
 fi
