@@ -259,40 +259,27 @@ def test_stack_moe_experts_through_the_scatter_kernel(tmp_path, load):
     assert_model(model, out)
 
 
-def test_scatter_rows_cut_every_copy_into_chunks(tmp_path, monkeypatch, load):
-    """The scatter table cuts each scattered copy into rows of at most SCATTER_CHUNK_BYTES (one block
-    each: the kernel's parallelism follows the bytes, not the copies); the rows cover every copy
-    exactly, in order, and a load through 256-byte rows is still bit-exact."""
+def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, monkeypatch, load):
+    """A scattered request of a few large pieces runs on many blocks: the grid's y splits each piece
+    (the table keeps one row per copy). Under the simulator each piece goes to two blocks, so a load
+    through the split grid is checked bit for bit."""
     from planc.execute import dispatch
 
     path, want = synth(tmp_path, "moe")
-    plan = compile_spec(spec_file(tmp_path, path, [STACK, {"match": "*"}], io=dict(SMALL_IO, slot="64KiB", slots=2)))
-    assert plan.totals.scatters >= 2
-    for chunk in (256, 1000, 1 << 20):
-        table, where = dispatch.scatter_table(plan, chunk)
-        for r in plan.runs:
-            for qi, q in enumerate(r.requests):
-                if not q.scatter:
-                    assert (r.index, qi) not in where
-                    continue
-                first, last = where[(r.index, qi)]
-                rows, w = table[first:last], q.width
-                assert (rows[:, 2] * w <= max(chunk, w)).all() and (rows[:, 2] > 0).all()
-                got = [(int(s) * w, int(d) * w, int(n) * w) for s, d, n in rows]
-                k = 0
-                for c in q.copies:
-                    done = 0
-                    while done < c.nbytes:
-                        s, d, n = got[k]
-                        assert (s, d) == (c.slot_offset + done, c.dst_offset + done)
-                        done += n
-                        k += 1
-                    assert done == c.nbytes
-                assert k == len(got)
-        assert sorted(b for a in where.values() for b in a)[-1] == len(table)
-    monkeypatch.setattr(dispatch, "SCATTER_CHUNK_BYTES", 256)
-    plan, model = load(spec_file(tmp_path, path, [STACK, {"match": "*"}], io=dict(SMALL_IO, slot="64KiB", slots=2)))
-    assert plan.totals.scatters >= 2 and len(dispatch.scatter_table(plan)[0]) > plan.layout.scatter_segments
+    spec = spec_file(tmp_path, path, [STACK, {"match": "*"}], io=dict(SMALL_IO, slot="64KiB", slots=2))
+    plan = compile_spec(spec)
+    table, where = dispatch.scatter_table(plan)
+    assert plan.totals.scatters >= 2 and len(table) == plan.layout.scatter_segments
+    for (run, qi), (first, last, longest) in where.items():
+        q = plan.runs[run].requests[qi]
+        assert last - first == len(q.copies) and longest == max(c.nbytes for c in q.copies) // q.width
+        assert dispatch.scatter_grid(last - first, longest)[1] == (2 if longest > 32 else 1)
+    monkeypatch.setattr(dispatch, "simulated", lambda: False)  # the GPU's geometry
+    assert dispatch.scatter_grid(4, 458_752) == (4, 132)  # four 3.5 MiB pieces of 8-byte words: 528 blocks
+    assert dispatch.scatter_grid(600, 100) == (600, 1)  # many small pieces: one block each
+    assert dispatch.scatter_grid(1, 10) == (1, 1)
+    monkeypatch.undo()
+    plan, model = load(spec)
     assert_model(model, stacked(want, 2, 8))
 
 

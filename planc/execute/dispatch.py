@@ -40,8 +40,8 @@ _SIM_BLOCK_TRANSPOSE = (32, 4)
 _SIM_GRID_TRANSPOSE = (2, 2)
 _TILE = 32  # the transpose kernel's tile edge
 _SCATTER_THREADS, _SIM_SCATTER_THREADS = 256, 32
-# Bytes of one scatter-table row (one block's work): a staged slot spreads over hundreds of blocks.
-SCATTER_CHUNK_BYTES = 64 << 10
+# Blocks one scatter launch aims for (132 multiprocessors on an H100 / H200, four blocks each).
+SCATTER_BLOCKS = 528
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -247,58 +247,45 @@ def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0) -
 
 # -- scatter and zero-fill ------------------------------------------------------------------------
 
-def scatter_table(plan, chunk_bytes: int | None = None) -> tuple[np.ndarray, dict]:
-    """All scattered requests' segments, in element units, each cut into rows of at most
-    `chunk_bytes`: (table int64 [n, 3], {(run, req): (first, last)}).
-
-    The kernel gives each row one block, so the rows, not the plan's copies, set its parallelism: a
-    16 MiB request of four 4 MiB pieces is 256 blocks, not 4 (one block moves a few GB/s, and the
-    stream's copies wait behind the kernel)."""
-    chunk_bytes = chunk_bytes or SCATTER_CHUNK_BYTES
-    src, dst, n, per_req, keys = [], [], [], [], []
+def scatter_table(plan) -> tuple[np.ndarray, dict]:
+    """All scattered requests' copies, one row each, in element units: (table int64 [n, 3],
+    {(run, req): (first, last, longest)}), `longest` the most elements one of its rows moves."""
+    rows, where = [], {}
     for r in plan.runs:
         for qi, q in enumerate(r.requests):
             if not q.scatter:
                 continue
             w = q.width
-            c = max(1, chunk_bytes // w)
-            before = len(n)
-            for slot_off, _space, d, nbytes, _rows, _pitch in q.copies:
-                src.append(slot_off // w)
-                dst.append(d // w)
-                n.append(nbytes // w)
-                per_req.append(c)
-            keys.append(((r.index, qi), before, len(n)))
-    if not n:
-        return np.zeros((0, 3), np.int64), {}
-    src_a, dst_a, n_a, c_a = (np.asarray(x, np.int64) for x in (src, dst, n, per_req))
-    chunks = np.maximum(1, -(-n_a // c_a))  # rows per segment
-    ends = np.cumsum(chunks)
-    seg = np.repeat(np.arange(len(n_a)), chunks)
-    k = (np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - chunks, chunks)) * c_a[seg]
-    table = np.empty((len(seg), 3), np.int64)
-    table[:, 0] = src_a[seg] + k
-    table[:, 1] = dst_a[seg] + k
-    table[:, 2] = np.minimum(c_a[seg], n_a[seg] - k)
-    starts = np.concatenate(([0], ends))
-    where = {key: (int(starts[a]), int(starts[b])) for key, a, b in keys}
+            first = len(rows)
+            for slot_off, _space, dst, n, _rows, _pitch in q.copies:
+                rows.append((slot_off // w, dst // w, n // w))
+            where[(r.index, qi)] = (first, len(rows), max((n // w for *_, n, _r, _p in q.copies), default=0))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     return table, where
 
 
-def scatter(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, stream) -> None:
-    """Move segments [first, last) of the table from the staging slot to the arena."""
+def scatter_grid(nseg: int, longest: int) -> tuple[int, int]:
+    """(segments, blocks per segment) of one scatter launch: the blocks follow the bytes, not the
+    segments. A request of four 4 MiB pieces on four blocks moved a few GB/s while the stream's
+    copies waited behind it; split over `SCATTER_BLOCKS` blocks it keeps every multiprocessor busy."""
+    if simulated():
+        return min(2, nseg), min(2, max(1, -(-longest // _SIM_SCATTER_THREADS)))
+    gx = min(nseg, 65535)
+    per = max(1, min(-(-SCATTER_BLOCKS // gx), -(-longest // _SCATTER_THREADS), 65535))
+    return gx, per
+
+
+def scatter(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, stream, longest: int = 1) -> None:
+    """Move segments [first, last) of the table from the staging slot to the arena (`longest`: the
+    most elements one of them moves, which sets the blocks each gets)."""
     if last <= first:
         return
     # A view in wider elements needs a whole number of them: the arena's size need not be one, but every
     # scattered copy lies in its width-aligned prefix (the plan codec checks offsets and lengths).
     src = staging_u8[:len(staging_u8) // width * width].view(_UINT[width])
     dst = arena_u8[:len(arena_u8) // width * width].view(_UINT[width])
-    nseg = last - first
-    if simulated():
-        blocks, threads = min(2, nseg), _SIM_SCATTER_THREADS
-    else:
-        blocks, threads = min(nseg, 65535), _SCATTER_THREADS
-    launch.go(f"scatter_{width}", blocks, threads, stream, src, dst, table_dev, first, last)
+    threads = _SIM_SCATTER_THREADS if simulated() else _SCATTER_THREADS
+    launch.go(f"scatter_{width}", scatter_grid(last - first, longest), threads, stream, src, dst, table_dev, first, last)
 
 
 def zero(arena_u8, regions, stream) -> int:

@@ -125,7 +125,7 @@ def _warm(idx: int, need) -> None:
                 dispatch.transpose2d(buf, out, 1, 1, DTYPES[a].bits // 8, stream=stream)
             elif op == "scatter":
                 table = dev.to_device(np.zeros((1, 3), np.int64))
-                dispatch.scatter(buf, out, table, 0, 1, a, stream)
+                dispatch.scatter(buf, out, table, 0, 1, a, stream, 1)
             elif op == "zero":
                 dispatch.zero(out, [(0, 1)], stream)
         stream.synchronize()

@@ -149,10 +149,10 @@ class Loader(Allocation, KernelRuns, HostPath):
             needed = req.needed
             base = req.staging * self.slot
             self.dev.stage(buf, ((self.staging, base, 0, needed, 1, 0),), self.stream)
-            first, last = self.scatter_rows[(r.index, qi)]
+            first, last, longest = self.scatter_rows[(r.index, qi)]
             self._join_warmer()
             dispatch.scatter(self.staging[base:base + needed], self.arena, self.table, first, last, req.width,
-                             self.stream)
+                             self.stream, longest)
             self.counters["copies"] += 1
             self.counters["kernels"] += 1
             moved = sum(c.nbytes for c in req.copies)

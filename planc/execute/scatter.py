@@ -5,8 +5,9 @@ is copied whole into a device staging slot, then this kernel moves each segment 
 The segment table (source offset in the slot, destination offset in the arena, length; all in
 units of the request's element width) is uploaded once for the whole plan.
 
-Each block takes whole segments (grid-stride over segments); its threads stride over the
-segment's elements, so a segment's reads and writes are coalesced.
+The grid is 2-D: x strides over the segments, y splits each segment among `gridDim.y` blocks,
+whose threads stride over its elements together (so a segment's reads and writes are coalesced,
+and a request of a few large pieces still spreads over every multiprocessor).
 
 This module is the kernels' source (the shipped PTX is built from it); the launchers are
 `planc.execute.dispatch.scatter`, `zero` and `scatter_table`.
@@ -22,14 +23,15 @@ from .kernels import CACHE
 @cuda.jit(cache=CACHE)
 def _scatter(src, dst, table, first, last):
     seg = first + cuda.blockIdx.x
+    step = cuda.gridDim.y * cuda.blockDim.x
     while seg < last:
         s0 = table[seg, 0]
         d0 = table[seg, 1]
         n = table[seg, 2]
-        i = cuda.threadIdx.x
+        i = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
         while i < n:
             dst[d0 + i] = src[s0 + i]
-            i += cuda.blockDim.x
+            i += step
         seg += cuda.gridDim.x
 
 
