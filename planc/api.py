@@ -21,13 +21,13 @@ from .errors import BindError, HandoffError, PlanFormatError, SpecError
 def _plan(spec_or_plan, rank: int | None):
     from .ir import Plan
 
+    if rank is not None:
+        rank = _rank_arg(rank)
     if isinstance(spec_or_plan, Plan):
         return _check_rank(spec_or_plan, rank, "the plan given")
     if not isinstance(spec_or_plan, (str, os.PathLike)):
         raise SpecError(f"spec_or_plan must be the path of a spec or a plan file, or a Plan; got "
                         f"{type(spec_or_plan).__name__}", code="spec-missing")
-    if rank is not None:
-        rank = _rank_arg(rank)
     path = Path(spec_or_plan)
     if path.suffix.lower() == ".json":
         from .plan import load_plan
@@ -102,6 +102,10 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
     from . import settings as _settings
     from .execute import execute
 
+    if device is not None:
+        from .execute import _device_arg
+
+        device = _device_arg(device)  # before a spec is compiled
     with _settings.overridden(settings):
         t0 = time.perf_counter()
         plan = _plan(spec_or_plan, rank)

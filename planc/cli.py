@@ -579,7 +579,10 @@ def demo(workdir: Path = typer.Option(Path("demo"), help="Where the demo checkpo
     """The main job on an embedded default: write a small checkpoint, compile, explain and run it."""
     from .demo import run_demo
 
-    run_demo(workdir, spec, execute_plan, out)
+    try:
+        run_demo(workdir, spec, execute_plan, out)
+    except ValueError as e:  # a demo folder that holds another checkpoint's files
+        raise _usage(str(e)) from None
 
 
 def _say(line: str) -> None:

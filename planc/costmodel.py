@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 from functools import lru_cache
 from pathlib import Path
 
@@ -34,6 +35,7 @@ STRIDED_MODES = ("auto", "mapped", "rows")  # io.strided
 ROWS_MARGIN = 1.25
 MAP_WINDOW = 8 << 20  # file bytes a strided read maps at a time (its pages count in the RSS until unmapped)
 MAP_LANES = 4  # windows mapped at once, whatever the readers: what bounds the mapped pages in the RSS
+MAP_PAGE = max(PAGE, mmap.PAGESIZE)  # a mapping starts on this machine's page boundary (64 KiB on some arm64)
 
 
 def window_bytes(seg: int, stride: int, count: int) -> int:
@@ -42,7 +44,7 @@ def window_bytes(seg: int, stride: int, count: int) -> int:
     `MAP_WINDOW` piece of a longer segment, from the page below its first byte, in whole pages."""
     piece = min(seg, MAP_WINDOW)
     rows = min(count, max(1, MAP_WINDOW // stride)) if piece == seg else 1
-    return -(-(PAGE - 1 + (rows - 1) * stride + piece) // PAGE) * PAGE
+    return -(-(MAP_PAGE - 1 + (rows - 1) * stride + piece) // MAP_PAGE) * MAP_PAGE
 
 
 def map_bytes(workers: int, windows) -> int:
@@ -56,7 +58,7 @@ def map_bytes(workers: int, windows) -> int:
 def map_bytes_bound(workers: int, strided_requests: int) -> int:
     """What `map_bytes` can be at most: a full window per lane (plans from before windows were sized
     to their requests claimed this)."""
-    return min(MAP_LANES, workers, strided_requests) * (MAP_WINDOW + PAGE)
+    return min(MAP_LANES, workers, strided_requests) * (MAP_WINDOW + MAP_PAGE)
 
 
 DEFAULTS = Costs("default", page_s=6.1e-8, copy_byte_s=2.8e-11, read_byte_s=2.3e-11, request_s=2.6e-5)

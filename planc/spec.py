@@ -35,11 +35,12 @@ from .units import MAX_BYTES, parse_bytes
 # yes/no as a boolean, 0 or 1, or one of the words pydantic reads as one.
 _BYTES_TEXT = r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT]([iI]?[bB])?|[bB])?\s*$"
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0), WithJsonSchema(
-    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_BYTES}, {"type": "string", "pattern": _BYTES_TEXT}]})]
-_YES_NO = ["yes", "no", "on", "off", "true", "false", "y", "n", "t", "f", "1", "0"]
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_BYTES}, {"type": "string", "pattern": _BYTES_TEXT}],
+     "$comment": "text: a whole number of bytes, at most 2**62 (1.5KiB is 1536; 1.5 or 5000000TiB is refused)"})]
+# yes, no, on, off, true, false, y, n, t, f, 1, 0, in any case (JSON Schema patterns have no flags)
+_YES_NO = r"^([yY]([eE][sS])?|[nN][oO]?|[oO]([nN]|[fF][fF])|[tT]([rR][uU][eE])?|[fF]([aA][lL][sS][eE])?|1|0)$"
 YesNo = Annotated[bool, WithJsonSchema(
-    {"anyOf": [{"type": "boolean"}, {"enum": [0, 1]}, {"type": "string", "enum": _YES_NO + [w.upper() for w in _YES_NO
-                                                                                       if w.isalpha()]}]})]
+    {"anyOf": [{"type": "boolean"}, {"enum": [0, 1]}, {"type": "string", "pattern": _YES_NO}]})]
 Target = Literal["keep", "float16", "bfloat16", "float32"]
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -261,12 +262,33 @@ def _check_template(template: str, names: set[str], field: str) -> None:
 def _check_match(glob: str) -> None:
     """A brace outside a `{NAME}` placeholder, or a `[` that no `]` closes, is a typo that would match
     the text literally (no tensor name holds one): refused, naming the pattern."""
-    rest = _PLACEHOLDER.sub("", glob)
-    if "{" in rest or "}" in rest:
+    pieces = _PLACEHOLDER.split(glob)[::2]  # the glob between placeholders, each matched on its own
+    if any("{" in p or "}" in p for p in pieces):
         raise ValueError(f"match {glob!r}: a brace must be part of a placeholder {{NAME}} (letters, digits and _, "
                          f"not starting with a digit)")
-    if "[" in rest and "]" not in rest[rest.index("["):]:
-        raise ValueError(f"match {glob!r}: a [ opens a set of characters that no ] closes")
+    if any(_unclosed_set(p) for p in pieces):
+        raise ValueError(f"match {glob!r}: a [ opens a set of characters that no ] closes (before the next "
+                         f"placeholder)")
+
+
+def _unclosed_set(piece: str) -> bool:
+    """Whether a `[` in `piece` opens a set that no `]` closes, read as fnmatch reads sets (`]` right
+    after `[` or `[!` is a member)."""
+    i, n = 0, len(piece)
+    while i < n:
+        if piece[i] == "[":
+            j = i + 1
+            if j < n and piece[j] == "!":
+                j += 1
+            if j < n and piece[j] == "]":
+                j += 1
+            while j < n and piece[j] != "]":
+                j += 1
+            if j >= n:
+                return True
+            i = j
+        i += 1
+    return False
 
 
 def compile_match(glob: str) -> re.Pattern:
@@ -380,9 +402,9 @@ def _one_per_union(errors: list) -> list:
     out = []
     for err in errors:
         loc = err["loc"]
-        tag = next((x for x in loc if x in _SPLIT_FORMS), None)
-        if tag is not None:
-            k = loc.index(tag)
+        k = next((i for i in range(1, len(loc)) if loc[i] in _SPLIT_FORMS and loc[i - 1] == "split"), None)
+        if k is not None:
+            tag = loc[k]
             written = err.get("input") if k == len(loc) - 1 else {}  # a deeper error: a mapping was written
             meant = "Split" if isinstance(written, dict) else "literal['replicate']"
             if tag != meant:
@@ -391,7 +413,7 @@ def _one_per_union(errors: list) -> list:
             if tag != "Split":
                 err["msg"] = "must be replicate or {dim: D} (with pad: true for uneven sizes)"
         out.append(err)
-    return out
+    return out or errors
 
 
 def _format_error(err: dict, path, lines: dict) -> str:

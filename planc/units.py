@@ -75,8 +75,8 @@ SPEC_CAP = 16 * 2**20  # bytes; a spec is a page of rules, and a bigger file is 
 
 def ascii_int(text: str) -> int | None:
     """An integer written in ASCII digits (`int` also takes other scripts' digits and `_`), else None."""
-    t = text.strip()
+    t = text.strip(" \t\n\r")
     body = t[1:] if t[:1] in "+-" else t
-    if not body or not body.isascii() or not body.isdigit() or len(body) > 18:
+    if not body or not body.isascii() or not body.isdigit() or len(body) > 18:  # 18 digits: past any rank
         return None
     return int(t)

@@ -413,14 +413,20 @@ def test_bad_arguments_are_typed_errors_before_anything_is_loaded(tmp_path, monk
     plan = tmp_path / "plan.json"
     save_plan(compile_spec(spec), plan)
     monkeypatch.setattr(seam, "select", lambda *a: pytest.fail("a bad argument reached the device"))
-    for target in (5, None, b"spec.yaml"[0]):
+    for target in (5, None, b"spec.yaml"):
         with pytest.raises(SpecError, match="spec_or_plan must be") as info:
             planc.load(target)
         assert info.value.code == "spec-missing"
+    from planc.plan import load_plan
+
     for rank in ("1", -1, True, 1.0):
-        with pytest.raises(BindError, match="rank must be an integer") as info:
-            planc.load(plan, rank=rank)
-        assert info.value.code == "bad-rank"
+        for target in (plan, load_plan(plan)):  # a path and a Plan alike
+            with pytest.raises(BindError, match="rank must be an integer") as info:
+                planc.load(target, rank=rank)
+            assert info.value.code == "bad-rank"
+    with pytest.raises(SpecError, match="device must be") as info:  # checked before the spec is read
+        planc.load(tmp_path / "nope.yaml", device="gpu")
+    assert info.value.code == "bad-device"
     for device in ("cpu", "cuda:abc", 0, "cuda:1:2", ""):
         with pytest.raises(SpecError, match="device must be cuda or cuda:N") as info:
             planc.load(plan, device=device)
@@ -428,4 +434,4 @@ def test_bad_arguments_are_typed_errors_before_anything_is_loaded(tmp_path, monk
     torch = pytest.importorskip("torch")
     with pytest.raises(HandoffError, match="needs a torch.nn.Module") as info:
         planc.load_into(object(), plan)
-    assert info.value.code == "not-a-module" and torch.nn.Module
+    assert info.value.code == "not-a-module" and torch.__name__ == "torch"

@@ -76,6 +76,7 @@ def test_the_schema_takes_every_shipped_spec_and_refuses_what_the_spec_refuses(c
     base = {"checkpoint": "ckpt", "budget": {"host": "64MiB"}, "rules": [{"match": "*"}]}
     assert v.is_valid(dict(base, io={"slot": "4KiB", "merge_gap": 0}))
     assert v.is_valid(dict(base, rules=[{"match": "a", "skip": "yes"}, {"match": "*", "transpose": 1}]))
+    assert v.is_valid(dict(base, rules=[{"match": "a", "skip": "Yes"}, {"match": "*", "transpose": "tRUE"}]))
     for bad in ({"host": -5}, {"host": "5 parsecs"}, {"host": 2**62 + 1}, {"host": True}):
         assert not v.is_valid(dict(base, budget=bad)), bad
     assert not v.is_valid(dict(base, rules=[{"match": "*", "skip": "maybe"}]))
@@ -306,6 +307,9 @@ def test_demo_again_keeps_the_checkpoints_a_plan_was_compiled_against(capsys, tm
     assert main(["demo", "--spec", "nope.yaml", "--no-run"]) == 2
     assert "spec file not found" in capsys.readouterr().err and ck.read_bytes()[-1:] == b"\x00"
     assert main(["demo", "--no-run"]) == 0 and ck.read_bytes()[-1:] != b"\x00"
+    (tmp_path / "demo" / "moe" / "model-00001-of-00002.safetensors").write_bytes(b"junk")  # another checkpoint's
+    capsys.readouterr()
+    assert main(["demo", "--no-run"]) == 2 and "already holds other checkpoint files" in capsys.readouterr().err
 
 
 def test_text_output_to_a_pipe_is_not_cut_to_80_columns(capsys, ckpt, monkeypatch):

@@ -159,12 +159,45 @@ def test_the_lanes_start_after_the_files_are_open_and_the_readers_threads_exist(
             me = threading.current_thread()
             loader = next(f.f_locals["self"] for f in _frames() if type(f.f_locals.get("self")).__name__ == "Loader")
             seen.append((sorted(getattr(loader.reader, "files", {})), len(getattr(loader.pool, "_threads", ())),
-                         [t.name for t in threading.enumerate() if t.name.startswith("planc-pin")], me.name))
+                         me.name))
             super().__init__(*a, **k)
 
     monkeypatch.setattr(allocation, "Pinner", Watched)
     execute(plan).free()
-    assert seen == [(sorted(f.path for f in plan.checkpoint.files), 3, [], threading.current_thread().name)], seen
+    assert seen == [(sorted(f.path for f in plan.checkpoint.files), 3, threading.current_thread().name)], seen
+
+
+def test_a_thread_that_cannot_start_leaves_no_thread_waiting():
+    """Starting the readers' threads, or the ring's lanes, can fail (no thread to be had, Ctrl-C):
+    the error leaves at once, and no thread already started is left waiting or pinning."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from planc.execute import allocation
+
+    real_start = threading.Thread.start
+    started = []
+
+    def start(self):
+        if self.name.startswith(("planc-read", "planc-pin")) and len(started) == 2:
+            raise RuntimeError("can't start new thread")
+        started.append(self)
+        real_start(self)
+
+    threading.Thread.start = start
+    try:
+        pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="planc-read")
+        with pytest.raises(RuntimeError):
+            allocation._start_threads(pool, 4)
+        done = threading.Event()
+        threading.Thread(target=lambda: (pool.shutdown(wait=True), done.set()), daemon=True).start()
+        assert done.wait(5), "a reader thread was left waiting at the gate"
+        started.clear()
+        ring = Slots([None] * 8)
+        with pytest.raises(RuntimeError):
+            Pinner(ring, Slots([None] * 8), MIB, lanes=4)
+    finally:
+        threading.Thread.start = real_start
+    assert all(not t.is_alive() for t in started)  # the lanes that started were stopped
 
 
 def _frames():

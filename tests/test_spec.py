@@ -239,6 +239,12 @@ def test_bad_name_templates(tmp_path, rule, field):
     ("rules: [{match: 'model.{1x}.weight'}]", "a brace must be part of a placeholder"),
     ("rules: [{match: 'a}'}]", "a brace must be part of a placeholder"),
     ("rules: [{match: '[abc'}]", "no ] closes"),
+    ("rules: [{match: 'a[b]c[d'}]", "no ] closes"),
+    ("rules: [{match: 'x[]'}]", "no ] closes"),
+    ("rules: [{match: '[!]'}]", "no ] closes"),
+    ("rules: [{match: 'a[{L}]b'}]", "no ] closes"),
+    ("rules: [{match: '*', Split: replicate}]", "rules[0].Split: unknown key"),
+    ("io: {Split: 1}", "io.Split: unknown key"),
     ("rules: [{match: 'lm_head.weight', rename: ''}, {match: '*'}]", "rename must name a tensor"),
     ("rules: [{match: '*', split: {dim: -1}}]", "rules[0].split.dim: Input should be greater than or equal to 0"),
     ("rules: [{match: '*', split: replicat}]", "rules[0].split: must be replicate or {dim: D}"),
@@ -250,7 +256,8 @@ def test_typos_that_would_be_taken_literally_or_read_loosely_are_refused(tmp_pat
     base[key] = line
     e = spec_error(tmp_path, "\n".join(base.values()) + "\n")  # the line replaces its key's, or is added
     assert words in e.message, e.message
-    assert "literal[" not in e.message and ".Split" not in e.message  # one form of split reported, untagged
+    assert "literal[" not in e.message  # one form of split reported, untagged
+    assert ".Split" not in e.message or ".Split: unknown key" in words  # (a user's own key may be Split)
 
 
 def test_placeholders_and_character_sets_still_match():
@@ -258,3 +265,5 @@ def test_placeholders_and_character_sets_still_match():
 
     r = Rule(match="model.layers.[0-9].{P}.weight")
     assert r.pattern().match("model.layers.3.q.weight").group("P") == "q"
+    for glob, name in (("[!a]*", "b.weight"), ("[]]*", "]x"), ("*.{P}.weight", "a.q.weight"), ("[!]]x", "ax")):
+        assert Rule(match=glob).pattern().match(name), glob

@@ -22,13 +22,16 @@ def _start_threads(pool: ThreadPoolExecutor, n: int) -> None:
     """Have `pool` start `n` threads now (it otherwise starts one per submission, later)."""
     if n <= 0:
         return
-    gate = threading.Barrier(n + 1)
-    for _ in range(n):
-        pool.submit(gate.wait)
+    gate = threading.Barrier(n + 1, timeout=10)
     try:
-        gate.wait(timeout=10)
-    except threading.BrokenBarrierError:  # a thread that could not start: the pool starts it on demand
-        pass
+        for _ in range(n):
+            pool.submit(gate.wait)
+        gate.wait()
+    except threading.BrokenBarrierError:  # slow to start: the pool has the threads it has, and starts more
+        pass                             # on demand
+    except BaseException:  # a thread that cannot start, or Ctrl-C: no started thread may wait on
+        gate.abort()       # the gate after the error has left (free() joins them)
+        raise
 
 
 class Allocation:

@@ -70,8 +70,13 @@ class Pinner:
         self.next = 0  # the next slot a lane takes
         self.error: BaseException | None = None
         self.stopping = False
-        self.jobs = [Background(self._pin, f"planc-pin-{i}", on_error=self._failed)
-                     for i in range(max(1, min(lanes, len(ring))))]
+        self.jobs: list[Background] = []
+        try:
+            for i in range(max(1, min(lanes, len(ring)))):
+                self.jobs.append(Background(self._pin, f"planc-pin-{i}", on_error=self._failed))
+        except BaseException:  # a lane that cannot start: the started ones stop before the error leaves
+            self.stop()
+            raise
 
     def _pin(self) -> None:
         while True:
