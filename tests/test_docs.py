@@ -1,5 +1,6 @@
-"""The docs cannot rot: every YAML and JSON example in README.md and docs/*.md is run, and every
-flag of every command is in docs/cli.md.
+"""The docs cannot rot: every YAML and JSON example in README.md and docs/*.md is run, every
+```console block tagged `checked` is run and its output compared, and every flag of every command
+is in docs/cli.md.
 
 Convention for fenced examples: the info string after the language holds words that say how the
 block is checked, and a ```yaml or ```json block without one fails this test.
@@ -150,3 +151,89 @@ def test_every_spec_key_is_documented():
     keys += list(Rule.model_fields)
     missing = [k for k in keys if f"| `{k}` |" not in text]
     assert not missing, f"not in docs/spec.md's tables: {missing}"
+
+
+# -- console examples ---------------------------------------------------------------------------
+# A ```console block tagged `checked` is run: each `$ ` line in bash, from a folder set up as the
+# docs describe it (`planc demo --no-run` beside a copy of specs/, then demo/tight.yaml and
+# demo/tp.yaml as cli.md words them), 110 columns wide, under the CUDA simulator; what it prints
+# (stdout and stderr together, trailing spaces dropped, the folder shown as /work/main) must be the
+# lines under it. Blocks with timings or machine figures are left untagged.
+_CONSOLE = re.compile(r"^```console checked\n(.*?)^```", re.M | re.S)
+
+
+def _console_blocks():
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in _CONSOLE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            yield pytest.param(m.group(1), id=f"{doc.name}:{line}")
+
+
+CONSOLE = list(_console_blocks())
+
+
+def test_there_are_checked_console_examples():
+    assert len(CONSOLE) >= 5
+
+
+@pytest.fixture(scope="module")
+def console_home(tmp_path_factory):
+    import os
+    import subprocess
+    import sys
+
+    # A folder whose path is as long as /work/main's, so that lines wrap where the docs show them.
+    home = None
+    for i in range(1000):
+        cand = Path(f"/tmp/pc{i:03d}")
+        try:
+            cand.mkdir()
+        except FileExistsError:
+            continue
+        home = cand
+        break
+    if home is None or os.path.realpath(home) != str(home):
+        pytest.skip("no folder with a path as long as /work/main's")
+    (home / "specs").mkdir()
+    (home / "specs" / "demo.yaml").write_text((ROOT / "specs" / "demo.yaml").read_text())
+    (home / "bin").mkdir()
+    shim = home / "bin" / "planc"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m planc "$@"\n')
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", COLUMNS="110",
+               NUMBA_ENABLE_CUDASIM="1", PLANC_PROBE="off", PYTHONPATH=str(ROOT))
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
+    subprocess.run(["planc", "demo", "--no-run"], cwd=home, env=env, check=True, capture_output=True)
+    demo = yaml.safe_load((ROOT / "specs" / "demo.yaml").read_text())
+    tight = dict(demo, checkpoint="dense/model.safetensors", budget={"host": "192KiB", "device": "1GiB"})
+    (home / "demo" / "tight.yaml").write_text(yaml.safe_dump(tight, sort_keys=False))
+    tp = dict(demo, checkpoint="dense/model.safetensors", tensor_parallel={"size": 2}, rules=[
+        dict(demo["rules"][0], split={"dim": 0}),  # q/k/v: column parallel, fused per rank
+        {"match": "model.layers.*.self_attn.o_proj.weight", "split": {"dim": 1}},
+        dict(demo["rules"][1], split={"dim": 0}), {"match": "*"}])
+    (home / "demo" / "tp.yaml").write_text(yaml.safe_dump(tp, sort_keys=False))
+    yield home, env
+    import shutil
+
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("block", CONSOLE)
+def test_console_example_is_what_planc_prints(console_home, block):
+    import subprocess
+
+    home, env = console_home
+    steps, cur = [], None
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            cur = (line[2:], [])
+            steps.append(cur)
+        else:
+            assert cur is not None, f"output before the first command: {line!r}"
+            cur[1].append(line.rstrip())
+    for cmd, want in steps:
+        p = subprocess.run(["bash", "-c", "exec 2>&1; " + cmd], cwd=home, env=env, capture_output=True, text=True,
+                           timeout=120)
+        got = [line.rstrip().replace(str(home), "/work/main") for line in p.stdout.splitlines()]
+        assert got == want, f"$ {cmd}\n--- the doc shows\n" + "\n".join(want) + "\n--- planc prints\n" + "\n".join(got)
