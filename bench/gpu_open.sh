@@ -27,9 +27,10 @@ import json; d = json.load(open('$OUT/handoff/handoff.json'))
 for r in d['results']: print(r['model'], r['dtype'], r['median_seconds'], r['logits_equal'])
 m = d['fused_moe']
 if m:
-    for k in ('fused', 'plain', 'fused_direct'):
+    for k in ('fused', 'plain', 'fused_direct', 'fused_scatter2'):
         print(k, round(m[k]['gb_per_s'], 2), 'GB/s', m[k]['copies'], 'copies', m[k]['scatters'], 'scatters')
-    print('ratio', round(m['ratio'], 3), 'direct', round(m['ratio_direct'], 3), 'by round', m['ratio_by_round'])" \
+    print('ratio', round(m['ratio'], 3), 'direct', round(m['ratio_direct'], 3), 'scatter2',
+          round(m['ratio_scatter2'], 3), 'by round', m['ratio_by_round'])" \
         2>&1 || tail -20 "$OUT/handoff.log"
     el handoff
     python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 3 --no-torch --cells run 2>&1 | tail -12

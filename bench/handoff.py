@@ -320,9 +320,10 @@ def fused_rate(ckpt: Path, out: Path, repeats: int) -> dict:
     plain.write_text(yaml.safe_dump(doc, sort_keys=False))
     plans = {"fused": compile_spec(fused), "plain": compile_spec(plain)}
     keep = schedule.SCATTER_MIN_COPIES
-    schedule.SCATTER_MIN_COPIES = 1 << 62  # this bench's variant only: no request is scattered
-    try:
-        plans["fused_direct"] = compile_spec(fused)
+    try:  # this bench's variants only: no request scattered; every request of two places or more
+        for name, least in (("fused_direct", 1 << 62), ("fused_scatter2", 2)):
+            schedule.SCATTER_MIN_COPIES = least
+            plans[name] = compile_spec(fused)
     finally:
         schedule.SCATTER_MIN_COPIES = keep
     rates = {k: [] for k in plans}
@@ -345,6 +346,7 @@ def fused_rate(ckpt: Path, out: Path, repeats: int) -> dict:
                      "payload_bytes": totals["payload_bytes"]}
     result["ratio"] = result["fused"]["gb_per_s"] / result["plain"]["gb_per_s"]
     result["ratio_direct"] = result["fused_direct"]["gb_per_s"] / result["plain"]["gb_per_s"]
+    result["ratio_scatter2"] = result["fused_scatter2"]["gb_per_s"] / result["plain"]["gb_per_s"]
     result["ratio_by_round"] = [f / p for f, p in zip(rates["fused"], rates["plain"])]
     return result
 
