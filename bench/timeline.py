@@ -14,6 +14,9 @@ then the rounds run again (`touched` in each line). A virtual machine whose memo
 on first use (the lent machines: Firecracker, memory growing as it is used) makes a process's first
 touch of guest memory no one used before slower than on a machine whose memory was used; pinning
 the ring is such a first touch. The two sets of rounds measure how much of the pinning that is.
+Each load also records the kernel's counters over it (/proc/vmstat: huge pages made at a fault or
+refused, compaction stalls, page faults): a ring that fell back to small pages, or waited for
+compaction, shows there.
 """
 
 from __future__ import annotations
@@ -67,17 +70,33 @@ def child(plan_path: str, loads: int) -> list[dict]:
     out = []
     for k in range(loads):
         events.clear()
+        vm0 = vmstat()
         t_zero[0] = time.perf_counter()
         model = planc.execute.execute(plan)
         t_end = time.perf_counter() - t_zero[0]
+        vm = {key: v - vm0.get(key, 0) for key, v in vmstat().items()}
         rep = model.report
         model.free()
-        out.append({"load": k, "execute_s": t_end, "wall_seconds": rep["wall_seconds"],
+        out.append({"load": k, "execute_s": t_end, "wall_seconds": rep["wall_seconds"], "vmstat": vm,
                     "timings": rep["timings"], "payload_bytes": rep["payload_bytes"],
                     "growth_over_predicted": rep["host"]["growth_bytes"] / rep["host"]["predicted_peak_bytes"],
                     "events": list(events)})
     seam.settle_released()
     return out
+
+
+VMSTAT = ("thp_fault_alloc", "thp_fault_fallback", "compact_stall", "compact_fail", "pgfault", "pgmajfault")
+
+
+def vmstat() -> dict:
+    """The kernel's counters of huge pages made or refused at a fault (the ring's populating), of
+    compaction stalls and of page faults, from /proc/vmstat (machine-wide)."""
+    try:
+        lines = Path("/proc/vmstat").read_text().split("\n")
+    except OSError:
+        return {}
+    got = dict(line.split(" ", 1) for line in lines if line.split(" ", 1)[0] in VMSTAT)
+    return {k: int(v) for k, v in got.items()}
 
 
 def touch(gib: float) -> int:
@@ -149,7 +168,7 @@ def main() -> int:
                 brief = {k: f"{v['first_start']:.3f}-{v['last_end']:.3f} busy {v['busy']:.3f} n={v['n']}"
                          for k, v in sorted(sm.items(), key=lambda kv: kv[1]["first_start"])}
                 print(f"pin={pin}{' touched' if touched else ''} load {r['load']}: execute {r['execute_s']:.3f} wall {r['wall_seconds']:.3f} "
-                      f"growth/pred {r['growth_over_predicted']:.3f}", flush=True)
+                      f"growth/pred {r['growth_over_predicted']:.3f} vmstat {r.get('vmstat')}", flush=True)
                 for k, v in brief.items():
                     print(f"    {k:14s} {v}")
     print("\nmedians: pin, load -> execute s, wall s, GB/s")
