@@ -109,25 +109,26 @@ def schedule(graph: Graph, io: IO, costs: Costs = costmodel.DEFAULTS) -> Schedul
 
 
 def _scatter(runs: list[Run], io: IO) -> tuple[list[Run], int, int]:
-    """Mark requests with many arena copies for scatter; give them device staging slots in turn.
+    """Mark requests with many arena copies for scatter; they share one device staging slot.
 
-    Staging slot k is reused by the next scattered request that gets it only after the scatter
-    kernel that read it: copies and kernels share one stream, so stream order is the fence.
+    The copy into the staging slot and the scatter kernel that reads it are on the load's one
+    stream, so the next scattered request's copy starts only after the kernel that read the slot:
+    stream order is the fence, and a second slot would only hold device memory (16 of them were a
+    256 MiB share of a small MoE load's device peak).
     """
     count, segments, out = 0, 0, []
-    slots = io.slots
     for r in runs:
         reqs = []
         for q in r.requests:
             if (len(q.copies) >= SCATTER_MIN_COPIES and not q.stride
                     and all(c.space == "arena" and c.rows == 1 for c in q.copies)):
                 width = _width(q.copies)
-                q = Request(q.file, q.offset, q.length, q.copies, True, count % slots, width)
+                q = Request(q.file, q.offset, q.length, q.copies, True, 0, width)
                 count += 1
                 segments += len(q.copies)
             reqs.append(q)
         out.append(r._replace(requests=tuple(reqs)))
-    return out, min(count, slots), segments
+    return out, min(count, 1), segments
 
 
 def _width(copies) -> int:

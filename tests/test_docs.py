@@ -19,6 +19,7 @@ block is checked, and a ```yaml or ```json block without one fails this test.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -177,9 +178,11 @@ def test_there_are_checked_console_examples():
     assert len(CONSOLE) >= 5
 
 
-@pytest.fixture(scope="module")
-def console_home(tmp_path_factory):
+@contextlib.contextmanager
+def _console_folder():
+    """(folder, env) set up as the docs describe it; removed afterwards."""
     import os
+    import shutil
     import subprocess
     import sys
 
@@ -195,35 +198,35 @@ def console_home(tmp_path_factory):
         break
     if home is None or os.path.realpath(home) != str(home):
         pytest.skip("no folder with a path as long as /work/main's")
-    (home / "specs").mkdir()
-    (home / "specs" / "demo.yaml").write_text((ROOT / "specs" / "demo.yaml").read_text())
-    (home / "bin").mkdir()
-    shim = home / "bin" / "planc"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m planc "$@"\n')
-    shim.chmod(0o755)
-    env = dict(os.environ, PATH=f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", COLUMNS="110",
-               NUMBA_ENABLE_CUDASIM="1", PLANC_PROBE="off", PYTHONPATH=str(ROOT))
-    env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
-    subprocess.run(["planc", "demo", "--no-run"], cwd=home, env=env, check=True, capture_output=True)
-    demo = yaml.safe_load((ROOT / "specs" / "demo.yaml").read_text())
-    tight = dict(demo, checkpoint="dense/model.safetensors", budget={"host": "192KiB", "device": "1GiB"})
-    (home / "demo" / "tight.yaml").write_text(yaml.safe_dump(tight, sort_keys=False))
-    tp = dict(demo, checkpoint="dense/model.safetensors", tensor_parallel={"size": 2}, rules=[
-        dict(demo["rules"][0], split={"dim": 0}),  # q/k/v: column parallel, fused per rank
-        {"match": "model.layers.*.self_attn.o_proj.weight", "split": {"dim": 1}},
-        dict(demo["rules"][1], split={"dim": 0}), {"match": "*"}])
-    (home / "demo" / "tp.yaml").write_text(yaml.safe_dump(tp, sort_keys=False))
-    yield home, env
-    import shutil
+    try:
+        (home / "specs").mkdir()
+        (home / "specs" / "demo.yaml").write_text((ROOT / "specs" / "demo.yaml").read_text())
+        (home / "bin").mkdir()
+        shim = home / "bin" / "planc"
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m planc "$@"\n')
+        shim.chmod(0o755)
+        env = dict(os.environ, PATH=f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", COLUMNS="110",
+                   NUMBA_ENABLE_CUDASIM="1", PLANC_PROBE="off", PYTHONPATH=str(ROOT))
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            env.pop(k, None)
+        subprocess.run(["planc", "demo", "--no-run"], cwd=home, env=env, check=True, capture_output=True)
+        demo = yaml.safe_load((ROOT / "specs" / "demo.yaml").read_text())
+        tight = dict(demo, checkpoint="dense/model.safetensors", budget={"host": "192KiB", "device": "1GiB"})
+        (home / "demo" / "tight.yaml").write_text(yaml.safe_dump(tight, sort_keys=False))
+        tp = dict(demo, checkpoint="dense/model.safetensors", tensor_parallel={"size": 2}, rules=[
+            dict(demo["rules"][0], split={"dim": 0}),  # q/k/v: column parallel, fused per rank
+            {"match": "model.layers.*.self_attn.o_proj.weight", "split": {"dim": 1}},
+            dict(demo["rules"][1], split={"dim": 0}), {"match": "*"}])
+        (home / "demo" / "tp.yaml").write_text(yaml.safe_dump(tp, sort_keys=False))
+        yield home, env
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
-    shutil.rmtree(home, ignore_errors=True)
 
-
-@pytest.mark.parametrize("block", CONSOLE)
-def test_console_example_is_what_planc_prints(console_home, block):
+def _console_steps(home: Path, env: dict, block: str) -> list[tuple[str, list[str], list[str]]]:
+    """(command, the lines the doc shows, the lines planc prints) for each `$ ` line of `block`."""
     import subprocess
 
-    home, env = console_home
     steps, cur = [], None
     for line in block.splitlines():
         if line.startswith("$ "):
@@ -232,8 +235,45 @@ def test_console_example_is_what_planc_prints(console_home, block):
         else:
             assert cur is not None, f"output before the first command: {line!r}"
             cur[1].append(line.rstrip())
+    out = []
     for cmd, want in steps:
         p = subprocess.run(["bash", "-c", "exec 2>&1; " + cmd], cwd=home, env=env, capture_output=True, text=True,
                            timeout=120)
-        got = [line.rstrip().replace(str(home), "/work/main") for line in p.stdout.splitlines()]
+        out.append((cmd, want, [line.rstrip().replace(str(home), "/work/main") for line in p.stdout.splitlines()]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def console_home():
+    with _console_folder() as got:
+        yield got
+
+
+@pytest.mark.parametrize("block", CONSOLE)
+def test_console_example_is_what_planc_prints(console_home, block):
+    for cmd, want, got in _console_steps(*console_home, block):
         assert got == want, f"$ {cmd}\n--- the doc shows\n" + "\n".join(want) + "\n--- planc prints\n" + "\n".join(got)
+
+
+def _rewrite_console_examples() -> None:
+    """`python tests/test_docs.py --write`: each checked console block rewritten with what planc prints."""
+    with _console_folder() as (home, env):
+        for doc in DOCS:
+            text = doc.read_text()
+
+            def block(m):
+                lines = [x for cmd, _, got in _console_steps(home, env, m.group(1)) for x in [f"$ {cmd}", *got]]
+                return "```console checked\n" + "\n".join(lines) + "\n```"
+
+            new = _CONSOLE.sub(block, text)
+            if new != text:
+                doc.write_text(new)
+                print(f"rewrote {doc}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python tests/test_docs.py --write")
+    _rewrite_console_examples()

@@ -253,6 +253,9 @@ def test_stack_moe_experts_through_the_scatter_kernel(tmp_path, load):
              STACK, {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io=dict(SMALL_IO, slot="64KiB", slots=2)))
     assert plan.totals.scatters >= 2 and plan.layout.staging_bytes > 0
+    # one staging slot, taken in turn: the stream orders each copy into it after the kernel that read it
+    assert plan.layout.staging_bytes == plan.io.slot_bytes
+    assert {q.staging for r in plan.runs for q in r.requests if q.scatter} == {0}
     out = stacked(want, 2, 8)
     for L in range(2):
         out[f"model.layers.{L}.mlp.experts.down_proj"] = cast(out[f"model.layers.{L}.mlp.experts.down_proj"], "F16")
