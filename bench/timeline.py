@@ -9,6 +9,9 @@ the device allocations, each read, each slot's copies, the waits on slot events,
 and release phases. Prints, per load, when each phase starts and ends relative to the start of
 `execute()`, and writes OUT/timeline.jsonl (one line per load, with every event).
 
+`PLANC_BENCH_LANES=N` in the environment sets the ring's pinning lanes (`ring.Pinner.LANES`) in the
+loading processes, for this bench only.
+
 `--touch N`: after the rounds, a separate process writes N GiB of anonymous memory once and exits,
 then the rounds run again (`touched` in each line). A virtual machine whose memory the host backs
 on first use (the lent machines: Firecracker, memory growing as it is used) makes a process's first
@@ -40,6 +43,8 @@ def child(plan_path: str, loads: int) -> list[dict]:
     from planc.plan import load_plan
 
     seam.select("cuda:0")
+    if os.environ.get("PLANC_BENCH_LANES"):  # this bench's variant only: the ring's pinning lanes
+        ring.Pinner.LANES = int(os.environ["PLANC_BENCH_LANES"])
     plan = load_plan(plan_path)
     events: list = []
     t_zero = [0.0]

@@ -62,7 +62,7 @@ class Pinner:
 
     LANES = 4
 
-    def __init__(self, ring: list, owners: list, nbytes: int, lanes: int = LANES):
+    def __init__(self, ring: list, owners: list, nbytes: int, lanes: int | None = None):
         import threading
 
         self.ring, self.owners, self.nbytes = ring, owners, nbytes
@@ -72,7 +72,7 @@ class Pinner:
         self.stopping = False
         self.jobs: list[Background] = []
         try:
-            for i in range(max(1, min(lanes, len(ring)))):
+            for i in range(max(1, min(self.LANES if lanes is None else lanes, len(ring)))):
                 self.jobs.append(Background(self._pin, f"planc-pin-{i}", on_error=self._failed))
         except BaseException:  # a lane that cannot start: the started ones stop before the error leaves
             self.stop()
