@@ -19,7 +19,8 @@ import math
 from .admission import admit, run_host_bytes
 from .dtypes import DTYPES
 from .errors import PlanFormatError, printable
-from .costmodel import MAP_LANES, MAP_PAGE, MAP_WINDOW, STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
+from . import costmodel
+from .costmodel import STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
 from .units import MAX_BYTES
 from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
@@ -263,7 +264,8 @@ class _Checker:
             if off + n > arena:
                 raise _bad(at, f"[{off:,}, {off + n:,}) reaches past the arena ({arena:,} bytes)")
             zero.append((off, n))
-        maps = _int(v["map_bytes"], "layout.map_bytes", 0, MAP_LANES * (MAP_WINDOW + MAP_PAGE))
+        maps = _int(v["map_bytes"], "layout.map_bytes", 0,
+                    costmodel.MAP_LANES * (costmodel.MAP_WINDOW + costmodel.MAP_PAGE))
         return Layout(arena, regions, staging, segs, tuple(zero), ring, maps)
 
     def _costs(self, v) -> Costs:

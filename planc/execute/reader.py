@@ -16,7 +16,6 @@ import threading
 from dataclasses import dataclass, field
 
 from .. import costmodel
-from ..costmodel import MAP_LANES
 from ..errors import ReadError
 from .libc import MAP_FAILED, libc
 
@@ -106,7 +105,7 @@ class Reader:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _plain: dict = field(default_factory=dict)  # buffered fds for host-path reads, opened once per file
     _retired: list = field(default_factory=list)  # fds given up by a fallback; other readers may still use them
-    _lanes: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(MAP_LANES))
+    _lanes: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(costmodel.MAP_LANES))
 
     def open(self, rel: str, size: int) -> OpenFile:
         path = os.path.join(self.root, rel)
