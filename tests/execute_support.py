@@ -256,17 +256,17 @@ def cli_run(capsys, *args) -> tuple[int, str, str]:
 
 
 def interrupt_at(monkeypatch, n: int) -> list:
-    """The loader's n-th `_complete_oldest` from now raises KeyboardInterrupt (Ctrl-C in the middle of
-    the pipeline); returns the list of calls (clear it to re-arm)."""
+    """The loader's n-th `_complete` (a read sent on to the device) from now raises KeyboardInterrupt
+    (Ctrl-C in the middle of the pipeline); returns the list of calls (clear it to re-arm)."""
     import planc.execute.loader as loader_mod
 
-    real, calls = loader_mod.Loader._complete_oldest, []
+    real, calls = loader_mod.Loader._complete, []
 
-    def complete_oldest(self):
+    def complete(self, entry):
         calls.append(1)
         if len(calls) == n:
             raise KeyboardInterrupt
-        return real(self)
+        return real(self, entry)
 
-    monkeypatch.setattr(loader_mod.Loader, "_complete_oldest", complete_oldest)
+    monkeypatch.setattr(loader_mod.Loader, "_complete", complete)
     return calls

@@ -286,6 +286,44 @@ def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, monkeypatch, l
     assert_model(model, stacked(want, 2, 8))
 
 
+def test_a_slow_read_does_not_hold_up_the_reads_after_it_but_runs_stay_in_order(tmp_path, monkeypatch, load):
+    """The first request of every run is read slowly: the requests after it in its run are sent on
+    as their reads finish, before it; no request of a run is sent on before every request of the run
+    before it (a later run may land in a region whose kernels have not run yet). Bit-exact."""
+    import threading
+    import time as _time
+
+    path, want = synth(tmp_path, "dense")
+    rules = [{"match": "model.layers.*.mlp.*_proj.weight", "dtype": "float16"}, {"match": "*"}]
+    spec = spec_file(tmp_path, path, rules, io=dict(SMALL_IO, slots=4, workers=4))
+    plan = compile_spec(spec)
+    firsts = {(r.index, 0) for r in plan.runs if len(r.requests) > 2}
+    slow = {(r.requests[0].file, r.requests[0].offset) for r in plan.runs if len(r.requests) > 2}
+    assert len(firsts) >= 2
+    real_read, real_complete = loader_mod.Loader._read, loader_mod.Loader._complete
+    order, lock = [], threading.Lock()
+
+    def slow_read(self, req, slot):
+        if (req.file, req.offset) in slow:  # the same plan compiled again: requests are equal, not the same
+            _time.sleep(0.3)
+        return real_read(self, req, slot)
+
+    def complete(self, entry):
+        with lock:
+            order.append((entry[0].index, entry[1]))
+        return real_complete(self, entry)
+
+    monkeypatch.setattr(loader_mod.Loader, "_read", slow_read)
+    monkeypatch.setattr(loader_mod.Loader, "_complete", complete)
+    _, model = load(spec)
+    assert sorted(order) == sorted((r.index, qi) for r in plan.runs for qi in range(len(r.requests)))
+    assert any(order.index((run, 0)) > order.index((run, 1)) for run, _ in firsts)  # overtaken
+    runs = [run for run, _ in order]
+    assert runs == sorted(runs), runs  # runs in plan order
+    want = {k: cast(v, "F16") if ".mlp." in k and k.endswith("_proj.weight") else v for k, v in want.items()}
+    assert_model(model, want)
+
+
 @pytest.mark.parametrize("on,target", [("device", "keep"), ("host", "keep"), ("host", "float32")])
 def test_transpose(tmp_path, load, dense, on, target):
     path, want = dense

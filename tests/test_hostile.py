@@ -431,18 +431,18 @@ def test_interrupt_dropped_by_python_still_ends_the_run(tmp_path, capsys, dense,
     goes on; `planc run` remembers the SIGINT and ends as interrupted, the loaded model freed."""
     path, _ = dense
     plan_path, _ = _plan_file(tmp_path, path, io={"slot": 4096, "slots": 2, "workers": 2, "direct": "off"})
-    real, calls = loader_mod.Loader._complete_oldest, []
+    real, calls = loader_mod.Loader._complete, []
 
-    def complete_oldest(self):
+    def complete(self, entry):
         calls.append(1)
         if len(calls) == 3:
             try:
                 signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
             except KeyboardInterrupt:
                 pass  # what Python does with it in a weakref callback
-        return real(self)
+        return real(self, entry)
 
-    monkeypatch.setattr(loader_mod.Loader, "_complete_oldest", complete_oldest)
+    monkeypatch.setattr(loader_mod.Loader, "_complete", complete)
     rc, out, err = cli_run(capsys, "run", plan_path, "--json")
     assert rc == 130 and out == "" and "interrupted during the load" in one_line(err)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -1,7 +1,8 @@
 """The load pipeline: plan runs -> reads into pinned slots -> async copies -> kernels.
 
 Threads: a pool of `io.workers` readers fills slots with `preadv`; the calling thread issues the
-copies and kernels on one stream, in plan order. Because copies and kernels share the stream,
+copies and kernels on one stream: a run's requests as their reads finish, in any order, and runs in
+plan order. Because copies and kernels share the stream,
 a landing region is reused only after the kernels that read it, and an in-place conversion runs
 only after its bytes arrived. A slot is refilled only after the event recorded after its copies
 has completed (fence and swap).
@@ -62,8 +63,7 @@ class Loader(Allocation, KernelRuns, HostPath):
                 slot = self._acquire_slot()
                 fut = self.pool.submit(self._read, req, slot)
                 self.pending.append((r, qi, req, slot, fut))
-                while self.pending and self.pending[0][4].done():
-                    self._complete_oldest()
+                self._complete_ready()
             if r.host_parts:
                 self._drain()
                 for h in r.host_parts:
@@ -124,8 +124,10 @@ class Loader(Allocation, KernelRuns, HostPath):
 
     def _acquire_slot(self) -> int:
         while not self.free_slots:
-            if self.pending and (self.pending[0][4].done() or not self.copying):
-                self._complete_oldest()
+            if self._complete_ready():
+                continue
+            if self.pending and not self.copying:
+                self._wait_read()
             elif self.copying:
                 slot, ev = self.copying.popleft()
                 t0 = time.perf_counter()
@@ -136,8 +138,36 @@ class Loader(Allocation, KernelRuns, HostPath):
                 raise ExecuteError("the ring has no slot to give and nothing in flight", code="ring-stuck")
         return self._slot(self.free_slots.popleft())
 
-    def _complete_oldest(self) -> None:
-        r, qi, req, slot, fut = self.pending.popleft()
+    def _ready(self) -> list:
+        """The pending requests whose reads are done and that may be sent on now: those of the oldest
+        run with requests in flight, in any order. A later run's wait: it may land in the region its
+        run shares with that run's neighbour, whose kernels have not been launched yet."""
+        if not self.pending:
+            return []
+        run = self.pending[0][0].index
+        return [e for e in self.pending if e[0].index == run and e[4].done()]
+
+    def _complete_ready(self) -> bool:
+        """Send on every read that is done and may go (`_ready`); whether there was one. A slow read
+        (a strided one) no longer holds up the slots of the reads issued after it."""
+        ready = self._ready()
+        for e in ready:
+            self.pending.remove(e)
+            self._complete(e)
+        return bool(ready)
+
+    def _wait_read(self) -> None:
+        """Wait until a read that may be sent on is done, and send on those that are."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        run = self.pending[0][0].index
+        t0 = time.perf_counter()
+        wait([e[4] for e in self.pending if e[0].index == run], return_when=FIRST_COMPLETED)
+        self.timings["wait_reads"] += time.perf_counter() - t0
+        self._complete_ready()
+
+    def _complete(self, entry) -> None:
+        r, qi, req, slot, fut = entry
         t0 = time.perf_counter()
         fut.result()  # re-raises the reader's typed error
         self._device()
@@ -172,7 +202,8 @@ class Loader(Allocation, KernelRuns, HostPath):
 
     def _drain(self) -> None:
         while self.pending:
-            self._complete_oldest()
+            if not self._complete_ready():
+                self._wait_read()
 
     def _dst(self, space: str, r, off: int, n: int):
         if space == "arena":
