@@ -11,7 +11,8 @@ is a fresh process, repeated `--repeat` times, the cells interleaved; medians ar
   (`wall_seconds` of the report) and the report's `prepare`; the difference is what a user waits for
   beyond the streaming. For the 2.2 GB bf16 plan and the 14.96 GiB dense plan.
 * `runclock`: `planc run PLAN --json` as `python -m planc` runs it, under `-X importtime`, with a
-  clock on the driver's start and the context (which thread, from when to when) and on `execute`.
+  clock on the driver's start and the context (which thread, from when to when), on reading the
+  plan and on `execute`; for the 2.2 GB plan and the 14.96 GiB one.
 * `phases`: the same load through the Python API with a clock at each step: interpreter start,
   `import planc.execute` (the executor: no numba on a GPU), the CUDA context, reading the plan, `execute` (and its report's
   `prepare` / load / release), exit.
@@ -246,6 +247,18 @@ def child_runclock(plan_path: str, spawned: float) -> None:
         return m
 
     pe.execute = execute
+    import planc.plan as pp
+
+    real_load = pp.load_plan
+
+    def load_plan(*a, **k):  # reading and checking the plan file: it grows with the plan
+        t0 = time.time() - spawned
+        try:
+            return real_load(*a, **k)
+        finally:
+            ev["load_plan"] = (round(t0, 4), round(time.time() - spawned, 4))
+
+    pp.load_plan = load_plan
     sys.argv = ["planc", "run", plan_path, "--json"]
     from planc.entry import main
 
@@ -455,6 +468,7 @@ def main(argv=None) -> int:
         record("runclock-llama-bf16", lambda: cell_runclock(plans["llama-bf16"]))
         if "dense-15GiB" in plans:
             record("run-dense-15GiB", lambda: cell_run(plans["dense-15GiB"]))
+            record("runclock-dense-15GiB", lambda: cell_runclock(plans["dense-15GiB"]))
         record("phases-llama-bf16", phases)
         if not a.no_torch:
             kinds = ["torch-hf", "torch-planc", "torch-state"]
