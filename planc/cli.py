@@ -294,30 +294,33 @@ def _looks_like_spec(path: Path) -> bool:
     return isinstance(doc, dict) and "rules" in doc and "runs" not in doc
 
 
+def _held_to_launcher(plan, path: Path, rank: Optional[str]):
+    """A saved plan, checked against --rank, RANK and WORLD_SIZE as its spec would be."""
+    tp = plan.tensor_parallel
+    env, world = _env_int("RANK"), _env_int("WORLD_SIZE")  # checked whether or not they pick the plan
+    if world is not None and tp.size > 1 and world != tp.size:
+        raise _usage(f"WORLD_SIZE={world} but {path} is a plan of tensor_parallel.size {tp.size}")
+    if rank is not None:
+        want, what = _rank(rank, tp.size), "--rank"
+    elif tp.size > 1:
+        want, what = env, "RANK"
+    else:  # a data-parallel replica: RANK does not pick the plan
+        want, what = None, None
+    if want is not None and want != tp.rank:
+        raise _usage(f"{path} is the plan of rank {tp.rank}, but {what} {want} asks for another")
+    return plan
+
+
 def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
     if _is_plan(path):
         from .plan import load_plan
 
         try:
-            plan = load_plan(path)
+            return _held_to_launcher(load_plan(path), path, rank)
         except PlanFormatError as e:
             if e.code != "plan-kind" or not _looks_like_spec(path):
                 raise
-            plan = None  # a JSON spec whose key looks like a plan's (a typo): read as the spec it is
-        if plan is not None:
-            tp = plan.tensor_parallel
-            env, world = _env_int("RANK"), _env_int("WORLD_SIZE")  # checked whether or not they pick the plan
-            if world is not None and tp.size > 1 and world != tp.size:
-                raise _usage(f"WORLD_SIZE={world} but {path} is a plan of tensor_parallel.size {tp.size}")
-            if rank is not None:
-                want, what = _rank(rank, tp.size), "--rank"
-            elif tp.size > 1:
-                want, what = env, "RANK"
-            else:  # a data-parallel replica: RANK does not pick the plan
-                want, what = None, None
-            if want is not None and want != tp.rank:
-                raise _usage(f"{path} is the plan of rank {tp.rank}, but {what} {want} asks for another")
-            return plan
+            # a JSON spec whose key looks like a plan's (a typo): read below as the spec it is
     from .compile import compile_spec  # a spec: only now the spec models and the compiler are imported
     from .spec import load_spec
 
@@ -364,9 +367,9 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     size = load_spec(spec).spec.tensor_parallel.size
     r = _rank(rank, size, allow_all=True)
     if r == "all":
-        if output is not None and output.exists() and not output.is_dir():
-            raise _usage(f"-o {output} is a file; --rank all writes rank-K.json files into a folder")
         if output is not None:
+            if output.exists() and not output.is_dir():
+                raise _usage(f"-o {output} is a file; --rank all writes rank-K.json files into a folder")
             _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
         plans = _all_ranks(spec)
         for k, plan in enumerate(plans if output is not None else ()):

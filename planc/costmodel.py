@@ -19,6 +19,7 @@ choice per input and its predicted seconds are in `explain`.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import mmap
@@ -50,8 +51,6 @@ def window_bytes(seg: int, stride: int, count: int) -> int:
 def map_bytes(workers: int, windows) -> int:
     """Host bytes the mapped windows of strided reads hold at most (`layout.map_bytes`): the largest
     windows (`window_bytes` of each strided request) of as many requests as may read at once."""
-    import heapq
-
     return sum(heapq.nlargest(min(MAP_LANES, workers), windows))
 
 

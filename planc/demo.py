@@ -38,17 +38,12 @@ def _write_unless_same(folder: Path, family: str):
     import shutil
     import tempfile
 
-    from .synth import write_checkpoint
+    from .synth import refuse_other_checkpoint, write_checkpoint
 
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".planc-demo-") as tmp:
         res = write_checkpoint(Path(tmp), family, seed=0)
-        ours = {p.name for p in Path(tmp).iterdir()}
-        stale = sorted(p.name for p in folder.iterdir() if p.name not in ours
-                       and (p.name.endswith(".safetensors") or p.name.endswith(".safetensors.index.json")))
-        if stale:  # as write_checkpoint refuses: another checkpoint's files would be read with the demo's
-            raise ValueError(f"{folder} already holds other checkpoint files ({', '.join(stale[:3])}); "
-                             f"use an empty folder")
+        refuse_other_checkpoint(folder, {p.name for p in Path(tmp).iterdir()})
         for f in sorted(Path(tmp).iterdir()):
             dst = folder / f.name
             if dst.is_file() and not dst.is_symlink() and dst.read_bytes() == f.read_bytes():

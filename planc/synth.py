@@ -456,6 +456,17 @@ def _nearest(prefix: Sequence[int], target: float) -> int:
     return lo
 
 
+def refuse_other_checkpoint(folder: Path, ours: set[str]) -> None:
+    """ValueError when `folder` holds checkpoint files (shards, an index) other than `ours`: a reader
+    of the folder would take them for part of the checkpoint written there."""
+    stale = sorted(p.name for p in folder.iterdir()
+                   if p.name not in ours and (p.name.endswith(".safetensors")
+                                              or p.name.endswith(".safetensors.index.json")))
+    if stale:
+        raise ValueError(f"{folder} already holds other checkpoint files ({', '.join(stale[:3])}); "
+                         "use an empty folder")
+
+
 def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int | None = None,
                      layers: int | None = None, shards: int = 1, sparse: bool = False,
                      seed: int = 0, dtype: str = "BF16", experts: int | None = None,
@@ -475,13 +486,7 @@ def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ours = set(names) | ({INDEX_NAME} if shards > 1 else set())
-    stale = sorted(p.name for p in out.iterdir()
-                   if p.name not in ours and (p.name.endswith(".safetensors")
-                                              or p.name.endswith(".safetensors.index.json")))
-    if stale:
-        raise ValueError(f"{out} already holds other checkpoint files ({', '.join(stale[:3])}); "
-                         "use an empty folder")
+    refuse_other_checkpoint(out, set(names) | ({INDEX_NAME} if shards > 1 else set()))
 
     files, total, weight_map = [], 0, {}
     for k, fname in enumerate(names):
