@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements the open issues still need, on the GPU machine, after bench/gpu_validate.sh.
-# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b|c]
+# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b|c|d]
 #   a (about 6 minutes): the hand-off (Llama 2.2 GB and the small Mixtral, bf16 and fp16; the fused-MoE
 #     rate against a plain copy of the same files and against the fused plan with no request
 #     scattered), then `planc run` of the 2.2 GB and the 14.96 GiB plans in fresh processes.
@@ -11,6 +11,10 @@
 #   c (about 4 minutes): the host-side strided-read sweeps (threads x mapping windows; io_uring
 #     against mapped windows), and the ring's populating lanes against the memory-map lock (a mapping
 #     per slot against one for the ring; 1, 2 and 4 lanes).
+#   d (about 6 minutes): whether mapped strided reads slow the plain reads beside them
+#     (bench/probe_mixed.py), rank 0 of TP 8 alone step by step with its reads' rates by kind, on 4
+#     pinning lanes and on 1, and `planc run` of the 14.96 GiB plan with a clock on reading the plan,
+#     on `execute` and on freeing, beside the exit of a process holding or freeing 15 GiB.
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
@@ -54,4 +58,17 @@ if [[ $PART == *c* ]]; then
     python3 bench/probe_uring.py "$DATA" --threads 1,4,16 2>&1 | tail -30
     python3 bench/probe_maplock.py "$DATA/strided-4g.bin" 2>&1 | tail -8  # written by probe_strided above
     el probes
+fi
+if [[ $PART == *d* ]]; then
+    python3 bench/probe_mixed.py "$DATA" --repeat 3 --out "$OUT/probe_mixed.jsonl" 2>&1 | tail -16
+    el probe_mixed
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone --tp 8 --modes warm --repeat 1 --no-verify 2>&1 | tail -6
+    el tp
+    for lanes in 4 1; do
+        PLANC_BENCH_LANES=$lanes python3 bench/timeline.py "$OUT/tp/plans/tp8-rank-0.json" "$OUT/timeline-tp8-lanes$lanes" \
+            --repeat 2 --loads 2 --pin register 2>&1 | grep -E "load [01]:|read|pin |copy|run |medians|GB/s" | tail -24
+    done
+    el timeline
+    python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 3 --no-torch --cells runclock-dense,run-dense,exit 2>&1 | tail -24
+    el startup
 fi

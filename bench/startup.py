@@ -259,6 +259,20 @@ def child_runclock(plan_path: str, spawned: float) -> None:
             ev["load_plan"] = (round(t0, 4), round(time.time() - spawned, 4))
 
     pp.load_plan = load_plan
+    from planc.execute import model as pm
+
+    real_free = pm.LoadedModel.free
+
+    def free(self):  # the device memory given back after the report: it grows with the plan
+        t0 = time.time() - spawned
+        try:
+            return real_free(self)
+        finally:
+            ev.setdefault("free", (round(t0, 4), round(time.time() - spawned, 4)))
+            sys.stderr.write("RUNCLOCK_FREE " + json.dumps(ev["free"]) + "\n")
+            sys.stderr.flush()
+
+    pm.LoadedModel.free = free
     sys.argv = ["planc", "run", plan_path, "--json"]
     from planc.entry import main
 
@@ -273,14 +287,16 @@ def child_exit(nbytes: int, how: str, spawned: float) -> None:
 
     seam.select("cuda:0")
     mem = driver.DeviceMemory(nbytes) if nbytes else None
+    t0 = time.time()
     if how != "held" and mem is not None:
         mem.free()
+    free_s = time.time() - t0
     t0 = time.time()
     if how == "reset":
         cu = driver.lib()
         cu.cuDevicePrimaryCtxReset.argtypes = [ctypes.c_int]
         cu.cuDevicePrimaryCtxReset(0)
-    print(json.dumps({"leaving": time.time() - spawned, "reset_s": time.time() - t0}), flush=True)
+    print(json.dumps({"leaving": time.time() - spawned, "reset_s": time.time() - t0, "free_s": free_s}), flush=True)
     os._exit(0)
 
 
@@ -288,7 +304,8 @@ def cell_exit(nbytes: int, how: str) -> dict:
     spawned = time.time()
     wall, text, _ = _spawn(_self("--child", "exit", nbytes, how, repr(spawned)))
     got = _last_json(text)
-    return {"process_s": wall, "exit_s": time.time() - spawned - got["leaving"], "reset_s": got["reset_s"]}
+    return {"process_s": wall, "exit_s": time.time() - spawned - got["leaving"], "reset_s": got["reset_s"],
+            "free_s": got.get("free_s", 0.0)}
 
 
 def cell_runclock(plan: Path) -> dict:
@@ -299,6 +316,9 @@ def cell_runclock(plan: Path) -> dict:
     for line in err.splitlines():
         if line.startswith("RUNCLOCK "):
             out.update(json.loads(line[len("RUNCLOCK "):]))
+        elif line.startswith("RUNCLOCK_FREE "):
+            out["free"] = json.loads(line[len("RUNCLOCK_FREE "):])
+            out["after_free_s"] = wall - out["free"][1]
         elif line.startswith("import time:") and line.count("|") == 2:
             _, cum, name = line.split("|")
             name = name.strip()
@@ -455,7 +475,10 @@ def main(argv=None) -> int:
         record("later", lambda: cell_run(plans["llama-fp16"], env))
     record("pin", lambda: _child("pin", 16, 16))
     for k in range(a.repeat):
-        for nbytes, how in ((0, "freed"), (2200 << 20, "freed"), (2200 << 20, "held"), (2200 << 20, "reset")):
+        sizes = [(0, "freed"), (2200 << 20, "freed"), (2200 << 20, "held"), (2200 << 20, "reset")]
+        if "dense-15GiB" in plans:  # the device memory of the large plan: does its exit cost more?
+            sizes += [(15 << 30, "freed"), (15 << 30, "held")]
+        for nbytes, how in sizes:
             record(f"exit-{nbytes >> 20}MiB-{how}", lambda nbytes=nbytes, how=how: cell_exit(nbytes, how))
 
     def phases():

@@ -57,7 +57,14 @@ def child(plan_path: str, loads: int) -> list[dict]:
             try:
                 return real(*a, **k)
             finally:
-                events.append((label or name, threading.current_thread().name, t0 - t_zero[0],
+                what = label or name
+                if what == "read":  # Loader._read(self, req, slot): its kind, and its bytes as a 5th field
+                    req = a[1]
+                    what = "read_strided" if req.stride else "read"
+                    events.append((what, threading.current_thread().name, t0 - t_zero[0],
+                                   time.perf_counter() - t_zero[0], req.length * req.count))
+                    return
+                events.append((what, threading.current_thread().name, t0 - t_zero[0],
                                time.perf_counter() - t_zero[0]))
 
         setattr(owner, name, timed)
@@ -120,13 +127,19 @@ def touch(gib: float) -> int:
 
 
 def summarize(ev: list) -> dict:
+    """Per step: how many, first start, last end, thread-seconds busy; for reads (plain and strided)
+    also their bytes and GB/s per busy thread-second, which falls when readers contend."""
     by: dict[str, list] = {}
-    for name, thread, a, b in ev:
-        by.setdefault(name, []).append((a, b, thread))
+    for name, thread, a, b, *nbytes in ev:
+        by.setdefault(name, []).append((a, b, thread, nbytes[0] if nbytes else 0))
     s = {}
     for name, xs in by.items():
-        s[name] = {"n": len(xs), "first_start": min(a for a, _, _ in xs), "last_end": max(b for _, b, _ in xs),
-                   "busy": sum(b - a for a, b, _ in xs)}
+        s[name] = {"n": len(xs), "first_start": min(a for a, *_ in xs), "last_end": max(b for _, b, *_ in xs),
+                   "busy": sum(b - a for a, b, *_ in xs)}
+        nbytes = sum(x[3] for x in xs)
+        if nbytes:
+            s[name]["bytes"] = nbytes
+            s[name]["gbps_per_thread"] = nbytes / max(s[name]["busy"], 1e-9) / 1e9
     return s
 
 
@@ -171,6 +184,7 @@ def main() -> int:
                 sm = summarize(r["events"])
                 rows.setdefault((pin + ("+touched" if touched else ""), r["load"]), []).append((r, sm))
                 brief = {k: f"{v['first_start']:.3f}-{v['last_end']:.3f} busy {v['busy']:.3f} n={v['n']}"
+                 + (f" {v['bytes'] / 1e9:.3f} GB, {v['gbps_per_thread']:.2f} GB/s per thread" if "bytes" in v else "")
                          for k, v in sorted(sm.items(), key=lambda kv: kv[1]["first_start"])}
                 print(f"pin={pin}{' touched' if touched else ''} load {r['load']}: execute {r['execute_s']:.3f} wall {r['wall_seconds']:.3f} "
                       f"growth/pred {r['growth_over_predicted']:.3f} vmstat {r.get('vmstat')}", flush=True)
