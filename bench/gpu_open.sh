@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements the open issues still need, on the GPU machine, after bench/gpu_validate.sh.
-# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b|c|d]
+# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b|c|d|e]
 #   a (about 6 minutes): the hand-off (Llama 2.2 GB and the small Mixtral, bf16 and fp16; the fused-MoE
 #     rate against a plain copy of the same files and against the fused plan with no request
 #     scattered), then `planc run` of the 2.2 GB and the 14.96 GiB plans in fresh processes.
@@ -15,6 +15,9 @@
 #     (bench/probe_mixed.py), rank 0 of TP 8 alone step by step with its reads' rates by kind, on 4
 #     pinning lanes and on 1, and `planc run` of the 14.96 GiB plan with a clock on reading the plan,
 #     on `execute` and on freeing, beside the exit of a process holding or freeing 15 GiB.
+#   e (about 6 minutes): numpy's bytecode on this machine; rank 0 of TP 8 alone with one mapping per
+#     strided request (4 and 16 lanes x 128 MiB windows), step by step, and with a shorter GIL switch
+#     interval; `planc run` cells with and without bytecode for the libraries it imports.
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
@@ -70,5 +73,28 @@ if [[ $PART == *d* ]]; then
     done
     el timeline
     python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 3 --no-torch --cells runclock-dense,run-dense,exit 2>&1 | tail -24
+    el startup
+fi
+if [[ $PART == *e* ]]; then
+    python3 -c "import numpy, os, importlib.util as u; f = numpy.__file__; print('numpy', numpy.__version__, f, \
+        'bytecode' if os.path.exists(u.cache_from_source(f)) else 'no bytecode', \
+        'writable' if os.access(os.path.dirname(f), os.W_OK) else 'read-only', 'PYTHONDONTWRITEBYTECODE', \
+        os.environ.get('PYTHONDONTWRITEBYTECODE'))"
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone --tp 8 --modes warm --repeat 2 --no-verify 2>&1 | grep -E "^\| (whole|alone)" | head -4
+    for m in 4:128 16:128; do
+        PLANC_BENCH_MAP=$m python3 bench/tp.py "$DATA" "$OUT/tp-$m" --cases alone --tp 8 --modes warm --repeat 2 \
+            --no-verify 2>&1 | grep -E "^\| alone|host growth" | head -3
+    done
+    el tp
+    for v in default map4:128 switch; do
+        plan="$OUT/tp/plans/tp8-rank-0.json"; envs=""
+        [ $v = map4:128 ] && plan="$OUT/tp-4:128/plans/tp8-rank-0.json" && envs="PLANC_BENCH_MAP=4:128"
+        [ $v = switch ] && envs="PLANC_BENCH_SWITCH=0.0002"
+        echo "== timeline $v"
+        env $envs python3 bench/timeline.py "$plan" "$OUT/timeline-$v" --repeat 1 --loads 2 --pin register 2>&1 \
+            | grep -E "load [01]:|read|lane_wait|map_copy|pin |run |GB/s" | tail -16
+    done
+    el timeline
+    python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 3 --no-torch --cells run 2>&1 | tail -14
     el startup
 fi

@@ -10,6 +10,8 @@ is a fresh process, repeated `--repeat` times, the cells interleaved; medians ar
 * `run`: `planc run PLAN --json`, process wall (spawn to exit) against the load inside it
   (`wall_seconds` of the report) and the report's `prepare`; the difference is what a user waits for
   beyond the streaming. For the 2.2 GB bf16 plan and the 14.96 GiB dense plan.
+* `run-pyc`: the same with bytecode for every library it imports, as a pip install has it
+  (`libs_bytecode`: a read-only install without it is compiled into a cache folder of the bench's).
 * `runclock`: `planc run PLAN --json` as `python -m planc` runs it, under `-X importtime`, with a
   clock on the driver's start and the context (which thread, from when to when), on reading the
   plan and on `execute`; for the 2.2 GB plan and the 14.96 GiB one.
@@ -409,6 +411,33 @@ def prepare(data: Path, out: Path, large: bool) -> dict:
     return {"llama": llama, "plans": plans}
 
 
+def libs_bytecode(out: Path) -> dict:
+    """Bytecode for every library `planc run` imports, as a pip install has it (pip compiles at
+    install). Where a library's folder holds none and cannot take it (a read-only install: every
+    process compiles it again, numpy's import then costs 0.2-0.3 s), it is compiled into a cache
+    folder of the bench's own (PYTHONPYCACHEPREFIX); `run-*-pyc` cells run with that folder.
+    Returns {"prefix": ..., "missing": [libraries found without bytecode]}."""
+    probe = ("import sys, json, planc.cli, planc.execute, planc.plan, numpy; "
+             "print(json.dumps(sorted({m.__file__ for m in list(sys.modules.values()) "
+             "if getattr(m, '__file__', None) and m.__file__.endswith('.py')})))")
+    files = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                      check=True).stdout)
+    import importlib.util
+
+    def top(f: str) -> str:
+        parts = Path(f).parts
+        at = max(i for i, x in enumerate(parts) if x in ("site-packages", "dist-packages"))
+        return parts[at + 1]
+
+    missing = sorted({top(f) for f in files if "site-packages" in f or "dist-packages" in f
+                      if not Path(importlib.util.cache_from_source(f)).exists()})
+    prefix = out / "pycache"
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(prefix))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *files], env=env, check=False,
+                   stdout=subprocess.DEVNULL)
+    return {"prefix": str(prefix), "missing": missing}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data", nargs="?")
@@ -486,8 +515,14 @@ def main(argv=None) -> int:
         wall, text, _ = _spawn(_self("--child", "phases", plans["llama-bf16"], spawned))
         return dict(_last_json(text), process_s=wall)
 
+    pyc = libs_bytecode(out)
+    print(f"libraries without bytecode in their own folders: {pyc['missing'] or 'none'}", flush=True)
+    penv = {"PYTHONPYCACHEPREFIX": pyc["prefix"]}
     for k in range(a.repeat):
         record("run-llama-bf16", lambda: cell_run(plans["llama-bf16"]))
+        record("run-pyc-llama-bf16", lambda: cell_run(plans["llama-bf16"], penv))
+        if "dense-15GiB" in plans:
+            record("run-pyc-dense-15GiB", lambda: cell_run(plans["dense-15GiB"], penv))
         record("runclock-llama-bf16", lambda: cell_runclock(plans["llama-bf16"]))
         if "dense-15GiB" in plans:
             record("run-dense-15GiB", lambda: cell_run(plans["dense-15GiB"]))
@@ -517,7 +552,7 @@ def print_tables(s: dict) -> None:
 
     print("\n| what | process wall s | load s | outside the load s | prepare s |")
     print("|---|---|---|---|---|")
-    for cell in ("run-llama-bf16", "run-dense-15GiB", "first", "later"):
+    for cell in ("run-llama-bf16", "run-dense-15GiB", "run-pyc-llama-bf16", "run-pyc-dense-15GiB", "first", "later"):
         if cell in s:
             print(f"| `planc run` {cell} | {g(cell, 'process_s')} | {g(cell, 'load_s')} | {g(cell, 'outside_s')} | "
                   f"{g(cell, 'prepare_s')} |")

@@ -10,7 +10,10 @@ and release phases. Prints, per load, when each phase starts and ends relative t
 `execute()`, and writes OUT/timeline.jsonl (one line per load, with every event).
 
 `PLANC_BENCH_LANES=N` in the environment sets the ring's pinning lanes (`ring.Pinner.LANES`) in the
-loading processes, for this bench only.
+loading processes, for this bench only; `PLANC_BENCH_MAP=LANES:WINDOW_MIB` the mapped reads' lanes and
+window (as `bench/tp.py`, whose plans count them); `PLANC_BENCH_SWITCH=S` the interpreter's switch
+interval. Strided reads also record their waits for a mapping lane (`lane_wait`) and their copies
+out of the mapped windows (`map_copy`).
 
 `--touch N`: after the rounds, a separate process writes N GiB of anonymous memory once and exits,
 then the rounds run again (`touched` in each line). A virtual machine whose memory the host backs
@@ -45,9 +48,50 @@ def child(plan_path: str, loads: int) -> list[dict]:
     seam.select("cuda:0")
     if os.environ.get("PLANC_BENCH_LANES"):  # this bench's variant only: the ring's pinning lanes
         ring.Pinner.LANES = int(os.environ["PLANC_BENCH_LANES"])
+    if os.environ.get("PLANC_BENCH_MAP"):  # this bench's variant only: the mapped reads' lanes and window
+        from planc import costmodel
+
+        lanes, window = os.environ["PLANC_BENCH_MAP"].split(":")
+        costmodel.MAP_LANES, costmodel.MAP_WINDOW = int(lanes), int(window) << 20
+    if os.environ.get("PLANC_BENCH_SWITCH"):  # the interpreter's GIL switch interval, seconds
+        sys.setswitchinterval(float(os.environ["PLANC_BENCH_SWITCH"]))
     plan = load_plan(plan_path)
     events: list = []
     t_zero = [0.0]
+    import numpy as np
+
+    real_copyto = np.copyto
+
+    def copyto(dst, src, *a, **k):  # the strided reads' copies out of their mapped windows
+        t0 = time.perf_counter()
+        try:
+            return real_copyto(dst, src, *a, **k)
+        finally:
+            events.append(("map_copy", threading.current_thread().name, t0 - t_zero[0],
+                           time.perf_counter() - t_zero[0]))
+
+    np.copyto = copyto
+
+    class Lanes:  # the mapping lanes' semaphore, with the time each strided window waits for one
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __enter__(self):
+            t0 = time.perf_counter()
+            self.inner.acquire()
+            events.append(("lane_wait", threading.current_thread().name, t0 - t_zero[0],
+                           time.perf_counter() - t_zero[0]))
+
+        def __exit__(self, *exc):
+            self.inner.release()
+
+    real_reader_init = reader.Reader.__init__
+
+    def reader_init(self, *a, **k):
+        real_reader_init(self, *a, **k)
+        self._lanes = Lanes(self._lanes)
+
+    reader.Reader.__init__ = reader_init
 
     def wrap(owner, name: str, label: str | None = None):
         real = getattr(owner, name)
