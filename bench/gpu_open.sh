@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements the open issues still need, on the GPU machine, after bench/gpu_validate.sh.
-# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b|c|d|e]
+# Usage, from the repository root (carry .whl): bash bench/gpu_open.sh OUT_DIR [a|b|c|d|e|f]
 #   a (about 6 minutes): the hand-off (Llama 2.2 GB and the small Mixtral, bf16 and fp16; the fused-MoE
 #     rate against a plain copy of the same files and against the fused plan with no request
 #     scattered), then `planc run` of the 2.2 GB and the 14.96 GiB plans in fresh processes.
@@ -18,6 +18,8 @@
 #   e (about 6 minutes): numpy's bytecode on this machine; rank 0 of TP 8 alone with one mapping per
 #     strided request (4 and 16 lanes x 128 MiB windows), step by step, and with a shorter GIL switch
 #     interval; `planc run` cells with and without bytecode for the libraries it imports.
+#   f (about 7 minutes): rank 0 alone of TP 2, 4 and 8 against mapping lanes x windows (PLANC_BENCH_MAP,
+#     the default first and last), with its host growth against the plan's; `planc run` n=5.
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
@@ -96,5 +98,16 @@ if [[ $PART == *e* ]]; then
     done
     el timeline
     python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 3 --no-torch --cells run 2>&1 | tail -14
+    el startup
+fi
+if [[ $PART == *f* ]]; then
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole --modes warm --repeat 2 --no-verify 2>&1 | grep -E "^\| whole .* / "
+    for m in 4:8 4:32 8:32 16:32 4:128 16:128 4:8; do
+        echo "== PLANC_BENCH_MAP=$m (lanes:window MiB)"
+        PLANC_BENCH_MAP=$m python3 bench/tp.py "$DATA" "$OUT/tp-${m/:/x}" --cases alone --tp ${TPS:-2,4,8} --modes warm \
+            --repeat 2 --no-verify 2>&1 | grep -E "^\| alone .* / "
+    done
+    el sweep
+    python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 5 --no-torch --cells run-pyc,run-dense,run-llama 2>&1 | tail -8
     el startup
 fi
