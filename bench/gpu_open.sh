@@ -18,7 +18,7 @@
 #   e (about 6 minutes): numpy's bytecode on this machine; rank 0 of TP 8 alone with one mapping per
 #     strided request (4 and 16 lanes x 128 MiB windows), step by step, and with a shorter GIL switch
 #     interval; `planc run` cells with and without bytecode for the libraries it imports.
-#   f (about 7 minutes): rank 0 alone of TP 2, 4 and 8 against mapping lanes x windows (PLANC_BENCH_MAP,
+#   f (about 7 minutes): rank 0 alone of TP 2, 4 and 8 against mapping lanes x windows (io.map_lanes, io.map_window;
 #     the default first and last), with its host growth against the plan's; `planc run` n=5.
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
@@ -84,13 +84,13 @@ if [[ $PART == *e* ]]; then
         os.environ.get('PYTHONDONTWRITEBYTECODE'))"
     python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone --tp 8 --modes warm --repeat 2 --no-verify 2>&1 | grep -E "^\| (whole|alone)" | head -4
     for m in 4:128 16:128; do
-        PLANC_BENCH_MAP=$m python3 bench/tp.py "$DATA" "$OUT/tp-$m" --cases alone --tp 8 --modes warm --repeat 2 \
-            --no-verify 2>&1 | grep -E "^\| alone|host growth" | head -3
+        python3 bench/tp.py "$DATA" "$OUT/tp-$m" --cases alone --tp 8 --modes warm --repeat 2 --no-verify \
+            --io map_lanes=${m%:*},map_window=${m#*:}MiB 2>&1 | grep -E "^\| alone|host growth" | head -3
     done
     el tp
     for v in default map4:128 switch; do
         plan="$OUT/tp/plans/tp8-rank-0.json"; envs=""
-        [ $v = map4:128 ] && plan="$OUT/tp-4:128/plans/tp8-rank-0.json" && envs="PLANC_BENCH_MAP=4:128"
+        [ $v = map4:128 ] && plan="$OUT/tp-4:128/plans/tp8-rank-0.json"
         [ $v = switch ] && envs="PLANC_BENCH_SWITCH=0.0002"
         echo "== timeline $v"
         env $envs python3 bench/timeline.py "$plan" "$OUT/timeline-$v" --repeat 1 --loads 2 --pin register 2>&1 \
@@ -102,10 +102,10 @@ if [[ $PART == *e* ]]; then
 fi
 if [[ $PART == *f* ]]; then
     python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole --modes warm --repeat 2 --no-verify 2>&1 | grep -E "^\| whole .* / "
-    for m in 4:8 4:32 8:32 16:32 4:128 16:128 4:8; do
-        echo "== PLANC_BENCH_MAP=$m (lanes:window MiB)"
-        PLANC_BENCH_MAP=$m python3 bench/tp.py "$DATA" "$OUT/tp-${m/:/x}" --cases alone --tp ${TPS:-2,4,8} --modes warm \
-            --repeat 2 --no-verify 2>&1 | grep -E "^\| alone .* / "
+    for m in ${MAPS:-4:8 4:32 8:32 16:32 4:128 16:128 4:8}; do
+        echo "== io.map_lanes:io.map_window MiB = $m"
+        python3 bench/tp.py "$DATA" "$OUT/tp-${m/:/x}" --cases alone --tp ${TPS:-2,4,8} --modes warm --repeat 2 \
+            --no-verify --io map_lanes=${m%:*},map_window=${m#*:}MiB 2>&1 | grep -E "^\| alone .* / "
     done
     el sweep
     python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 5 --no-torch --cells run-pyc,run-dense,run-llama 2>&1 | tail -8

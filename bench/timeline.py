@@ -10,9 +10,8 @@ and release phases. Prints, per load, when each phase starts and ends relative t
 `execute()`, and writes OUT/timeline.jsonl (one line per load, with every event).
 
 `PLANC_BENCH_LANES=N` in the environment sets the ring's pinning lanes (`ring.Pinner.LANES`) in the
-loading processes, for this bench only; `PLANC_BENCH_MAP=LANES:WINDOW_MIB` the mapped reads' lanes and
-window (as `bench/tp.py`, whose plans count them); `PLANC_BENCH_SWITCH=S` the interpreter's switch
-interval. Strided reads also record their waits for a mapping lane (`lane_wait`) and their copies
+loading processes, for this bench only; `PLANC_BENCH_SWITCH=S` the interpreter's switch interval
+(the mapped reads' window and lanes are the plan's: `io.map_window`, `io.map_lanes`). Strided reads also record their waits for a mapping lane (`lane_wait`) and their copies
 out of the mapped windows (`map_copy`).
 
 `--touch N`: after the rounds, a separate process writes N GiB of anonymous memory once and exits,
@@ -48,11 +47,6 @@ def child(plan_path: str, loads: int) -> list[dict]:
     seam.select("cuda:0")
     if os.environ.get("PLANC_BENCH_LANES"):  # this bench's variant only: the ring's pinning lanes
         ring.Pinner.LANES = int(os.environ["PLANC_BENCH_LANES"])
-    if os.environ.get("PLANC_BENCH_MAP"):  # this bench's variant only: the mapped reads' lanes and window
-        from planc import costmodel
-
-        lanes, window = os.environ["PLANC_BENCH_MAP"].split(":")
-        costmodel.MAP_LANES, costmodel.MAP_WINDOW = int(lanes), int(window) << 20
     if os.environ.get("PLANC_BENCH_SWITCH"):  # the interpreter's GIL switch interval, seconds
         sys.setswitchinterval(float(os.environ["PLANC_BENCH_SWITCH"]))
     plan = load_plan(plan_path)

@@ -450,19 +450,7 @@ def run_all(a, sets, files, disks, out: Path, log, t_begin: float, notes: list) 
     return groups, loads
 
 
-def _bench_map() -> None:
-    """PLANC_BENCH_MAP=LANES:WINDOW_MIB (this bench's variant only): the mapped reads' lanes and window,
-    in the compiling parent and the loading workers alike (the plans count them in map_bytes)."""
-    v = os.environ.get("PLANC_BENCH_MAP")
-    if v:
-        from planc import costmodel
-
-        lanes, window = v.split(":")
-        costmodel.MAP_LANES, costmodel.MAP_WINDOW = int(lanes), int(window) << 20
-
-
 def main(argv=None) -> int:
-    _bench_map()
     a = parse_args(argv)
     if a.worker:
         worker(*a.worker, a.verify)

@@ -34,30 +34,35 @@ STRIDED_MODES = ("auto", "mapped", "rows")  # io.strided
 # one asked for (from disk too, when cold, where warm figures see no cost), and the figures spread
 # by about a fifth between runs on a shared host.
 ROWS_MARGIN = 1.25
-MAP_WINDOW = 8 << 20  # file bytes a strided read maps at a time (its pages count in the RSS until unmapped)
+# Mapped strided reads (`io.map_window`, `io.map_lanes`; the plan carries both). On the H200 host
+# (bench/tp.py, rank 0 alone, warm, one call), 32 MiB windows on 4 lanes read TP 2/4/8 ranks 1.17-1.27x
+# as fast as 8 MiB ones, with host growth 0.96-0.99 of the plan's: fewer maps and unmaps, each of
+# which interrupts every core the readers run on. More lanes or larger windows ran faster still,
+# but held fewer windows at once than a lane each, so the host peak fell 15-50 % below the plan's.
+MAP_WINDOW = 32 << 20  # file bytes a strided read maps at a time (its pages count in the RSS until unmapped)
 MAP_LANES = 4  # windows mapped at once, whatever the readers: what bounds the mapped pages in the RSS
 MAP_PAGE = max(PAGE, mmap.PAGESIZE)  # a mapping starts on this machine's page boundary (64 KiB on some arm64)
 
 
-def window_bytes(seg: int, stride: int, count: int) -> int:
+def window_bytes(seg: int, stride: int, count: int, window: int = MAP_WINDOW) -> int:
     """The largest file window a strided request (`count` segments of `seg` bytes, `stride` apart)
-    maps at a time (`Reader.read_strided`): as many whole segments as fit in `MAP_WINDOW`, or one
-    `MAP_WINDOW` piece of a longer segment, from the page below its first byte, in whole pages."""
-    piece = min(seg, MAP_WINDOW)
-    rows = min(count, max(1, MAP_WINDOW // stride)) if piece == seg else 1
+    maps at a time (`Reader.read_strided`): as many whole segments as fit in `window`, or one
+    `window` piece of a longer segment, from the page below its first byte, in whole pages."""
+    piece = min(seg, window)
+    rows = min(count, max(1, window // stride)) if piece == seg else 1
     return -(-(MAP_PAGE - 1 + (rows - 1) * stride + piece) // MAP_PAGE) * MAP_PAGE
 
 
-def map_bytes(workers: int, windows) -> int:
+def map_bytes(workers: int, windows, lanes: int = MAP_LANES) -> int:
     """Host bytes the mapped windows of strided reads hold at most (`layout.map_bytes`): the largest
     windows (`window_bytes` of each strided request) of as many requests as may read at once."""
-    return sum(heapq.nlargest(min(MAP_LANES, workers), windows))
+    return sum(heapq.nlargest(min(lanes, workers), windows))
 
 
-def map_bytes_bound(workers: int, strided_requests: int) -> int:
+def map_bytes_bound(workers: int, strided_requests: int, lanes: int = MAP_LANES, window: int = MAP_WINDOW) -> int:
     """What `map_bytes` can be at most: a full window per lane (plans from before windows were sized
     to their requests claimed this)."""
-    return min(MAP_LANES, workers, strided_requests) * (MAP_WINDOW + MAP_PAGE)
+    return min(lanes, workers, strided_requests) * (window + MAP_PAGE)
 
 
 DEFAULTS = Costs("default", page_s=6.1e-8, copy_byte_s=2.8e-11, read_byte_s=2.3e-11, request_s=2.6e-5)

@@ -70,6 +70,11 @@ class IOSettings(NamedTuple):
     direct: str
     merge_gap_bytes: int
     strided: str = "auto"  # auto | mapped | rows
+    # Mapped strided reads: file bytes one maps at a time, and windows mapped at once (what bounds
+    # the mapped pages the RSS counts: `layout.map_bytes`). A plan without them was written when
+    # every reader mapped 8 MiB windows on 4 lanes, and is read so.
+    map_window_bytes: int = 8 << 20
+    map_lanes: int = 4
 
 
 class Costs(NamedTuple):

@@ -28,6 +28,8 @@ from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoin
 from .device import DIRECT_ALIGN, check_device
 
 FORMAT = 3
+# The mapped reads of a format-3 plan written before `io` carried `map_window_bytes` and `map_lanes`.
+_OLD_MAP_WINDOW, _OLD_MAP_LANES = 8 << 20, 4
 
 # The field order of each array record, as the file states it.
 # Names repeated by the thousand are written once, in a table, and referred to by index: the
@@ -233,6 +235,9 @@ class _Checker:
         return tuple(out)
 
     def _io(self, v) -> IOSettings:
+        mapping = ("map_window_bytes", "map_lanes")
+        if type(v) is dict and not any(k in v for k in mapping):  # written before the plan carried them:
+            v = {**v, "map_window_bytes": _OLD_MAP_WINDOW, "map_lanes": _OLD_MAP_LANES}  # read as they were run
         _obj(v, "io", IOSettings._fields)
         slot = _int(v["slot_bytes"], "io.slot_bytes", DIRECT_ALIGN, 1 << 40)
         if slot % DIRECT_ALIGN:
@@ -240,7 +245,9 @@ class _Checker:
         return IOSettings(_int(v["workers"], "io.workers", 1, 256), slot, _int(v["slots"], "io.slots", 1, 1024),
                           _int(v["run_bytes"], "io.run_bytes", 1, _MAX), _one_of(v["direct"], "io.direct", DIRECT_MODES),
                           _int(v["merge_gap_bytes"], "io.merge_gap_bytes", 0, _MAX),
-                          _one_of(v["strided"], "io.strided", STRIDED_MODES))
+                          _one_of(v["strided"], "io.strided", STRIDED_MODES),
+                          _int(v["map_window_bytes"], "io.map_window_bytes", 1, 1 << 30),
+                          _int(v["map_lanes"], "io.map_lanes", 1, 64))
 
     def _layout(self, v, io: IOSettings) -> Layout:
         _obj(v, "layout", Layout._fields)
@@ -264,8 +271,7 @@ class _Checker:
             if off + n > arena:
                 raise _bad(at, f"[{off:,}, {off + n:,}) reaches past the arena ({arena:,} bytes)")
             zero.append((off, n))
-        maps = _int(v["map_bytes"], "layout.map_bytes", 0,
-                    costmodel.MAP_LANES * (costmodel.MAP_WINDOW + costmodel.MAP_PAGE))
+        maps = _int(v["map_bytes"], "layout.map_bytes", 0, io.map_lanes * (io.map_window_bytes + costmodel.MAP_PAGE))
         return Layout(arena, regions, staging, segs, tuple(zero), ring, maps)
 
     def _costs(self, v) -> Costs:
@@ -504,7 +510,7 @@ class _Checker:
                 raise _bad(f"{at}.payload_bytes", f"is {run.payload_bytes:,}, its parts read {pb:,}")
             users += len(reqs) + sum(h.copies for h in hosts)
             scatter_rows += sum(len(q.copies) for q in reqs if q.scatter)
-            windows += [window_bytes(q.length, q.stride, q.count) for q in reqs if q.stride]
+            windows += [window_bytes(q.length, q.stride, q.count, io.map_window_bytes) for q in reqs if q.stride]
             out.append(run)
         if next_part != len(parts):
             raise _bad("runs", f"list parts 0..{next_part - 1}, the plan has {len(parts)}")
@@ -514,7 +520,8 @@ class _Checker:
                                             f"{ring:,} of ring")
         # A plan may claim more than its requests' windows (one written before windows were sized to
         # their requests claims a full window per lane), never less: admission counts what it claims.
-        maps, bound = map_bytes(io.workers, windows), map_bytes_bound(io.workers, len(windows))
+        maps = map_bytes(io.workers, windows, io.map_lanes)
+        bound = map_bytes_bound(io.workers, len(windows), io.map_lanes, io.map_window_bytes)
         if not maps <= lay.map_bytes <= max(maps, bound):
             raise _bad("layout.map_bytes", f"is {lay.map_bytes:,}, the plan's {len(windows):,} strided requests map "
                                            f"{maps:,} bytes at once")

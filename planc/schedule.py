@@ -102,8 +102,8 @@ def schedule(graph: Graph, io: IO, costs: Costs = costmodel.DEFAULTS) -> Schedul
     parts = tuple([_tuple_new(Part, (*n[:-1], offsets[n.tensor] + n.offset_bytes)) for n in graph.parts])
     zero = tuple((n.dst_offset + n.out_bytes, n.zero_bytes) for n in parts if n.zero_bytes)
     runs, staging_slots, segments = _scatter(runs, io)
-    maps = costmodel.map_bytes(io.workers, [costmodel.window_bytes(q.length, q.stride, q.count)
-                                            for r in runs for q in r.requests if q.stride])
+    maps = costmodel.map_bytes(io.workers, [costmodel.window_bytes(q.length, q.stride, q.count, io.map_window)
+                                            for r in runs for q in r.requests if q.stride], io.map_lanes)
     return Schedule(io, tensors, parts, arena, regions, ring, tuple(runs), staging_slots * io.slot, segments, zero,
                     maps, costs)
 

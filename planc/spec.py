@@ -79,6 +79,10 @@ class IO(_Model):
     strided: Literal["auto", "mapped", "rows"] = "auto"
     """How a tensor-parallel slice of a later dim is read: `mapped` (only its segments, through a mapping of
     the page cache), `rows` (whole rows, then a 2-D copy of the slice), or `auto` (the cheaper by the cost model)."""
+    map_window: ByteSize = Field(32 * 2**20, ge=4096, le=2**30)
+    """File bytes a mapped strided read maps at a time (4 KiB to 1 GiB); its pages count in the host peak."""
+    map_lanes: StrictInt = Field(4, ge=1, le=64)
+    """Mapped windows at once, whatever the workers; the host peak counts the largest this many."""
 
     @field_validator("run")
     @classmethod

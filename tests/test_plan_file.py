@@ -373,6 +373,10 @@ ACCEPTABLE = {
     "io.workers": "reader threads, bounded (1..256)", "io.run_bytes": "compile-time knob, read by no load",
     "io.merge_gap_bytes": "compile-time knob, read by no load",
     "io.strided": "compile-time knob, read by no load (the requests say how each slice is read, checked)",
+    "io.map_window_bytes": "the reader maps by it, bounded (1 B..1 GiB); layout.map_bytes must cover the windows "
+                           "it makes (checked), so the host peak stays what the plan claims",
+    "io.map_lanes": "the reader maps at most this many windows at once, bounded (1..64); layout.map_bytes must "
+                    "cover that many of the largest (checked)",
     "costs": "the cost figures the compiler chose read methods by: shown only (the requests are checked)",
     "costs.source": "shown only", "costs.page_s": "shown only", "costs.copy_byte_s": "shown only",
     "costs.read_byte_s": "shown only", "costs.request_s": "shown only",

@@ -22,13 +22,12 @@ def blob(tmp_path):
     (0, 1024, 8192, 30), (123, 2, 16, 5000), (4095, 4097, 9000, 20), (77, 3000, 3001, 90), (5, 1, 1, 1),
     (299_000, 1000, 1000, 1)])
 def test_read_strided_equals_numpy_slicing(blob, monkeypatch, window, offset, length, stride, count):
-    monkeypatch.setattr(costmodel, "MAP_WINDOW", window)  # windows and segment pieces smaller than the reads
     import mmap
 
     from planc.execute import reader as reader_mod
 
     d, data = blob
-    r = Reader(str(d), "off")
+    r = Reader(str(d), "off", map_window=window)  # windows and segment pieces smaller than the reads
     buf = np.full(length * count + 64, 0xAB, dtype=np.uint8)
     maps, real = [], mmap.mmap
 
@@ -44,7 +43,7 @@ def test_read_strided_equals_numpy_slicing(blob, monkeypatch, window, offset, le
         r.close()
     monkeypatch.setattr(reader_mod.mmap, "mmap", real)
     # every window mapped is within what the plan counts for the request (layout.map_bytes)
-    assert maps and max(maps) <= costmodel.window_bytes(length, stride, count)
+    assert maps and max(maps) <= costmodel.window_bytes(length, stride, count, window)
     want = np.lib.stride_tricks.as_strided(data[offset:], (count, length), (stride, 1)).reshape(-1)
     assert np.array_equal(buf[:length * count], want)
     assert (buf[length * count:] == 0xAB).all()  # nothing written past the packed segments

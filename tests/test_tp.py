@@ -176,27 +176,29 @@ def test_row_parallel_slices_by_mapped_reads_or_whole_rows(ckpt, how):
     assert [r["method"] for r in explain_doc(plans[0])["strided_reads"]] == [how]
 
 
-@pytest.mark.parametrize("window", [None, 256, 100_000])
+@pytest.mark.parametrize("window", [None, 4096, 100_000])
 def test_mapped_windows_are_what_the_plan_counts(ckpt, monkeypatch, window):
     """`layout.map_bytes` is the largest windows of as many strided requests as may read at once, each
-    what `costmodel.window_bytes` says its request maps; every mapping the reader makes during the
-    load is within its request's window (a small slice is not counted as a full 8 MiB window)."""
+    what `costmodel.window_bytes` says its request maps at the plan's `io.map_window_bytes`; every
+    mapping the reader makes during the load is within its request's window (a small slice is not
+    counted as a full window)."""
     import mmap as mmap_mod
 
     from planc import costmodel
     from planc.execute import reader as reader_mod
 
-    if window:
-        monkeypatch.setattr(costmodel, "MAP_WINDOW", window)
     d, t = ckpt
     rules = [{"match": "l.*.mlp.down_proj.weight", "split": {"dim": 1}},
              {"match": "l.*.attn.o_proj.weight", "split": {"dim": 1}}, {"match": "*", "skip": True}]
-    plan = compile_spec(_spec(d, 2, rules, {"slot": "8KiB", "strided": "mapped", "workers": 1}, f"w{window}.yaml"), 0)
+    io = {"slot": "8KiB", "strided": "mapped", "workers": 1, **({"map_window": window} if window else {})}
+    plan = compile_spec(_spec(d, 2, rules, io, f"w{window}.yaml"), 0)
+    assert plan.io.map_window_bytes == (window or costmodel.MAP_WINDOW)
     reqs = [q for r in plan.runs for q in r.requests if q.stride]
-    wins = {(q.offset, q.count): costmodel.window_bytes(q.length, q.stride, q.count) for q in reqs}
+    wins = {(q.offset, q.count): costmodel.window_bytes(q.length, q.stride, q.count, plan.io.map_window_bytes)
+            for q in reqs}
     assert len(reqs) >= 2
     assert plan.layout.map_bytes == max(wins.values())  # one reader: one window at a time
-    assert plan.layout.map_bytes < 2 * (costmodel.MAP_WINDOW + costmodel.PAGE) or window == 256
+    assert plan.layout.map_bytes < 2 * (plan.io.map_window_bytes + costmodel.PAGE) or window == 4096
     maps = []
     real = mmap_mod.mmap
 
@@ -237,7 +239,7 @@ def test_a_plan_claiming_full_windows_still_loads_and_one_claiming_less_is_refus
     doc = json.loads(encode(plan))
     exact = doc["layout"]["map_bytes"]
     n = sum(1 for r in plan.runs for q in r.requests if q.stride)
-    full = min(4, plan.io.workers, n) * ((8 << 20) + 4096)
+    full = min(4, plan.io.workers, n) * (plan.io.map_window_bytes + 4096)
     doc["layout"]["map_bytes"] = full
     doc["peak"]["host_bytes"] += full - exact  # the recorded peak is the replay's, with what the plan claims
     old = decode(json.dumps(doc))
@@ -373,3 +375,33 @@ def test_padding_a_later_dim_is_refused_on_every_rank(tmp_path):
         with pytest.raises(BindError) as ei:
             compile_spec(spec, rank)
         assert ei.value.code == "split-pad" and "dim 1" in ei.value.message
+
+
+def test_a_plan_without_its_mapping_settings_is_read_as_it_was_run(ckpt):
+    """A format-3 plan written before `io` carried `map_window_bytes` and `map_lanes` was run with 8 MiB
+    windows on 4 lanes, and counted its windows so: it is read with those, and its reader maps no more.
+    One of the two alone, or a value out of range, is refused naming the field."""
+    from planc import costmodel
+    from planc.errors import PlanFormatError
+    from planc.plan import decode, encode
+
+    d, t = ckpt
+    rules = [{"match": "l.*.mlp.down_proj.weight", "split": {"dim": 1}}, {"match": "*", "skip": True}]
+    plan = compile_spec(_spec(d, 2, rules, {"slot": "8KiB", "strided": "mapped", "map_window": "8MiB"}, "old.yaml"), 0)
+    doc = json.loads(encode(plan))
+    assert doc["io"]["map_window_bytes"] == 8 << 20 and doc["io"]["map_lanes"] == costmodel.MAP_LANES
+    old = {**doc, "io": {k: v for k, v in doc["io"].items() if k not in ("map_window_bytes", "map_lanes")}}
+    got = decode(json.dumps(old))
+    assert (got.io.map_window_bytes, got.io.map_lanes) == (8 << 20, 4) and got.layout == plan.layout
+    lone = {**doc, "io": {k: v for k, v in doc["io"].items() if k != "map_lanes"}}
+    with pytest.raises(PlanFormatError, match="io: missing map_lanes"):
+        decode(json.dumps(lone))
+    for key, bad in (("map_window_bytes", 0), ("map_window_bytes", 1 << 31), ("map_lanes", 0), ("map_lanes", 65),
+                     ("map_lanes", 2.0)):
+        with pytest.raises(PlanFormatError, match=f"io.{key}"):
+            decode(json.dumps({**doc, "io": {**doc["io"], key: bad}}))
+    # map_bytes beyond what the plan's lanes can map at once is refused
+    over = {**doc, "io": {**doc["io"], "map_lanes": 1},
+            "layout": {**doc["layout"], "map_bytes": (8 << 20) + costmodel.MAP_PAGE + 1}}
+    with pytest.raises(PlanFormatError, match="layout.map_bytes"):
+        decode(json.dumps(over))

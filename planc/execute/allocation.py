@@ -59,7 +59,8 @@ class Allocation:
             from .kernelruns import warm_kernels
 
             self.warmer = warm_kernels(self.plan)
-        self.reader = Reader(self.plan.checkpoint.root, self.io.direct)
+        self.reader = Reader(self.plan.checkpoint.root, self.io.direct, map_window=self.io.map_window_bytes,
+                             map_lanes=self.io.map_lanes)
         for f in self.plan.checkpoint.files:
             self.reader.open(f.path, f.size_bytes)
         self.pool = ThreadPoolExecutor(max_workers=self.io.workers, thread_name_prefix="planc-read")

@@ -105,7 +105,14 @@ class Reader:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _plain: dict = field(default_factory=dict)  # buffered fds for host-path reads, opened once per file
     _retired: list = field(default_factory=list)  # fds given up by a fallback; other readers may still use them
-    _lanes: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(costmodel.MAP_LANES))
+    map_window: int = costmodel.MAP_WINDOW  # the plan's io.map_window_bytes
+    map_lanes: int = costmodel.MAP_LANES  # the plan's io.map_lanes
+    _lanes: threading.BoundedSemaphore | None = None
+
+    def __post_init__(self) -> None:
+        if self.map_window < 1 or self.map_lanes < 1:
+            raise ValueError(f"map_window and map_lanes must be at least 1, got {self.map_window}, {self.map_lanes}")
+        self._lanes = threading.BoundedSemaphore(self.map_lanes)
 
     def open(self, rel: str, size: int) -> OpenFile:
         path = os.path.join(self.root, rel)
@@ -182,16 +189,16 @@ class Reader:
         """Copy `count` segments of `length` bytes, `stride` apart from `offset`, packed into `buf`.
 
         The segments come out of the page cache through a read-only mapping of the file, at most
-        `costmodel.MAP_WINDOW` bytes of it at a time, unmapped before the next window: the pages
-        of other ranks' bytes between the segments are mapped but never read. At most
-        `costmodel.MAP_LANES` windows are mapped at once, so the mapped pages the RSS counts stay
-        within the plan's `layout.map_bytes`. Reading through a mapping beyond
+        `map_window` bytes of it at a time (the plan's `io.map_window_bytes`), unmapped before the
+        next window: the pages of other ranks' bytes between the segments are mapped but never read.
+        At most `map_lanes` windows are mapped at once (`io.map_lanes`), so the mapped pages the RSS
+        counts stay within the plan's `layout.map_bytes`. Reading through a mapping beyond
         the end of the file faults, so the file's size is checked against the read first.
         """
         import numpy as np
 
         fd, path = self._plain_fd(rel)
-        lanes = self._lanes  # at most MAP_LANES windows mapped at once
+        lanes = self._lanes  # at most map_lanes windows mapped at once
         top = offset + (count - 1) * stride + length
         try:
             size = os.fstat(fd).st_size
@@ -202,7 +209,7 @@ class Reader:
                             f"(was it truncated after compile?)", code="read-short")
         page = mmap.PAGESIZE
         out = buf[:length * count]
-        window = costmodel.MAP_WINDOW  # read at the call: tests narrow it
+        window = self.map_window
         piece = min(length, window)  # a segment longer than a window is copied in pieces
         per = max(1, window // stride) if piece == length else 1
         k = 0
