@@ -11,8 +11,9 @@ and release phases. Prints, per load, when each phase starts and ends relative t
 
 `PLANC_BENCH_LANES=N` in the environment sets the ring's pinning lanes (`ring.Pinner.LANES`) in the
 loading processes, for this bench only; `PLANC_BENCH_SWITCH=S` the interpreter's switch interval
-(the mapped reads' window and lanes are the plan's: `io.map_window`, `io.map_lanes`). Strided reads also record their waits for a mapping lane (`lane_wait`) and their copies
-out of the mapped windows (`map_copy`).
+(the mapped reads' window and lanes are the plan's: `io.map_window`, `io.map_lanes`). Strided reads
+also record their waits for a mapping lane (`lane_wait`) and their copies out of the mapped windows
+(`map_copy`).
 
 `--touch N`: after the rounds, a separate process writes N GiB of anonymous memory once and exits,
 then the rounds run again (`touched` in each line). A virtual machine whose memory the host backs
@@ -95,15 +96,12 @@ def child(plan_path: str, loads: int) -> list[dict]:
             try:
                 return real(*a, **k)
             finally:
-                what = label or name
+                what, extra = label or name, ()
                 if what == "read":  # Loader._read(self, req, slot): its kind, and its bytes as a 5th field
                     req = a[1]
-                    what = "read_strided" if req.stride else "read"
-                    events.append((what, threading.current_thread().name, t0 - t_zero[0],
-                                   time.perf_counter() - t_zero[0], req.length * req.count))
-                    return
+                    what, extra = ("read_strided" if req.stride else "read"), (req.length * req.count,)
                 events.append((what, threading.current_thread().name, t0 - t_zero[0],
-                               time.perf_counter() - t_zero[0]))
+                               time.perf_counter() - t_zero[0], *extra))
 
         setattr(owner, name, timed)
 
@@ -221,8 +219,8 @@ def main() -> int:
                     f.write(json.dumps(r) + "\n")
                 sm = summarize(r["events"])
                 rows.setdefault((pin + ("+touched" if touched else ""), r["load"]), []).append((r, sm))
-                brief = {k: f"{v['first_start']:.3f}-{v['last_end']:.3f} busy {v['busy']:.3f} n={v['n']}"
-                 + (f" {v['bytes'] / 1e9:.3f} GB, {v['gbps_per_thread']:.2f} GB/s per thread" if "bytes" in v else "")
+                brief = {k: f"{v['first_start']:.3f}-{v['last_end']:.3f} busy {v['busy']:.3f} n={v['n']}" + (
+                    f" {v['bytes'] / 1e9:.3f} GB, {v['gbps_per_thread']:.2f} GB/s per thread" if "bytes" in v else "")
                          for k, v in sorted(sm.items(), key=lambda kv: kv[1]["first_start"])}
                 print(f"pin={pin}{' touched' if touched else ''} load {r['load']}: execute {r['execute_s']:.3f} wall {r['wall_seconds']:.3f} "
                       f"growth/pred {r['growth_over_predicted']:.3f} vmstat {r.get('vmstat')}", flush=True)

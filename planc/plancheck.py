@@ -28,8 +28,6 @@ from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoin
 from .device import DIRECT_ALIGN, check_device
 
 FORMAT = 3
-# The mapped reads of a format-3 plan written before `io` carried `map_window_bytes` and `map_lanes`.
-_OLD_MAP_WINDOW, _OLD_MAP_LANES = 8 << 20, 4
 
 # The field order of each array record, as the file states it.
 # Names repeated by the thousand are written once, in a table, and referred to by index: the
@@ -235,9 +233,9 @@ class _Checker:
         return tuple(out)
 
     def _io(self, v) -> IOSettings:
-        mapping = ("map_window_bytes", "map_lanes")
+        mapping = {k: IOSettings._field_defaults[k] for k in ("map_window_bytes", "map_lanes")}
         if type(v) is dict and not any(k in v for k in mapping):  # written before the plan carried them:
-            v = {**v, "map_window_bytes": _OLD_MAP_WINDOW, "map_lanes": _OLD_MAP_LANES}  # read as they were run
+            v = {**v, **mapping}  # read with the window and lanes they were run with
         _obj(v, "io", IOSettings._fields)
         slot = _int(v["slot_bytes"], "io.slot_bytes", DIRECT_ALIGN, 1 << 40)
         if slot % DIRECT_ALIGN:

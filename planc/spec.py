@@ -24,6 +24,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       WithJsonSchema,
                       field_validator, model_validator)
 
+from .costmodel import MAP_LANES, MAP_WINDOW
 from .device import DIRECT_ALIGN, check_device  # noqa: F401 - the spec's names for them
 from .device import brief as _brief
 from .dtypes import DTYPES
@@ -79,10 +80,10 @@ class IO(_Model):
     strided: Literal["auto", "mapped", "rows"] = "auto"
     """How a tensor-parallel slice of a later dim is read: `mapped` (only its segments, through a mapping of
     the page cache), `rows` (whole rows, then a 2-D copy of the slice), or `auto` (the cheaper by the cost model)."""
-    map_window: ByteSize = Field(8 * 2**20, ge=4096, le=2**30)
+    map_window: ByteSize = Field(MAP_WINDOW, ge=4096, le=2**30)
     """File bytes a mapped strided read maps at a time (4 KiB to 1 GiB); its pages count in the host peak.
     Larger windows read faster (32 MiB: 1.1-1.3x for a TP rank) but make the host peak a looser bound."""
-    map_lanes: StrictInt = Field(4, ge=1, le=64)
+    map_lanes: StrictInt = Field(MAP_LANES, ge=1, le=64)
     """Mapped windows at once, whatever the workers; the host peak counts the largest this many."""
 
     @field_validator("run")
