@@ -9,7 +9,13 @@ and down_proj row parallel; io as bench/common.write_spec), and compiles the pla
 
 - `whole`: the TP 1 plan, the reference;
 - `alone`: rank 0 of each `--tp` size, by itself;
-- `all`: every rank of `--group-tp`, one process each, all at once on the one GPU.
+- `all`: every rank of `--group-tp`, one process each, all at once on the one GPU;
+- `sharded`: for each `--tp` size, rank 0's bytes written once as a checkpoint of their own (each
+  tensor's rank-0 slice, contiguous, in the same 4 shards), loaded whole (TP 1 plan): what the same
+  bytes cost when they lie in a file made for the rank, as a pre-sharded checkpoint has them. It is
+  the ceiling of `alone`: no read path that takes a rank's bytes out of the whole checkpoint can be
+  faster than reading them from such a file, so `alone / sharded` is what the read path itself
+  costs, and `sharded / whole` what a load of that size costs whatever it reads.
 
 Every load runs in a fresh process that reads its plan and creates its CUDA context, then waits
 at a file barrier; the parent reads /proc/diskstats and releases the barrier, so process start and
@@ -102,20 +108,99 @@ def diskstats() -> dict[str, int]:
         return {}
 
 
+# --------------------------------------------------------------------------- pre-sharded checkpoints
+
+# The dim each tensor of the Llama spec is split on (RULES), by the name's part before ".weight".
+SPLIT_DIM = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0, "embed_tokens": 0, "lm_head": 0,
+             "o_proj": 1, "down_proj": 1}
+CHUNK = 64 << 20  # bytes of a slice copied at a time while writing
+
+
+def split_dim(name: str) -> int | None:
+    """The dim RULES split `name` on, or None (replicated)."""
+    parts = name.split(".")
+    return SPLIT_DIM.get(parts[-2]) if len(parts) >= 2 else None
+
+
+def rank_slice(arr, dim: int | None, tp: int, rank: int):
+    """Rank `rank`'s part of `arr` (an even split on `dim`), or all of it when `dim` is None."""
+    if dim is None:
+        return arr
+    if arr.shape[dim] % tp:
+        raise ValueError(f"dim {dim} of {arr.shape} does not split evenly {tp} ways")
+    k = arr.shape[dim] // tp
+    return arr[rank * k:(rank + 1) * k] if dim == 0 else arr[:, rank * k:(rank + 1) * k]
+
+
+def _chunks(arr):
+    """`arr` as contiguous bytes, CHUNK at a time along dim 0."""
+    import numpy as np
+
+    if arr.ndim == 0 or arr.shape[0] == 0:
+        yield np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        return
+    rows = max(1, CHUNK // max(1, arr[0].nbytes))
+    for i in range(0, arr.shape[0], rows):
+        yield np.ascontiguousarray(arr[i:i + rows]).reshape(-1).view(np.uint8)
+
+
+def read_header(path: Path) -> tuple[int, dict]:
+    """(data start, header) of a safetensors file."""
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return 8 + n, json.loads(f.read(n))
+
+
+def write_presharded(ckpt: Path, data: Path, tp: int, rank: int = 0) -> Path:
+    """Rank `rank`'s bytes under RULES as a checkpoint of their own (written once, then reused):
+    each tensor's slice, contiguous, in the shard the tensor was in, with an index."""
+    import numpy as np
+
+    from planc.dtypes import dtype
+    from planc.synth import INDEX_NAME, write_safetensors
+
+    out = data / f"{ckpt.name}-tp{tp}-rank{rank}"
+    marker = out / ".complete"
+    if marker.exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    index = json.loads((ckpt / INDEX_NAME).read_text())
+    weight_map, total = {}, 0
+    for fname in sorted(set(index["weight_map"].values())):
+        start, head = read_header(ckpt / fname)
+        mm = np.memmap(ckpt / fname, np.uint8, "r")
+        items = []
+        for name, meta in sorted(((k, v) for k, v in head.items() if k != "__metadata__"),
+                                 key=lambda kv: kv[1]["data_offsets"][0]):
+            lo, hi = meta["data_offsets"]
+            size = dtype(meta["dtype"]).bits // 8
+            arr = mm[start + lo:start + hi].view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size])
+            part = rank_slice(arr.reshape(meta["shape"]), split_dim(name), tp, rank)
+            items.append((name, meta["dtype"], part.shape, _chunks(part)))
+            weight_map[name] = fname
+            total += part.nbytes
+        write_safetensors(out / fname, items, head.get("__metadata__"))
+    (out / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                             indent=2, sort_keys=True) + "\n")
+    marker.write_text(json.dumps({"tp": tp, "rank": rank, "bytes": total}))
+    return out
+
+
 # --------------------------------------------------------------------------- specs and plans
 
 
-def write_tp_spec(ckpt: Path, out: Path, tp: int, io: dict) -> Path:
+def write_tp_spec(ckpt: Path, out: Path, tp: int, io: dict, name: str = "") -> Path:
+    """The Llama spec at `tp`; `name` given: the spec of a pre-sharded checkpoint (`tp` 1, no splits)."""
     import yaml
 
     spec = {"checkpoint": str(ckpt), "budget": {"host": "8GiB"}, "tensor_parallel": {"size": tp},
-            "io": {**IO, **io}, "rules": RULES}
-    p = out / f"tp{tp}.yaml"
+            "io": {**IO, **io}, "rules": [{"match": "*"}] if name else RULES}
+    p = out / f"{name or f'tp{tp}'}.yaml"
     p.write_text(yaml.safe_dump(spec, sort_keys=False))
     return p
 
 
-def compile_plans(spec: Path, ranks: list[int], out: Path, tp: int) -> dict[int, dict]:
+def compile_plans(spec: Path, ranks: list[int], out: Path, tp: int, name: str = "") -> dict[int, dict]:
     """Compile and save each rank's plan; returns rank -> {path, and the plan's totals}."""
     from planc.compile import compile_spec
     from planc.explain import explain_doc
@@ -126,7 +211,7 @@ def compile_plans(spec: Path, ranks: list[int], out: Path, tp: int) -> dict[int,
         t0 = time.perf_counter()
         plan = compile_spec(spec, r)
         dt = time.perf_counter() - t0
-        path = out / f"tp{tp}-rank-{r}.json"
+        path = out / f"{name or f'tp{tp}'}-rank-{r}.json"
         save_plan(plan, path)
         doc = explain_doc(plan)
         if not doc["fits"]:
@@ -312,7 +397,7 @@ def _check(target: str, value: float, limit: float, at_least: bool = False) -> d
     return {"target": target, "value": value, "limit": f"{'>=' if at_least else '<='} {limit}", "ok": ok, "what": ""}
 
 
-CASE_ORDER = {"whole": 0, "alone": 1, "all": 2}
+CASE_ORDER = {"whole": 0, "alone": 1, "sharded": 2, "all": 3}
 
 
 def _order(key: tuple) -> tuple:
@@ -340,6 +425,23 @@ def load_lines(loads: list[dict]) -> list[str]:
     return lines
 
 
+def ceiling_lines(med: dict) -> list[str]:
+    """Per TP size with both a rank alone and its pre-sharded checkpoint (warm): the rank's GB/s
+    against the whole load's, the pre-sharded load's against the whole load's (what a load of that
+    size costs, whatever it reads), and the rank's against the pre-sharded one's (the read path)."""
+    whole = med.get(("whole", 1, "warm"))
+    tps = sorted(tp for (case, tp, mode) in med if case == "sharded" and mode == "warm" and ("alone", tp, "warm") in med)
+    if not whole or not tps:
+        return []
+    lines = ["", "| TP | alone GB/s | pre-sharded GB/s | alone / whole | pre-sharded / whole | alone / pre-sharded |",
+             "|---|---|---|---|---|---|"]
+    for tp in tps:
+        a, s = med[("alone", tp, "warm")]["gb_per_s"], med[("sharded", tp, "warm")]["gb_per_s"]
+        w = whole["gb_per_s"]
+        lines.append(f"| {tp} | {a:.2f} | {s:.2f} | {a / w:.2f} | {s / w:.2f} | {a / s:.2f} |")
+    return lines
+
+
 def summary_lines(groups: list[dict], loads: list[dict], checks: list[dict], notes: list[str]) -> list[str]:
     med = medians(groups)
     lines = ["| case | TP | mode | load wall s | process wall s | payload GiB | GB/s | disk GiB | n |",
@@ -348,7 +450,7 @@ def summary_lines(groups: list[dict], loads: list[dict], checks: list[dict], not
         disk = "-" if m["disk_bytes"] is None else f"{m['disk_bytes'] / 2**30:.2f}"
         lines.append(f"| {case} | {tp} | {mode} | {m['load_wall_s']:.3f} | {m['process_wall_s']:.2f} | "
                      f"{m['payload_bytes'] / 2**30:.2f} | {m['gb_per_s']:.2f} | {disk} | {m['n']} |")
-    lines += [""] + load_lines(loads)
+    lines += [""] + load_lines(loads) + ceiling_lines(med)
     lines += ["", "| target | value | limit | met | where |", "|---|---|---|---|---|"]
     for c in checks:
         v = f"{c['value']:.3f}" if isinstance(c["value"], float) else str(c["value"])
@@ -365,7 +467,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data", nargs="?", type=Path, help="where the checkpoint is written once (and reused)")
     ap.add_argument("out", nargs="?", type=Path, help="where plans, tp.jsonl and tp_summary.json go")
-    ap.add_argument("--cases", default="whole,alone,all", help="whole, alone, all (comma-separated)")
+    ap.add_argument("--cases", default="whole,alone,all", help="whole, alone, sharded, all (comma-separated)")
     ap.add_argument("--tp", default="2,4,8", help="sizes whose rank 0 is loaded alone")
     ap.add_argument("--group-tp", type=int, default=8, help="size whose ranks all load at once")
     ap.add_argument("--modes", default="warm,cold", help="warm, cold (comma-separated)")
@@ -384,7 +486,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("DATA_DIR and OUT_DIR are required")
     a.cases = [c for c in a.cases.split(",") if c]
     a.modes = [m for m in a.modes.split(",") if m]
-    bad = [c for c in a.cases if c not in ("whole", "alone", "all")] + [m for m in a.modes if m not in ("warm", "cold")]
+    bad = [c for c in a.cases if c not in CASE_ORDER] + [m for m in a.modes if m not in ("warm", "cold")]
     if bad:
         ap.error(f"unknown cases or modes: {bad}")
     a.tp = [int(x) for x in a.tp.split(",") if x]
@@ -401,6 +503,8 @@ def plan_sets(a) -> list[tuple[str, int, list[int]]]:
         out.append(("whole", 1, [0]))
     if "alone" in a.cases:
         out += [("alone", t, [0]) for t in a.tp if t > 1]
+    if "sharded" in a.cases:
+        out += [("sharded", t, [0]) for t in a.tp if t > 1]
     if "all" in a.cases:
         out.append(("all", a.group_tp, list(range(a.group_tp))))
     return out
@@ -472,7 +576,16 @@ def main(argv=None) -> int:
     print(notes[0], flush=True)
     sets = []
     for case, tp, ranks in plan_sets(a):
-        plans = compile_plans(write_tp_spec(ckpt, out / "plans", tp, a.io), ranks, out / "plans", tp)
+        if case == "sharded":
+            t_w = time.time()
+            own = write_presharded(ckpt, a.data, tp)
+            files += sorted(str(p) for p in own.glob("*.safetensors"))
+            name = f"sharded-tp{tp}"
+            plans = compile_plans(write_tp_spec(own, out / "plans", 1, a.io, name), ranks, out / "plans", 1, name)
+            print(f"[sharded tp{tp}] rank 0's bytes as a checkpoint of their own: {own} "
+                  f"(ready after {time.time() - t_w:.0f} s)", flush=True)
+        else:
+            plans = compile_plans(write_tp_spec(ckpt, out / "plans", tp, a.io), ranks, out / "plans", tp)
         p0 = plans[ranks[0]]
         print(f"[{case} tp{tp}] {len(ranks)} plan(s): rank {ranks[0]} payload {p0['payload_bytes'] / 2**30:.2f} GiB, "
               f"read {p0['read_bytes'] / 2**30:.2f} GiB, {p0['requests']} requests, compile {p0['compile_s']:.2f} s",

@@ -211,3 +211,76 @@ def test_tiny_loads_under_the_simulator(tmp_path):
     assert all(x["requests"]["issued"] == x["plan_requests"] for x in loads)
     summary = json.loads((out / "tp_summary.json").read_text())
     assert "all/2/warm" in summary["medians"] and "targets:" in p.stdout
+
+
+# --------------------------------------------------------------------------- tp.py, the pre-sharded case
+
+
+def _tensors(folder: Path) -> dict:
+    """name -> (dtype, shape, raw bytes as uint16) of every tensor of a sharded checkpoint's files."""
+    import numpy as np
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        start = 8 + int.from_bytes(f.read_bytes()[:8], "little")
+        raw = np.frombuffer(f.read_bytes(), np.uint8)
+        with safe_open(str(f), "np") as h:  # the safetensors package parses the header: a real file
+            names = list(h.keys())
+        head = json.loads(f.read_bytes()[8:start])
+        for n in names:
+            lo, hi = head[n]["data_offsets"]
+            out[n] = (head[n]["dtype"], tuple(head[n]["shape"]), raw[start + lo:start + hi].view(np.uint16))
+    return out
+
+
+def test_presharded_checkpoint_is_rank_slices(tp, tmp_path):
+    """Each tensor of the written checkpoint is numpy's slice of the original for the rank, in the
+    same shard; replicated tensors whole; the index lists every tensor; written once."""
+    from planc.synth import INDEX_NAME, write_checkpoint
+
+    ckpt = tmp_path / "ck"
+    write_checkpoint(ckpt, "dense", layers=2, shards=2)
+    orig = _tensors(ckpt)
+    own = tp.write_presharded(ckpt, tmp_path, 4, rank=1)
+    got = _tensors(own)
+    assert set(got) == set(orig)
+    split = 0
+    for name, (dt, shape, raw) in orig.items():
+        full = raw.reshape(shape)
+        dim = tp.split_dim(name)
+        if dim is None:
+            want = full
+        else:
+            k = shape[dim] // 4
+            want = full[k:2 * k] if dim == 0 else full[:, k:2 * k]
+            split += 1
+        assert got[name][0] == dt and got[name][1] == want.shape, name
+        assert (got[name][2] == want.reshape(-1)).all(), name
+    assert split >= 2 * 7  # q, k, v, o, gate, up, down of each layer at least
+    index = json.loads((own / INDEX_NAME).read_text())
+    assert index["weight_map"] == json.loads((ckpt / INDEX_NAME).read_text())["weight_map"]
+    assert index["metadata"]["total_size"] == sum(v[2].nbytes for v in got.values())
+    stamp = (own / INDEX_NAME).stat().st_mtime_ns
+    assert tp.write_presharded(ckpt, tmp_path, 4, rank=1) == own and (own / INDEX_NAME).stat().st_mtime_ns == stamp
+    import numpy as np
+    with pytest.raises(ValueError, match="does not split evenly"):
+        tp.rank_slice(np.zeros((6, 4)), 0, 4, 0)
+
+
+def test_presharded_case_and_ceiling(tp, tmp_path):
+    a = tp.parse_args([str(tmp_path), str(tmp_path), "--cases", "whole,alone,sharded", "--tp", "2,8"])
+    assert tp.plan_sets(a) == [("whole", 1, [0]), ("alone", 2, [0]), ("alone", 8, [0]),
+                               ("sharded", 2, [0]), ("sharded", 8, [0])]
+    groups = [_group("whole", 1, "warm", 0.6), _group("alone", 8, "warm", 0.2), _group("alone", 2, "warm", 0.5)]
+    groups += [dict(_group("alone", 8, "warm", 0.1), case="sharded")]  # the same bytes, twice as fast
+    lines = tp.ceiling_lines(tp.medians(groups))
+    assert len(lines) == 4  # TP 2 has no pre-sharded load: no row
+    row = lines[-1].split("|")
+    assert row[1].strip() == "8" and row[-2].strip() == "0.50"  # alone / pre-sharded
+    assert tp.ceiling_lines(tp.medians(groups[1:])) == []  # no whole load: no table
+    spec = tp.write_tp_spec(tmp_path / "own", tmp_path, 1, {}, "sharded-tp8")
+    from planc.spec import load_spec
+
+    s = load_spec(spec).spec
+    assert spec.name == "sharded-tp8.yaml" and s.tensor_parallel.size == 1 and len(s.rules) == 1
