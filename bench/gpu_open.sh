@@ -20,6 +20,10 @@
 #     interval; `planc run` cells with and without bytecode for the libraries it imports.
 #   f (about 7 minutes): rank 0 alone of TP 2, 4 and 8 against mapping lanes x windows (io.map_lanes, io.map_window;
 #     the default first and last), with its host growth against the plan's; `planc run` n=5.
+#   g (about 6 minutes): the ceiling of a rank's load: rank 0 alone of TP 2, 4 and 8 against the same
+#     bytes written as a checkpoint of their own and loaded whole (`bench/tp.py --cases sharded`), warm,
+#     n=3; the TP 8 pre-sharded load step by step; mapped windows against one `preadv` per 512 rows
+#     with the bytes between segments into a scratch buffer (`bench/probe_strided.py`, 4 and 16 threads).
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
@@ -110,4 +114,18 @@ if [[ $PART == *f* ]]; then
     el sweep
     python3 bench/startup.py "$DATA" "$OUT/startup" --repeat 5 --no-torch --cells run-pyc,run-dense,run-llama 2>&1 | tail -8
     el startup
+fi
+if [[ $PART == *g* ]]; then
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone,sharded --tp 2,4,8 --modes warm --repeat 3 \
+        --no-verify > "$OUT/tp.log" 2>&1
+    grep -E "^\| (whole|alone|sharded|[248]) |ready after|^\[" "$OUT/tp.log" | head -40
+    el tp
+    python3 bench/timeline.py "$OUT/tp/plans/sharded-tp8-rank-0.json" "$OUT/timeline-sharded8" --repeat 1 --loads 2 \
+        > "$OUT/timeline-sharded8.log" 2>&1
+    tail -25 "$OUT/timeline-sharded8.log"
+    el timeline
+    python3 bench/probe_strided.py "$DATA" --gib 4 --threads 4,16 --windows 8,32 --repeat 3 --no-gpu \
+        --shapes 1024:8192,3584:28672,4096:8192,14336:28672 --methods mmap8,mmap32,pread-gap \
+        --out "$OUT/probe_strided.jsonl" 2>&1 | tail -30
+    el probe
 fi

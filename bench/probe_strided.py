@@ -8,6 +8,8 @@ here on one file in the page cache (warm), payload GB/s of:
   numpy (GIL released), unmaps; only the segments' pages are touched (threads = mapping lanes);
 - `pread-seg`: one `os.preadv` per segment from Python;
 - `pread-rows`: whole rows read (buffered), the bytes a rank does not need included;
+- `pread-gap`: one `preadv` per 512 rows through ctypes, the segments into the output and the bytes
+  between them into one small scratch buffer (nothing mapped, no Python per segment);
 and on the GPU (cupy), a slot of whole rows to the device as one 2-D copy (`cudaMemcpy2DAsync`,
 row pitch -> packed) against one 1-D copy of the same payload.
 """
@@ -80,6 +82,55 @@ def _pread_rows_job(fd, size, start, seg, stride, rows, out, window):
         k += m
 
 
+IOV_MAX = 1024
+
+
+def _pread_gap_job(fd, size, start, seg, stride, rows, out, window):
+    """Whole rows read with one `preadv` per 512 of them, each row's segment into `out` (packed) and
+    the bytes between segments into one small scratch buffer that stays in the CPU cache: nothing
+    mapped, no Python per segment (the iovecs are written by numpy, the call made through ctypes,
+    which releases the GIL), but every byte between the segments copied by the kernel."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    preadv = libc.preadv
+    preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_long]
+    preadv.restype = ctypes.c_ssize_t
+    gap = stride - seg
+    scratch = np.empty(max(1, gap), np.uint8)
+    per = IOV_MAX // 2
+    iov = np.empty((per, 2, 2), np.uint64)  # (row, [segment, gap], [base, len])
+    iov[:, 1, 0] = scratch.ctypes.data
+    iov[:, 1, 1] = gap
+    iov[:, 0, 1] = seg
+    base = out.ctypes.data
+    k = 0
+    while k < rows:
+        m = min(per, rows - k)
+        iov[:m, 0, 0] = base + (k + np.arange(m, dtype=np.uint64)) * seg
+        n_iov = 2 * m - 1  # the last row's gap is not read
+        want = m * stride - gap
+        got = preadv(fd, iov.ctypes.data, n_iov, start + k * stride)
+        if got != want:
+            raise OSError(ctypes.get_errno(), f"preadv: {got} of {want} bytes")
+        k += m
+
+
+def check(path: Path, fn, seg: int, stride: int, window: int, name: str, rows: int = 1500) -> None:
+    """One job of `rows` segments against numpy's slicing of the file; a mismatch stops the probe."""
+    src = np.memmap(path, np.uint8, "r")
+    start = min(64, stride - seg)
+    out = np.empty(rows * seg, np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fn(fd, path.stat().st_size, start, seg, stride, rows, out, window)
+    finally:
+        os.close(fd)
+    want = np.lib.stride_tricks.as_strided(src[start:], (rows, seg), (stride, 1)).reshape(-1)
+    if not np.array_equal(out, want):
+        raise SystemExit(f"{name}: seg {seg} stride {stride}: bytes differ from the file's")
+
+
 def host_probe(path: Path, threads: int, seg: int, stride: int, method, window: int, repeat: int) -> dict:
     size = path.stat().st_size
     fd = os.open(path, os.O_RDONLY)
@@ -145,16 +196,24 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", default="2,8,32", help="mmap window sizes in MiB (a `mmapN` row each)")
     ap.add_argument("--shapes", default="", help="seg:stride pairs, comma-separated (default: five shapes)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--methods", default="", help="a subset of mmapN, pread-rows, pread-gap, pread-seg (default: all)")
+    ap.add_argument("--no-gpu", action="store_true", help="skip the 2-D copy probe")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     path = _file(a.data, a.gib)
     shapes = ([tuple(int(v) for v in x.split(":")) for x in a.shapes.split(",")] if a.shapes
               else [(1024, 8192), (3584, 28672), (2048, 4096), (8192, 16384), (2, 16)])
     mmaps = [(f"mmap{w}", _mmap_job, int(w) << 20) for w in a.windows.split(",")]
+    methods = (*mmaps, ("pread-rows", _pread_rows_job, 0), ("pread-gap", _pread_gap_job, 0),
+               ("pread-seg", _pread_seg_job, 0))
+    if a.methods:
+        methods = [m for m in methods if m[0] in a.methods.split(",")]
     rows = []
     for seg, stride in shapes:
+        for name, fn, window in methods:
+            check(path, fn, seg, stride, window, name)
         for th in (int(x) for x in a.threads.split(",")):
-            for name, fn, window in (*mmaps, ("pread-rows", _pread_rows_job, 0), ("pread-seg", _pread_seg_job, 0)):
+            for name, fn, window in methods:
                 if name == "pread-seg" and seg < 1024:
                     continue
                 if name == "pread-seg" and th == 1 and seg * 2 < stride:
@@ -165,6 +224,8 @@ def main(argv=None) -> int:
                 print(f"{name:10} seg {seg:6} stride {stride:6} threads {th:2}: {r['gbps']:7.2f} GB/s payload "
                       f"({r['segments'] / r['seconds'] / 1e6:.1f} M seg/s)", flush=True)
     try:
+        if a.no_gpu:
+            raise RuntimeError("--no-gpu")
         for seg, stride in shapes[:4]:
             g = gpu_probe(seg, stride, 16 << 20, 5)
             rows.append({"method": "h2d", "seg": seg, "stride": stride, **g})
