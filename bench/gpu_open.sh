@@ -24,6 +24,12 @@
 #     bytes written as a checkpoint of their own and loaded whole (`bench/tp.py --cases sharded`), warm,
 #     n=3; the TP 8 pre-sharded load step by step; mapped windows against one `preadv` per 512 rows
 #     with the bytes between segments into a scratch buffer (`bench/probe_strided.py`, 4 and 16 threads).
+#   h (about 5 minutes): populated mapping windows: rank 0 alone of TP 2, 4 and 8 and its pre-sharded
+#     ceiling at the default window (warm, n=3, one --verify run per case); whole, alone and all 8
+#     ranks at 32 MiB windows (warm, n=3); the whole load and all 8 ranks cold at the default (n=1).
+#   i (about 3 minutes): windows faulted in before their copies: rank 0 alone of TP 2, 4 and 8 and its
+#     pre-sharded ceiling at the default window, then whole, alone and all 8 ranks at 32 MiB windows
+#     (warm, n=3 each).
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
@@ -128,4 +134,28 @@ if [[ $PART == *g* ]]; then
         --shapes 1024:8192,3584:28672,4096:8192,14336:28672 --methods mmap8,mmap32,pread-gap \
         --out "$OUT/probe_strided.jsonl" 2>&1 | tail -30
     el probe
+fi
+if [[ $PART == *h* ]]; then
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone,sharded --tp 2,4,8 --modes warm --repeat 3 \
+        > "$OUT/tp.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp.log" | head -40
+    el tp
+    python3 bench/tp.py "$DATA" "$OUT/tp-32" --cases whole,alone,all --tp 2,4,8 --modes warm --repeat 3 \
+        --no-verify --io map_window=32MiB > "$OUT/tp-32.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp-32.log" | head -40
+    el tp-32
+    python3 bench/tp.py "$DATA" "$OUT/tp-cold" --cases whole,all --modes cold --repeat 1 --no-verify \
+        > "$OUT/tp-cold.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp-cold.log" | head -30
+    el tp-cold
+fi
+if [[ $PART == *i* ]]; then
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone,sharded --tp 2,4,8 --modes warm --repeat 3 \
+        --no-verify > "$OUT/tp.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp.log" | head -40
+    el tp
+    python3 bench/tp.py "$DATA" "$OUT/tp-32" --cases whole,alone,sharded,all --tp 2,4,8 --modes warm --repeat 3 \
+        --no-verify --io map_window=32MiB > "$OUT/tp-32.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp-32.log" | head -40
+    el tp-32
 fi

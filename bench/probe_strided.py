@@ -6,6 +6,7 @@ A dim-1 slice of a row-major [R, C] weight is R segments of C/N elements, a row 
 here on one file in the page cache (warm), payload GB/s of:
 - `mmapN`: each thread maps a window of N MiB of the file (`--windows`), copies its segments with
   numpy (GIL released), unmaps; only the segments' pages are touched (threads = mapping lanes);
+  `mmapNp` the same with each window populated as it is mapped (`MAP_POPULATE`);
 - `pread-seg`: one `os.preadv` per segment from Python;
 - `pread-rows`: whole rows read (buffered), the bytes a rank does not need included;
 - `pread-gap`: one `preadv` per 512 rows through ctypes, the segments into the output and the bytes
@@ -44,7 +45,7 @@ def _file(data: Path, gib: int) -> Path:
     return p
 
 
-def _mmap_job(fd, size, start, seg, stride, rows, out, window):
+def _mmap_job(fd, size, start, seg, stride, rows, out, window, flags=mmap.MAP_SHARED):
     """Copy `rows` segments at start + k * stride into out (packed), mapping `window` bytes at a time."""
     k = 0
     page = mmap.PAGESIZE
@@ -54,7 +55,7 @@ def _mmap_job(fd, size, start, seg, stride, rows, out, window):
         m = min(per, rows - k)
         a = lo // page * page
         hi = lo + (m - 1) * stride + seg
-        mm = mmap.mmap(fd, hi - a, prot=mmap.PROT_READ, offset=a)
+        mm = mmap.mmap(fd, hi - a, flags=flags, prot=mmap.PROT_READ, offset=a)
         try:
             src = np.frombuffer(mm, np.uint8)
             view = np.lib.stride_tricks.as_strided(src[lo - a:], (m, seg), (stride, 1))
@@ -63,6 +64,12 @@ def _mmap_job(fd, size, start, seg, stride, rows, out, window):
         finally:
             mm.close()
         k += m
+
+
+def _mmap_populate_job(fd, size, start, seg, stride, rows, out, window):
+    """As `_mmap_job`, each window populated as it is mapped (MAP_POPULATE): every page of it
+    resident while it is mapped, not faulted in as the copy goes."""
+    _mmap_job(fd, size, start, seg, stride, rows, out, window, mmap.MAP_SHARED | mmap.MAP_POPULATE)
 
 
 def _pread_seg_job(fd, size, start, seg, stride, rows, out, window):
@@ -204,6 +211,7 @@ def main(argv=None) -> int:
     shapes = ([tuple(int(v) for v in x.split(":")) for x in a.shapes.split(",")] if a.shapes
               else [(1024, 8192), (3584, 28672), (2048, 4096), (8192, 16384), (2, 16)])
     mmaps = [(f"mmap{w}", _mmap_job, int(w) << 20) for w in a.windows.split(",")]
+    mmaps += [(f"mmap{w}p", _mmap_populate_job, int(w) << 20) for w in a.windows.split(",")]
     methods = (*mmaps, ("pread-rows", _pread_rows_job, 0), ("pread-gap", _pread_gap_job, 0),
                ("pread-seg", _pread_seg_job, 0))
     if a.methods:

@@ -17,8 +17,8 @@ and down_proj row parallel; io as bench/common.write_spec), and compiles the pla
   faster than reading them from such a file, so `alone / sharded` is what the read path itself
   costs, and `sharded / whole` what a load of that size costs whatever it reads.
 
-Every load runs in a fresh process that reads its plan and creates its CUDA context, then waits
-at a file barrier; the parent reads /proc/diskstats and releases the barrier, so process start and
+Every load runs in a fresh process that reads its plan, creates its CUDA context and imports the
+executor's modules (which `execute()` would import on its first call), then waits at a file barrier; the parent reads /proc/diskstats and releases the barrier, so process start and
 context creation are outside the load. A process times `execute()` with `time.time()`; a group's
 load wall is the latest end minus the earliest start, its process wall from the first spawn to the
 last exit. Warm runs read every file into the page cache first; cold runs drop it first (when this
@@ -234,6 +234,9 @@ def worker(plan_path: str, barrier: str, result: str, verify: bool) -> None:
     plan = load_plan(plan_path)
     seam.select(plan.device)
     seam.warm_up()
+    # execute() imports the executor's modules on its first call; that is process start, as the
+    # context is (bench/startup.py measures it), not the load: imported here, before the barrier
+    from planc.execute import launch, loader  # noqa: F401
     rank = plan.tensor_parallel.rank
     b = Path(barrier)
     (b / f"ready-{rank}").touch()

@@ -73,3 +73,53 @@ def test_a_short_read_names_where_the_file_really_ends(blob):
         assert ei.value.code == "read-short" and "file ended at 100000 bytes" in ei.value.message, ei.value.message
     finally:
         r.close()
+
+
+def _rss_of_mapping(addr: int) -> int:
+    """The resident bytes of the mapping that starts at `addr`, from /proc/self/smaps."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split()[0]
+        if "-" in head and int(head.split("-")[0], 16) == addr:
+            for more in lines[i + 1:]:
+                if more.startswith("Rss:"):
+                    return int(more.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {addr:#x}")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+@pytest.mark.parametrize("seg,stride,skip", [(100, 4096, 0), (5000, 8192, 4000), (1, 4096, 7), (9000, 9000, 0),
+                                             (4097, 12288, 4095)])
+def test_a_mapped_window_is_faulted_in_before_its_copy(blob, seg, stride, skip):
+    """The plan counts each mapped window at its whole size (layout.map_bytes): after `fault_in`,
+    every page holding a segment byte is in the RSS, before the copy touches any."""
+    import mmap
+    import os
+
+    from planc.execute.reader import fault_in, map_window
+
+    d, data = blob
+    fd = os.open(d / "f.bin", os.O_RDONLY)
+    page = mmap.PAGESIZE
+    try:
+        rows = 200_000 // stride
+        n = skip + (rows - 1) * stride + seg
+        mm = map_window(fd, page, n, "f.bin")
+        try:
+            src = np.frombuffer(mm, np.uint8)
+            view = np.lib.stride_tricks.as_strided(src[skip:], (rows, seg), (stride, 1), writeable=False)
+            before = _rss_of_mapping(src.ctypes.data)
+            fault_in(view)
+            after = _rss_of_mapping(src.ctypes.data)
+            held = {(skip + r * stride + c) // page for r in range(rows) for c in range(seg)}
+            assert before < len(held) * page <= after  # lazily mapped, then each segment's pages resident
+            want = np.lib.stride_tricks.as_strided(data[page + skip:], (rows, seg), (stride, 1))
+            assert np.array_equal(view, want)
+            del src, view
+        finally:
+            mm.close()
+        with pytest.raises(ReadError) as ei:
+            map_window(fd, 123, n, "f.bin")  # not a page boundary
+        assert ei.value.code == "read-failed" and "f.bin" in ei.value.message and "[123," in ei.value.message
+    finally:
+        os.close(fd)

@@ -59,6 +59,31 @@ def page_cache_fraction(path: str, size: int, sample_pages: int = 4096) -> float
         os.close(fd)
 
 
+def map_window(fd: int, offset: int, length: int, path: str) -> mmap.mmap:
+    """A read-only mapping of `length` bytes of `fd` from `offset` (a page boundary); a failure is a
+    typed ReadError naming the file and the bytes."""
+    try:
+        return mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=offset)
+    except OSError as e:
+        raise ReadError(f"{path}: cannot map bytes [{offset}, {offset + length}) for reading: {e.strerror}",
+                        code="read-failed") from None
+
+
+def fault_in(view) -> None:
+    """Touch a byte in each page of every segment of `view` (rows of a mapped window), so that the
+    window's pages are resident before its copy starts, not faulted in as the copy goes.
+
+    The plan counts each mapped window at its whole size (`layout.map_bytes`); a window whose pages
+    come in during the copy counts part of that at any moment, and the host peak of a load with
+    large windows falls short of the plan's. Faulting first makes a busy lane hold its whole window.
+    (MAP_POPULATE would too, but it holds the memory-map lock while it populates, which the other
+    lanes' maps and unmaps wait for.) The pages are those the copy would fault: the same count, in
+    the same order, earlier. numpy releases the GIL for the reduction."""
+    if view.size:
+        view[:, ::mmap.PAGESIZE].max()
+        view[:, -1].max()  # the last page of a segment that starts within a page and crosses more
+
+
 def pread_exact(fd: int, buf, offset: int, path: str) -> None:
     """Read exactly len(buf) bytes at `offset`; a failed or short read is a typed ReadError naming `path`."""
     mv = memoryview(buf)
@@ -192,7 +217,8 @@ class Reader:
         `map_window` bytes of it at a time (the plan's `io.map_window_bytes`), unmapped before the
         next window: the pages of other ranks' bytes between the segments are mapped but never read.
         At most `map_lanes` windows are mapped at once (`io.map_lanes`), so the mapped pages the RSS
-        counts stay within the plan's `layout.map_bytes`. Reading through a mapping beyond
+        counts stay within the plan's `layout.map_bytes`; each window's pages are faulted in before
+        its copy (`fault_in`), so a load whose lanes are busy reaches that bound. Reading through a mapping beyond
         the end of the file faults, so the file's size is checked against the read first.
         """
         import numpy as np
@@ -220,14 +246,11 @@ class Reader:
                 lo = offset + k * stride + p0
                 a = lo // page * page
                 with lanes:
-                    try:
-                        mm = mmap.mmap(fd, lo + (m - 1) * stride + w - a, prot=mmap.PROT_READ, offset=a)
-                    except OSError as e:
-                        raise ReadError(f"{path}: cannot map bytes [{a}, {lo + (m - 1) * stride + w}) for reading: "
-                                        f"{e.strerror}", code="read-failed") from None
+                    mm = map_window(fd, a, lo + (m - 1) * stride + w - a, path)
                     try:
                         src = np.frombuffer(mm, np.uint8)
                         view = np.lib.stride_tricks.as_strided(src[lo - a:], (m, w), (stride, 1), writeable=False)
+                        fault_in(view)
                         dst = np.lib.stride_tricks.as_strided(out[k * length + p0:], (m, w), (length, 1))
                         np.copyto(dst, view)
                         del src, view, dst
