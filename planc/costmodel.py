@@ -36,10 +36,11 @@ STRIDED_MODES = ("auto", "mapped", "rows")  # io.strided
 ROWS_MARGIN = 1.25
 # Mapped strided reads (`io.map_window`, `io.map_lanes`; the plan carries both). On the H200 host
 # (bench/tp.py, warm, docs/tp.md "Mapping windows and lanes"), 32 MiB windows read TP 2/4/8 ranks
-# alone 1.1-1.3x as fast as 8 MiB ones (fewer maps and unmaps, each of which interrupts every core
-# the readers run on), but fewer windows than lanes are mapped at the host peak, which then falls
-# 6-8 % below the plan's (8 ranks at once, TP 4 alone); with 8 MiB windows it stays within 2 %.
-MAP_WINDOW = 8 << 20  # file bytes a strided read maps at a time (its pages count in the RSS until unmapped)
+# alone 1.3-1.5x as fast as 8 MiB ones (fewer maps and unmaps, each of which interrupts every core
+# the readers run on). Each window's pages are faulted in before its copy (`reader.fault_in`), so
+# a busy lane holds the whole window the plan counts, and the host peak stays within 0.5 % of the
+# plan's at either size. (Faulted in as the copy went, 32 MiB windows left the peak 6-8 % short.)
+MAP_WINDOW = 32 << 20  # file bytes a strided read maps at a time (its pages count in the RSS until unmapped)
 MAP_LANES = 4  # windows mapped at once, whatever the readers: what bounds the mapped pages in the RSS
 MAP_PAGE = max(PAGE, mmap.PAGESIZE)  # a mapping starts on this machine's page boundary (64 KiB on some arm64)
 

@@ -82,7 +82,7 @@ class IO(_Model):
     the page cache), `rows` (whole rows, then a 2-D copy of the slice), or `auto` (the cheaper by the cost model)."""
     map_window: ByteSize = Field(MAP_WINDOW, ge=4096, le=2**30)
     """File bytes a mapped strided read maps at a time (4 KiB to 1 GiB); its pages count in the host peak.
-    Larger windows read faster (32 MiB: 1.1-1.3x for a TP rank) but make the host peak a looser bound."""
+    Larger windows read faster (32 MiB: 1.3-1.5x of 8 MiB for a TP rank), and hold more host memory."""
     map_lanes: StrictInt = Field(MAP_LANES, ge=1, le=64)
     """Mapped windows at once, whatever the workers; the host peak counts the largest this many."""
 

@@ -90,7 +90,7 @@ def test_copies_without_merge_whole_plan(abcd):
         "tensor_parallel": {"rank": 0, "size": 1},
         "budget": {"host_bytes": 2**30, "device_bytes": None},
         "io": {"workers": 16, "slot_bytes": 4096, "slots": 2, "run_bytes": 2**20, "direct": "auto",
-               "merge_gap_bytes": 0, "strided": "auto", "map_window_bytes": 8 << 20, "map_lanes": 4},
+               "merge_gap_bytes": 0, "strided": "auto", "map_window_bytes": 32 << 20, "map_lanes": 4},
         # ring = slots x slot; arena = a + c + d laid out in read order
         "layout": {"arena_bytes": 12288, "landing_region_bytes": [0, 0], "staging_bytes": 0, "scatter_segments": 0,
                    "zero": [], "ring_bytes": 8192, "map_bytes": 0},
