@@ -30,6 +30,8 @@
 #   i (about 3 minutes): windows faulted in before their copies: rank 0 alone of TP 2, 4 and 8 and its
 #     pre-sharded ceiling at the default window, then whole, alone and all 8 ranks at 32 MiB windows
 #     (warm, n=3 each).
+#   j (about 4 minutes): every case of bench/tp.py at the defaults: whole, alone (TP 2, 4, 8), their
+#     pre-sharded ceilings and all 8 ranks at once, warm (n=3, one --verify run per case), then cold (n=1).
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
@@ -158,4 +160,14 @@ if [[ $PART == *i* ]]; then
         --no-verify --io map_window=32MiB > "$OUT/tp-32.log" 2>&1
     grep -E "^\| |^targets" "$OUT/tp-32.log" | head -40
     el tp-32
+fi
+if [[ $PART == *j* ]]; then
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone,sharded,all --tp 2,4,8 --modes warm --repeat 3 \
+        > "$OUT/tp.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp.log" | head -50
+    el tp
+    python3 bench/tp.py "$DATA" "$OUT/tp-cold" --cases whole,alone,all --tp 2,4,8 --modes cold --repeat 1 --no-verify \
+        > "$OUT/tp-cold.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp-cold.log" | head -30
+    el tp-cold
 fi
