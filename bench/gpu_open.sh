@@ -32,6 +32,8 @@
 #     (warm, n=3 each).
 #   j (about 4 minutes): every case of bench/tp.py at the defaults: whole, alone (TP 2, 4, 8), their
 #     pre-sharded ceilings and all 8 ranks at once, warm (n=3, one --verify run per case), then cold (n=1).
+#   k (about 2 minutes): every page of a window faulted in: whole and rank 0 alone (TP 2, 4, 8) warm
+#     (n=3, one --verify run per case), then rank 0 of TP 8 alone and all 8 ranks cold (n=1).
 # Without a part, all three, one after the other (more than one call's ten minutes: pass a part).
 set -u
 OUT=${1:?OUT_DIR}
@@ -167,6 +169,15 @@ if [[ $PART == *j* ]]; then
     grep -E "^\| |^targets" "$OUT/tp.log" | head -50
     el tp
     python3 bench/tp.py "$DATA" "$OUT/tp-cold" --cases whole,alone,all --tp 2,4,8 --modes cold --repeat 1 --no-verify \
+        > "$OUT/tp-cold.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp-cold.log" | head -30
+    el tp-cold
+fi
+if [[ $PART == *k* ]]; then
+    python3 bench/tp.py "$DATA" "$OUT/tp" --cases whole,alone --tp 2,4,8 --modes warm --repeat 3 > "$OUT/tp.log" 2>&1
+    grep -E "^\| |^targets" "$OUT/tp.log" | head -30
+    el tp
+    python3 bench/tp.py "$DATA" "$OUT/tp-cold" --cases alone,all --tp 8 --modes cold --repeat 1 --no-verify \
         > "$OUT/tp-cold.log" 2>&1
     grep -E "^\| |^targets" "$OUT/tp-cold.log" | head -30
     el tp-cold
