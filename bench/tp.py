@@ -18,8 +18,9 @@ and down_proj row parallel; io as bench/common.write_spec), and compiles the pla
   costs, and `sharded / whole` what a load of that size costs whatever it reads.
 
 Every load runs in a fresh process that reads its plan, creates its CUDA context and imports the
-executor's modules (which `execute()` would import on its first call), then waits at a file barrier; the parent reads /proc/diskstats and releases the barrier, so process start and
-context creation are outside the load. A process times `execute()` with `time.time()`; a group's
+executor's modules (which `execute()` would import on its first call), then waits at a file
+barrier; the parent reads /proc/diskstats and releases the barrier, so process start and context
+creation are outside the load. A process times `execute()` with `time.time()`; a group's
 load wall is the latest end minus the earliest start, its process wall from the first spawn to the
 last exit. Warm runs read every file into the page cache first; cold runs drop it first (when this
 machine cannot, they are skipped and the output says so). `--repeat` runs per case and mode; one
