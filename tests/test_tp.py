@@ -405,3 +405,25 @@ def test_a_plan_without_its_mapping_settings_is_read_as_it_was_run(ckpt):
             "layout": {**doc["layout"], "map_bytes": (8 << 20) + costmodel.MAP_PAGE + 1}}
     with pytest.raises(PlanFormatError, match="layout.map_bytes"):
         decode(json.dumps(over))
+
+
+def test_a_budget_too_small_for_the_windows_names_the_window_and_lanes(tmp_path):
+    """A host budget the ring fits but not the ring with its mapped windows is refused at compile,
+    naming io.map_window and io.map_lanes with their values; a smaller window then fits."""
+    from safetensors.numpy import save_file
+
+    save_file({"w.weight": np.arange(64 * 2048, dtype=np.float32).reshape(64, 2048)}, str(tmp_path / "m.safetensors"))
+    rules = [{"match": "w.weight", "split": {"dim": 1}}]  # 64 segments of 4 KiB, 8 KiB apart
+    io = {"workers": 4, "slot": "256KiB", "slots": 1, "run": "1MiB", "strided": "mapped", "map_window": "1MiB"}
+    fits = compile_spec(_spec(tmp_path, 2, rules, io, "room.yaml"), 0)
+    assert fits.fits and fits.layout.map_bytes > 64 * 4096
+    doc = yaml.safe_load((tmp_path / "room.yaml").read_text())
+    doc["budget"]["host"] = fits.peak.host_bytes - 1
+    (tmp_path / "tight.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    plan = compile_spec(tmp_path / "tight.yaml", 0)
+    assert not plan.fits and plan.refusal.code == "host-budget"
+    assert f"io.map_window, now {1 << 20:,} bytes" in plan.refusal.message and "io.map_lanes, now 4" in plan.refusal.message
+    doc["io"]["map_window"] = "4KiB"
+    (tmp_path / "tight.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    small = compile_spec(tmp_path / "tight.yaml", 0)
+    assert small.fits and small.layout.map_bytes == 2 * 4096
