@@ -215,7 +215,12 @@ def main(argv=None) -> int:
     methods = (*mmaps, ("pread-rows", _pread_rows_job, 0), ("pread-gap", _pread_gap_job, 0),
                ("pread-seg", _pread_seg_job, 0))
     if a.methods:
-        methods = [m for m in methods if m[0] in a.methods.split(",")]
+        names = a.methods.split(",")
+        unknown = sorted(set(names) - {m[0] for m in methods})
+        if unknown:
+            ap.error(f"unknown --methods {unknown}: mmapN and mmapNp name a window of --windows; "
+                     f"the others are pread-rows, pread-gap, pread-seg")
+        methods = [m for m in methods if m[0] in names]
     rows = []
     for seg, stride in shapes:
         for name, fn, window in methods:
@@ -232,9 +237,7 @@ def main(argv=None) -> int:
                 print(f"{name:10} seg {seg:6} stride {stride:6} threads {th:2}: {r['gbps']:7.2f} GB/s payload "
                       f"({r['segments'] / r['seconds'] / 1e6:.1f} M seg/s)", flush=True)
     try:
-        if a.no_gpu:
-            raise RuntimeError("--no-gpu")
-        for seg, stride in shapes[:4]:
+        for seg, stride in [] if a.no_gpu else shapes[:4]:
             g = gpu_probe(seg, stride, 16 << 20, 5)
             rows.append({"method": "h2d", "seg": seg, "stride": stride, **g})
             print(f"h2d seg {seg} stride {stride}: 2d {g['2d']['gbps']:.2f} GB/s, 1d {g['1d']['gbps']:.2f} GB/s, "

@@ -4,7 +4,7 @@
 
 The question: can batched submission (one `io_uring_enter` per thousands of `IORING_OP_READ`s,
 the submission entries written by numpy, no Python per segment) read a dim-1 slice out of the page
-cache faster than the executor's mapped windows (`Reader.read_strided`: map 8 MiB of the file,
+cache faster than the executor's mapped windows (`Reader.read_strided`: map 8 MiB of the file, as it then did,
 copy the segments with numpy, unmap)? Each thread takes 16 MiB slot jobs of one shape in turn;
 the last job is checked against numpy's slicing of the file. Payload GB/s per method, two rounds
 each, interleaved. A minimal io_uring binding through ctypes (syscalls 425, 426; the rings mapped

@@ -118,9 +118,9 @@ CHUNK = 64 << 20  # bytes of a slice copied at a time while writing
 
 
 def split_dim(name: str) -> int | None:
-    """The dim RULES split `name` on, or None (replicated)."""
+    """The dim RULES split `name` on, or None (replicated): RULES split weights only."""
     parts = name.split(".")
-    return SPLIT_DIM.get(parts[-2]) if len(parts) >= 2 else None
+    return SPLIT_DIM.get(parts[-2]) if len(parts) >= 2 and parts[-1] == "weight" else None
 
 
 def rank_slice(arr, dim: int | None, tp: int, rank: int):
@@ -162,8 +162,9 @@ def write_presharded(ckpt: Path, data: Path, tp: int, rank: int = 0) -> Path:
 
     out = data / f"{ckpt.name}-tp{tp}-rank{rank}"
     marker = out / ".complete"
-    if marker.exists():
-        return out
+    source = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(ckpt.glob("*.safetensors"))}
+    if marker.exists() and json.loads(marker.read_text()).get("source") == source:
+        return out  # written from this very checkpoint
     out.mkdir(parents=True, exist_ok=True)
     index = json.loads((ckpt / INDEX_NAME).read_text())
     weight_map, total = {}, 0
@@ -174,8 +175,11 @@ def write_presharded(ckpt: Path, data: Path, tp: int, rank: int = 0) -> Path:
         for name, meta in sorted(((k, v) for k, v in head.items() if k != "__metadata__"),
                                  key=lambda kv: kv[1]["data_offsets"][0]):
             lo, hi = meta["data_offsets"]
-            size = dtype(meta["dtype"]).bits // 8
-            arr = mm[start + lo:start + hi].view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size])
+            views = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+            bits = dtype(meta["dtype"]).bits
+            if bits not in views:
+                raise ValueError(f"{fname}: {name}: {meta['dtype']} ({bits}-bit elements) cannot be sliced here")
+            arr = mm[start + lo:start + hi].view(views[bits])
             part = rank_slice(arr.reshape(meta["shape"]), split_dim(name), tp, rank)
             items.append((name, meta["dtype"], part.shape, _chunks(part)))
             weight_map[name] = fname
@@ -183,7 +187,8 @@ def write_presharded(ckpt: Path, data: Path, tp: int, rank: int = 0) -> Path:
         write_safetensors(out / fname, items, head.get("__metadata__"))
     (out / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                              indent=2, sort_keys=True) + "\n")
-    marker.write_text(json.dumps({"tp": tp, "rank": rank, "bytes": total}))
+    os.sync()  # on disk before any load is timed: write-back would slow the first ones
+    marker.write_text(json.dumps({"tp": tp, "rank": rank, "bytes": total, "source": source}))
     return out
 
 

@@ -132,7 +132,9 @@ def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
         knob = (f"lower io.slots (now {io.slots}) or io.slot (now {io.slot_bytes:,} bytes): "
                 f"the ring alone holds {_fmt(plan.layout.ring_bytes)}" +
                 (f" and the mapped read windows {_fmt(maps)} (a smaller io.map_window, now "
-                 f"{io.map_window_bytes:,} bytes, or fewer io.map_lanes, now {io.map_lanes}, map fewer)" if maps else ""))
+                 f"{io.map_window_bytes:,} bytes, or fewer " +
+                 (f"io.map_lanes, now {io.map_lanes}" if io.map_lanes < io.workers else f"io.workers, now {io.workers}") +
+                 ", map fewer)" if maps else ""))
     else:
         knob = (f"this part needs {_fmt(w.host_bytes)} with the ring: run it on the device "
                 f"(on: device), or raise budget.host to {_fmt(w.host_bytes)}")

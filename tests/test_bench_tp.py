@@ -261,8 +261,18 @@ def test_presharded_checkpoint_is_rank_slices(tp, tmp_path):
     index = json.loads((own / INDEX_NAME).read_text())
     assert index["weight_map"] == json.loads((ckpt / INDEX_NAME).read_text())["weight_map"]
     assert index["metadata"]["total_size"] == sum(v[2].nbytes for v in got.values())
+    # the bytes are those of the rank's plan under the docs' Llama spec (RULES), not only of SPLIT_DIM
+    from planc.compile import compile_spec
+
+    plan = compile_spec(tp.write_tp_spec(ckpt, tmp_path, 4, {}), 1)
+    assert plan.totals.payload_bytes == index["metadata"]["total_size"]
     stamp = (own / INDEX_NAME).stat().st_mtime_ns
     assert tp.write_presharded(ckpt, tmp_path, 4, rank=1) == own and (own / INDEX_NAME).stat().st_mtime_ns == stamp
+    assert tp.split_dim("model.layers.0.self_attn.q_proj.bias") is None and tp.split_dim("lm_head.weight") == 0
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))  # the source changed
+    tp.write_presharded(ckpt, tmp_path, 4, rank=1)
+    assert (own / INDEX_NAME).stat().st_mtime_ns != stamp  # written again, not reused
     import numpy as np
     with pytest.raises(ValueError, match="does not split evenly"):
         tp.rank_slice(np.zeros((6, 4)), 0, 4, 0)

@@ -108,13 +108,83 @@ def test_a_mapped_window_is_faulted_in_before_its_copy(blob, pages, tail):
             src = np.frombuffer(mm, np.uint8)
             before = _rss_of_mapping(src.ctypes.data)
             fault_in(src)
-            assert before < -(-n // page) * page == _rss_of_mapping(src.ctypes.data)
-            assert np.array_equal(src, data[page:page + n])
-            del src
+            after = _rss_of_mapping(src.ctypes.data)
+            same = np.array_equal(src, data[page:page + n])
+            del src  # before the mapping closes, also if an assertion below fails
         finally:
             mm.close()
+        assert before < -(-n // page) * page == after and same
         with pytest.raises(ReadError) as ei:
             map_window(fd, 123, n, "f.bin")  # not a page boundary
         assert ei.value.code == "read-failed" and "f.bin" in ei.value.message and "[123," in ei.value.message
     finally:
         os.close(fd)
+
+
+def test_a_window_past_the_end_of_the_file_is_a_typed_short_read(blob):
+    """A file cut short after its size was checked: the mapping itself is refused as `read-short`,
+    naming the file and where it ends now; an empty window is a programming error, not a mapping
+    of the rest of the file."""
+    import os
+
+    from planc.execute.reader import map_window
+
+    d, _ = blob
+    fd = os.open(d / "f.bin", os.O_RDONLY)
+    try:
+        with pytest.raises(ReadError) as ei:
+            map_window(fd, 4096, 400_000, "f.bin")
+        assert ei.value.code == "read-short" and "f.bin" in ei.value.message and "300000 bytes" in ei.value.message
+        with pytest.raises(ValueError, match="at least one byte"):
+            map_window(fd, 0, 0, "f.bin")
+    finally:
+        os.close(fd)
+
+
+def test_every_window_is_faulted_in_before_its_copy(blob, monkeypatch):
+    """`read_strided` faults in each window it maps, whole, before copying out of it (watched by
+    wrapping the real functions, not replacing them)."""
+    from planc.execute import reader as reader_mod
+
+    d, data = blob
+    order, real_fault, real_copy = [], reader_mod.fault_in, np.copyto
+
+    def fault(window):
+        order.append(("fault", window.size))
+        real_fault(window)
+
+    def copy(dst, src, *a, **k):
+        order.append(("copy", src.shape[0]))
+        return real_copy(dst, src, *a, **k)
+
+    monkeypatch.setattr(reader_mod, "fault_in", fault)
+    monkeypatch.setattr(np, "copyto", copy)
+    r = Reader(str(d), "off", map_window=20_000)
+    buf = np.empty(100 * 30, np.uint8)
+    try:
+        r.read_strided("f.bin", 7, 100, 3000, 30, buf)
+    finally:
+        r.close()
+    monkeypatch.setattr(np, "copyto", real_copy)
+    assert [k for k, _ in order] == ["fault", "copy"] * 5  # 30 rows, 6 to a 20,000-byte window
+    assert all(n >= 5 * 3000 + 100 for k, n in order if k == "fault")  # the whole window, not a part
+    assert np.array_equal(buf, np.lib.stride_tricks.as_strided(data[7:], (30, 100), (3000, 1)).reshape(-1))
+
+
+def test_a_failure_while_copying_a_window_propagates_as_itself(blob, monkeypatch):
+    """An error in the middle of a window (here injected into the fault-in) reaches the caller as
+    itself, not as the mapping's refusal to close while a view of it lives."""
+    from planc.execute import reader as reader_mod
+
+    d, _ = blob
+
+    def boom(window):
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(reader_mod, "fault_in", boom)
+    r = Reader(str(d), "off")
+    try:
+        with pytest.raises(MemoryError, match="injected"):
+            r.read_strided("f.bin", 0, 100, 1000, 10, np.empty(1000, np.uint8))
+    finally:
+        r.close()

@@ -409,8 +409,11 @@ def test_a_plan_without_its_mapping_settings_is_read_as_it_was_run(ckpt):
 
 def test_a_budget_too_small_for_the_windows_names_the_window_and_lanes(tmp_path):
     """A host budget the ring fits but not the ring with its mapped windows is refused at compile,
-    naming io.map_window and io.map_lanes with their values; a smaller window then fits."""
+    naming io.map_window and the lesser of io.map_lanes and io.workers with their values; a smaller
+    window then fits."""
     from safetensors.numpy import save_file
+
+    from planc import costmodel
 
     save_file({"w.weight": np.arange(64 * 2048, dtype=np.float32).reshape(64, 2048)}, str(tmp_path / "m.safetensors"))
     rules = [{"match": "w.weight", "split": {"dim": 1}}]  # 64 segments of 4 KiB, 8 KiB apart
@@ -422,8 +425,12 @@ def test_a_budget_too_small_for_the_windows_names_the_window_and_lanes(tmp_path)
     (tmp_path / "tight.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     plan = compile_spec(tmp_path / "tight.yaml", 0)
     assert not plan.fits and plan.refusal.code == "host-budget"
-    assert f"io.map_window, now {1 << 20:,} bytes" in plan.refusal.message and "io.map_lanes, now 4" in plan.refusal.message
+    assert f"io.map_window, now {1 << 20:,} bytes" in plan.refusal.message
+    assert "io.workers, now 4" in plan.refusal.message  # 4 workers, 4 lanes: the workers are what count
+    lanes = {**doc, "io": {**doc["io"], "workers": 8, "map_lanes": 2}}
+    (tmp_path / "lanes.yaml").write_text(yaml.safe_dump(lanes))
+    assert "io.map_lanes, now 2" in compile_spec(tmp_path / "lanes.yaml", 0).refusal.message
     doc["io"]["map_window"] = "4KiB"
     (tmp_path / "tight.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     small = compile_spec(tmp_path / "tight.yaml", 0)
-    assert small.fits and small.layout.map_bytes == 2 * 4096
+    assert small.fits and small.layout.map_bytes == 2 * costmodel.MAP_PAGE

@@ -60,10 +60,16 @@ def page_cache_fraction(path: str, size: int, sample_pages: int = 4096) -> float
 
 
 def map_window(fd: int, offset: int, length: int, path: str) -> mmap.mmap:
-    """A read-only mapping of `length` bytes of `fd` from `offset` (a page boundary); a failure is a
-    typed ReadError naming the file and the bytes."""
+    """A read-only mapping of `length` (at least 1) bytes of `fd` from `offset` (a page boundary); a
+    failure is a typed ReadError naming the file and the bytes: `read-short` when the file now ends
+    before them (cut short since its size was checked), `read-failed` otherwise."""
+    if length < 1:
+        raise ValueError(f"a mapped window has at least one byte, got {length}")  # 0 would map the rest of the file
     try:
         return mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=offset)
+    except ValueError:  # the mmap module's own check: the file is shorter than the window's end
+        raise ReadError(f"{path}: file ended at {_size(fd, offset)} bytes, short of the planned strided read up to "
+                        f"{offset + length} (was it truncated after compile?)", code="read-short") from None
     except OSError as e:
         raise ReadError(f"{path}: cannot map bytes [{offset}, {offset + length}) for reading: {e.strerror}",
                         code="read-failed") from None
@@ -80,8 +86,10 @@ def fault_in(window) -> None:
     them stay unmapped until read in). Faulting every page first makes a busy lane hold the whole
     window, warm or cold. (MAP_POPULATE would too, but it holds the memory-map lock while it
     populates, which the other lanes' maps and unmaps wait for.) Warm, the kernel maps the pages
-    around each fault anyway, so the faults are as many as the copy's. numpy releases the GIL for
-    the reduction."""
+    around each fault anyway (64 KiB of them on Linux), so while the segments are less than that
+    apart the faults are as many as the copy's; sparser segments pay a fault for the pages between
+    them. numpy releases the GIL for the reduction over a window of more than 500 pages (2 MiB of
+    4 KiB pages), the default windows' size; a smaller window faults in with it held."""
     if window.size:
         window[::mmap.PAGESIZE].max()
 
@@ -249,15 +257,18 @@ class Reader:
                 a = lo // page * page
                 with lanes:
                     mm = map_window(fd, a, lo + (m - 1) * stride + w - a, path)
+                    src = view = None
                     try:
                         src = np.frombuffer(mm, np.uint8)
                         fault_in(src)
                         view = np.lib.stride_tricks.as_strided(src[lo - a:], (m, w), (stride, 1), writeable=False)
-                        dst = np.lib.stride_tricks.as_strided(out[k * length + p0:], (m, w), (length, 1))
-                        np.copyto(dst, view)
-                        del src, view, dst
+                        np.copyto(np.lib.stride_tricks.as_strided(out[k * length + p0:], (m, w), (length, 1)), view)
                     finally:
-                        mm.close()
+                        src = view = None  # the views of the window go before it is unmapped
+                        try:
+                            mm.close()
+                        except BufferError:  # a failed copy's traceback still holds a view: the error
+                            pass             # propagates, and the mapping goes with the traceback
             k += m
         with self._lock:
             self.requests += 1
