@@ -145,46 +145,36 @@ def _chunks(arr):
         yield np.ascontiguousarray(arr[i:i + rows]).reshape(-1).view(np.uint8)
 
 
-def read_header(path: Path) -> tuple[int, dict]:
-    """(data start, header) of a safetensors file."""
-    with path.open("rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        return 8 + n, json.loads(f.read(n))
-
-
 def write_presharded(ckpt: Path, data: Path, tp: int, rank: int = 0) -> Path:
     """Rank `rank`'s bytes under RULES as a checkpoint of their own (written once, then reused):
     each tensor's slice, contiguous, in the shard the tensor was in, with an index."""
     import numpy as np
 
     from planc.dtypes import dtype
+    from planc.manifest import read_manifest
     from planc.synth import INDEX_NAME, write_safetensors
 
     out = data / f"{ckpt.name}-tp{tp}-rank{rank}"
     marker = out / ".complete"
-    source = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(ckpt.glob("*.safetensors"))}
+    man = read_manifest(ckpt)
+    source = {s.path: [s.size_bytes, s.mtime_ns] for s in man.shards}
     if marker.exists() and json.loads(marker.read_text()).get("source") == source:
         return out  # written from this very checkpoint
     out.mkdir(parents=True, exist_ok=True)
-    index = json.loads((ckpt / INDEX_NAME).read_text())
+    views = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
     weight_map, total = {}, 0
-    for fname in sorted(set(index["weight_map"].values())):
-        start, head = read_header(ckpt / fname)
-        mm = np.memmap(ckpt / fname, np.uint8, "r")
+    for shard in man.shards:
+        mm = np.memmap(ckpt / shard.path, np.uint8, "r")
         items = []
-        for name, meta in sorted(((k, v) for k, v in head.items() if k != "__metadata__"),
-                                 key=lambda kv: kv[1]["data_offsets"][0]):
-            lo, hi = meta["data_offsets"]
-            views = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
-            bits = dtype(meta["dtype"]).bits
+        for t in (t for t in man.tensors if t.file == shard.path):  # in file order
+            bits = dtype(t.dtype).bits
             if bits not in views:
-                raise ValueError(f"{fname}: {name}: {meta['dtype']} ({bits}-bit elements) cannot be sliced here")
-            arr = mm[start + lo:start + hi].view(views[bits])
-            part = rank_slice(arr.reshape(meta["shape"]), split_dim(name), tp, rank)
-            items.append((name, meta["dtype"], part.shape, _chunks(part)))
-            weight_map[name] = fname
+                raise ValueError(f"{shard.path}: {t.name}: {t.dtype} ({bits}-bit elements) cannot be sliced here")
+            part = rank_slice(mm[t.start:t.end].view(views[bits]).reshape(t.shape), split_dim(t.name), tp, rank)
+            items.append((t.name, t.dtype, part.shape, _chunks(part)))
+            weight_map[t.name] = shard.path
             total += part.nbytes
-        write_safetensors(out / fname, items, head.get("__metadata__"))
+        write_safetensors(out / shard.path, items, dict(shard.metadata) or None)
     (out / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                              indent=2, sort_keys=True) + "\n")
     os.sync()  # on disk before any load is timed: write-back would slow the first ones
