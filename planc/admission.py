@@ -130,11 +130,11 @@ def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
     if step == ALLOC_RING:
         maps = plan.layout.map_bytes
         knob = (f"lower io.slots (now {io.slots}) or io.slot (now {io.slot_bytes:,} bytes): "
-                f"the ring alone holds {_fmt(plan.layout.ring_bytes)}" +
-                (f" and the mapped read windows {_fmt(maps)} (a smaller io.map_window, now "
-                 f"{io.map_window_bytes:,} bytes, or fewer " +
-                 (f"io.map_lanes, now {io.map_lanes}" if io.map_lanes < io.workers else f"io.workers, now {io.workers}") +
-                 ", map fewer)" if maps else ""))
+                f"the ring alone holds {_fmt(plan.layout.ring_bytes)}")
+        if maps:  # the windows of min(map_lanes, workers) requests count: name the lesser
+            fewer = f"io.map_lanes, now {io.map_lanes}" if io.map_lanes < io.workers else f"io.workers, now {io.workers}"
+            knob += (f" and the mapped read windows {_fmt(maps)} (a smaller io.map_window, now "
+                     f"{io.map_window_bytes:,} bytes, or fewer {fewer}, map fewer)")
     else:
         knob = (f"this part needs {_fmt(w.host_bytes)} with the ring: run it on the device "
                 f"(on: device), or raise budget.host to {_fmt(w.host_bytes)}")

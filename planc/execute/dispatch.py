@@ -256,10 +256,11 @@ def scatter_table(plan) -> tuple[np.ndarray, dict]:
             if not q.scatter:
                 continue
             w = q.width
-            first = len(rows)
+            first, longest = len(rows), 0
             for slot_off, _space, dst, n, _rows, _pitch in q.copies:
                 rows.append((slot_off // w, dst // w, n // w))
-            where[(r.index, qi)] = (first, len(rows), max((n // w for *_, n, _r, _p in q.copies), default=0))
+                longest = max(longest, n // w)
+            where[(r.index, qi)] = (first, len(rows), longest)
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     return table, where
 

@@ -138,14 +138,18 @@ class Loader(Allocation, KernelRuns, HostPath):
                 raise ExecuteError("the ring has no slot to give and nothing in flight", code="ring-stuck")
         return self._slot(self.free_slots.popleft())
 
-    def _ready(self) -> list:
-        """The pending requests whose reads are done and that may be sent on now: those of the oldest
-        run with requests in flight, in any order. A later run's wait: it may land in the region its
-        run shares with that run's neighbour, whose kernels have not been launched yet."""
+    def _sendable(self) -> list:
+        """The pending requests that may be sent on once read: those of the oldest run with requests
+        in flight, in any order. A later run's wait: it may land in the region its run shares with
+        that run's neighbour, whose kernels have not been launched yet."""
         if not self.pending:
             return []
         run = self.pending[0][0].index
-        return [e for e in self.pending if e[0].index == run and e[4].done()]
+        return [e for e in self.pending if e[0].index == run]
+
+    def _ready(self) -> list:
+        """The sendable requests whose reads are done."""
+        return [e for e in self._sendable() if e[4].done()]
 
     def _complete_ready(self) -> bool:
         """Send on every read that is done and may go (`_ready`); whether there was one. A slow read
@@ -160,9 +164,8 @@ class Loader(Allocation, KernelRuns, HostPath):
         """Wait until a read that may be sent on is done, and send on those that are."""
         from concurrent.futures import FIRST_COMPLETED, wait
 
-        run = self.pending[0][0].index
         t0 = time.perf_counter()
-        wait([e[4] for e in self.pending if e[0].index == run], return_when=FIRST_COMPLETED)
+        wait([e[4] for e in self._sendable()], return_when=FIRST_COMPLETED)
         self.timings["wait_reads"] += time.perf_counter() - t0
         self._complete_ready()
 
