@@ -18,6 +18,8 @@ from typing import Optional
 
 import typer
 
+from . import outputs
+
 from . import __version__, settings
 from .errors import PlanFormatError, PlancError, printable, shorten_words
 from .prestart import head as _head
@@ -191,7 +193,8 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
                                                 readable=False),
           as_json: bool = typer.Option(False, "--json")):
     """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
-    from .probe import measure, save
+    from .costmodel import probe_path
+    from .probe import is_probe_file, measure, save
 
     try:
         size_bytes = parse_bytes(size)
@@ -201,6 +204,9 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
         raise _usage(f"FOLDER {folder} is a file, not a folder")
     if not folder.is_dir():
         raise _usage(f"FOLDER {folder} does not exist: give a folder on the disk the checkpoints live on")
+    dest = output or probe_path()
+    if os.path.lexists(dest) or dest.parent.is_dir():  # refused before a minute of measuring
+        outputs.target(dest, "probe output", ours=is_probe_file)
     try:
         doc = measure(folder, size_bytes, workers, repeat)
         where = save(doc, output)
@@ -373,7 +379,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
             _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
         plans = _all_ranks(spec)
         for k, plan in enumerate(plans if output is not None else ()):
-            _write(output / f"rank-{k}.json", "-o", lambda p=plan, k=k: save_plan(p, output / f"rank-{k}.json"))
+            save_plan(plan, output / f"rank-{k}.json", inputs=(spec,))
         refused = [p for p in plans if not p.fits]
         if as_json:
             _emit_json({"ranks": [explain_doc(p) for p in plans]})
@@ -387,9 +393,10 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         return
     if output is not None:
         _writable_file(output, "-o")
+        outputs.target(output, "-o", inputs=(spec,))
     plan = compile_spec(spec, r)
     if output:
-        _write(output, "-o", lambda: save_plan(plan, output))
+        save_plan(plan, output, inputs=(spec,))
     if as_json:
         _emit_json(explain_doc(plan))
     elif not plan.fits:
@@ -509,8 +516,11 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         device = f"cuda:{local}"
     report_path = None
     if report:
+        from .plan import plan_inputs
+
         report_path = Path(report.replace("{rank}", str(_report_rank(plan))))
         _writable_file(report_path, "--report")
+        outputs.target(report_path, "--report", inputs=(target, *plan_inputs(plan)))
     progress = not as_json and sys.stderr.isatty()
     with _SigintSeen() as sigint:
         model = execute(plan, progress=progress, verify=verify, device=device)
@@ -520,7 +530,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     try:
         if report_path is not None:
             text = json.dumps(model.report, indent=2, sort_keys=True)
-            _write(report_path, "--report", lambda: report_path.write_text(text))
+            outputs.write(report_path, text + "\n", "--report", inputs=(target, *plan_inputs(plan)))
         if as_json:
             _emit_json(model.report)
         else:

@@ -76,8 +76,18 @@ def encode_bytes(plan: Plan) -> bytes:
     return orjson.dumps(doc, default=tuple) + b"\n"
 
 
-def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_bytes(encode_bytes(plan))
+def plan_inputs(plan: Plan) -> tuple[str, ...]:
+    """The files a plan was made from (its spec, its checkpoint files): never an output's place."""
+    root = plan.checkpoint.root
+    return (plan.spec.path, *(os.path.join(root, f.path) for f in plan.checkpoint.files))
+
+
+def save_plan(plan: Plan, path: str | Path, inputs=()) -> None:
+    """Write the plan file through `outputs.write`: a new or regular file, never one of the plan's
+    inputs (its spec, its checkpoint files) nor one of `inputs`, written atomically."""
+    from . import outputs
+
+    outputs.write(path, encode_bytes(plan), "plan output", inputs=(*plan_inputs(plan), *inputs))
 
 
 # -- load -----------------------------------------------------------------------------------------
