@@ -35,8 +35,22 @@ def compile_all_ranks(spec_path: str | Path) -> list[Plan]:
     return [compile_loaded(loaded, manifest, r) for r in range(loaded.spec.tensor_parallel.size)]
 
 
+def device_budget(loaded: LoadedSpec, capacity=None) -> tuple[int | None, str]:
+    """(`budget.device` in bytes or None, how it was found): a size as written, `auto` the named
+    device's capacity (`device.capacity`, or the `capacity(device) -> (bytes | None, why)` given)."""
+    spec = loaded.spec
+    b = spec.budget.device
+    if b is None:
+        return None, "unset"
+    if b != "auto":
+        return b, "spec"
+    if capacity is None:
+        from .device import capacity
+    return capacity(spec.device)
+
+
 @gc_paused()
-def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0) -> Plan:
+def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0, capacity=None) -> Plan:
     spec = loaded.spec
     try:
         binding = bind(spec, manifest, rank)
@@ -44,8 +58,9 @@ def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0) -> Pla
         raise BindError(f"{loaded.path}: {e.message}", code=e.code) from None
     graph = build_graph(binding)
     sched = schedule(graph, spec.io, load_costs())
-    undecided = plan_of(loaded, manifest, graph, sched, rank)
-    return undecided.with_decision(admit(undecided))
+    dev_bytes, how = device_budget(loaded, capacity)
+    undecided = plan_of(loaded, manifest, graph, sched, rank).with_budget(device_bytes=dev_bytes)
+    return undecided.with_decision(admit(undecided)).with_notes(device_budget=how, source="compiled")
 
 
 def plan_of(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedule, rank: int = 0) -> Plan:
@@ -59,7 +74,7 @@ def plan_of(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedul
                               tuple(FileEntry(s.path, s.size_bytes, s.mtime_ns) for s in manifest.shards)),
         device=spec.device,
         tensor_parallel=TensorParallel(rank, spec.tensor_parallel.size),
-        budget=Budget(spec.budget.host, spec.budget.device),
+        budget=Budget(spec.budget.host, spec.budget.device if isinstance(spec.budget.device, int) else None),
         io=IOSettings(io.workers, io.slot, io.slots, io.run, io.direct, io.merge_gap, io.strided, io.map_window,
                        io.map_lanes),
         layout=Layout(sched.arena_bytes, tuple(sched.landing_region_bytes), sched.staging_bytes,

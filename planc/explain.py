@@ -63,7 +63,41 @@ def explain_doc(plan: Plan) -> dict:
         "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
                     for t in plan.tensors],
         "refusal": plan.refusal._asdict() if plan.refusal else None,
+        "checks": _checks(plan),
+        "source": plan.note("source", "plan file"),
     }
+
+
+def _checks(plan: Plan) -> dict:
+    """What the verdict rests on: each memory, checked against its budget or not (and why not)."""
+    b, pk = plan.budget, plan.peak
+    dev_how = plan.note("device_budget", "spec" if b.device_bytes is not None else "unset")
+    return {
+        "host": {"checked": True, "peak_bytes": pk.host_bytes, "budget_bytes": b.host_bytes,
+                 "fits": pk.host_bytes <= b.host_bytes},
+        "device": {"checked": b.device_bytes is not None, "peak_bytes": pk.device_bytes,
+                   "budget_bytes": b.device_bytes,
+                   "fits": None if b.device_bytes is None else pk.device_bytes <= b.device_bytes,
+                   "budget_from": dev_how},
+    }
+
+
+def verdict_text(e: dict) -> str:
+    """`FITS` / `REFUSED` and what was and was not checked (plain text, no markup)."""
+    c = e["checks"]
+    said = ["host checked"]
+    d = c["device"]
+    if d["checked"]:
+        said.append("device checked" + (" (budget.device auto)" if d["budget_from"].startswith("auto") else ""))
+    else:
+        why = "no budget.device" if d["budget_from"] == "unset" else d["budget_from"]
+        said.append(f"device NOT CHECKED: peak {fmt_bytes(d['peak_bytes'])}, {why}")
+    n = c.get("node")
+    if n is not None:
+        said.append(f"node {'checked' if n['checked'] else 'not checked'}: {fmt_bytes(n['peak_bytes'])} on rank "
+                    f"{e['tensor_parallel']['rank']}'s node" + (f" of {fmt_bytes(n['budget_bytes'])}" if n["checked"] else
+                                                                ", no budget.node_host"))
+    return ("FITS" if e["fits"] else "REFUSED") + " (" + "; ".join(said) + ")"
 
 
 def _dominant(r, parts, ring: int) -> str:
@@ -131,7 +165,9 @@ def _top(plan: Plan) -> list:
 def render(plan: Plan, console: Console) -> None:
     e = explain_doc(plan)
     b, pk, t = e["budget"], e["peak"], e["totals"]
-    verdict = "[green]FITS[/green]" if e["fits"] else "[red]REFUSED[/red]"
+    v = verdict_text(e)
+    rest = v.split(" ", 1)[1]
+    verdict = ("[green]FITS[/green] " if e["fits"] else "[red]REFUSED[/red] ") + escape(rest)
     tp = e["tensor_parallel"]
     rank = f" (rank {tp['rank']} of {tp['size']})" if tp["size"] > 1 else ""
     console.print(f"[bold]planc explain[/bold]{rank}  {escape(e['spec'])}  ->  {escape(e['checkpoint'])}  on "
@@ -140,7 +176,7 @@ def render(plan: Plan, console: Console) -> None:
     for c in ("", "budget", "predicted peak", "headroom"):
         tb.add_column(c, justify="right" if c else "left")
     tb.add_row("host", fmt_bytes(b["host_bytes"]), fmt_bytes(pk["host_bytes"]), fmt_bytes(e["headroom"]["host_bytes"]))
-    tb.add_row("device", fmt_bytes(b["device_bytes"]) if b["device_bytes"] is not None else "unset",
+    tb.add_row("device", fmt_bytes(b["device_bytes"]) if b["device_bytes"] is not None else "not checked",
                fmt_bytes(pk["device_bytes"]), fmt_bytes(e["headroom"]["device_bytes"]))
     console.print(tb)
     lay = e["layout"]
