@@ -93,3 +93,23 @@ def plan_of(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedul
 def _skipped(manifest: Manifest, graph: Graph):
     used = {i.tensor for n in graph.parts for i in n.inputs}
     return sorted(t.name for t in manifest.tensors if t.name not in used)
+
+
+def node_checks(spec_path: str | Path, plans: list[Plan], complete: bool = False):
+    """The `node.NodeCheck` of each node the `plans` (ranks of one tensor-parallel spec) fill.
+
+    With `complete`, the other ranks of the nodes the plans touch are compiled too (`explain` of
+    one rank states its node's total)."""
+    from .node import check_nodes, node_ranks
+
+    loaded = load_spec(spec_path)
+    tp, budget = loaded.spec.tensor_parallel, loaded.spec.budget
+    peaks = {p.tensor_parallel.rank: p.peak.host_bytes for p in plans}
+    if complete and tp.size > 1:
+        want = {r for ranks in node_ranks(tp.size, tp.per_node) if set(ranks) & set(peaks) for r in ranks}
+        missing = sorted(want - set(peaks))
+        if missing:
+            manifest = read_manifest(loaded.checkpoint_path)
+            for r in missing:
+                peaks[r] = compile_loaded(loaded, manifest, r).peak.host_bytes
+    return check_nodes(peaks, tp.size, tp.per_node, budget.node_host)

@@ -17,8 +17,9 @@ from .units import fmt_bytes
 TOP = 10
 
 
-def explain_doc(plan: Plan) -> dict:
-    """The explanation as plain JSON-ready values (the `explain --json` contract)."""
+def explain_doc(plan: Plan, node=None) -> dict:
+    """The explanation as plain JSON-ready values (the `explain --json` contract). `node`: the
+    `node.NodeCheck` of this rank's node, when the plan is one rank of a tensor-parallel spec."""
     windows = {w.run: w for w in plan.timeline}
     parts, lay, budget, peak = plan.parts, plan.layout, plan.budget, plan.peak
     runs = []
@@ -38,7 +39,7 @@ def explain_doc(plan: Plan) -> dict:
             "landing_bytes": r.landing_bytes,
             "dominant_step": _dominant(r, parts, lay.ring_bytes),
         })
-    return {
+    doc = {
         "fits": plan.fits,
         "spec": plan.spec.path,
         "checkpoint": plan.checkpoint.source,
@@ -63,12 +64,20 @@ def explain_doc(plan: Plan) -> dict:
         "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
                     for t in plan.tensors],
         "refusal": plan.refusal._asdict() if plan.refusal else None,
-        "checks": _checks(plan),
+        "checks": _checks(plan, node),
         "source": plan.note("source", "plan file"),
     }
+    if node is not None and not node.fits:
+        from .node import refusal_message
+
+        doc["fits"] = False
+        if doc["refusal"] is None:
+            doc["refusal"] = {"code": "node-budget", "run": None, "step": "node", "needed_bytes": node.total_bytes,
+                              "allowed_bytes": node.budget_bytes, "message": refusal_message(node)}
+    return doc
 
 
-def _checks(plan: Plan) -> dict:
+def _checks(plan: Plan, node=None) -> dict:
     """What the verdict rests on: each memory, checked against its budget or not (and why not)."""
     b, pk = plan.budget, plan.peak
     dev_how = plan.note("device_budget", "spec" if b.device_bytes is not None else "unset")
@@ -79,6 +88,7 @@ def _checks(plan: Plan) -> dict:
                    "budget_bytes": b.device_bytes,
                    "fits": None if b.device_bytes is None else pk.device_bytes <= b.device_bytes,
                    "budget_from": dev_how},
+        "node": None if node is None else {**node.as_dict(), "peak_bytes": node.total_bytes},
     }
 
 
@@ -94,9 +104,9 @@ def verdict_text(e: dict) -> str:
         said.append(f"device NOT CHECKED: peak {fmt_bytes(d['peak_bytes'])}, {why}")
     n = c.get("node")
     if n is not None:
-        said.append(f"node {'checked' if n['checked'] else 'not checked'}: {fmt_bytes(n['peak_bytes'])} on rank "
-                    f"{e['tensor_parallel']['rank']}'s node" + (f" of {fmt_bytes(n['budget_bytes'])}" if n["checked"] else
-                                                                ", no budget.node_host"))
+        said.append(f"node {n['node']} (ranks {n['ranks'][0]}..{n['ranks'][-1]}) "
+                    + (f"checked: {fmt_bytes(n['total_bytes'])} of {fmt_bytes(n['budget_bytes'])}" if n["checked"] else
+                       f"not checked: {fmt_bytes(n['total_bytes'])} together, no budget.node_host"))
     return ("FITS" if e["fits"] else "REFUSED") + " (" + "; ".join(said) + ")"
 
 
@@ -162,8 +172,8 @@ def _top(plan: Plan) -> list:
     return [i for i in items if i["bytes"]][:TOP]
 
 
-def render(plan: Plan, console: Console) -> None:
-    e = explain_doc(plan)
+def render(plan: Plan, console: Console, node=None) -> None:
+    e = explain_doc(plan, node)
     b, pk, t = e["budget"], e["peak"], e["totals"]
     v = verdict_text(e)
     rest = v.split(" ", 1)[1]
@@ -228,4 +238,17 @@ def render(plan: Plan, console: Console) -> None:
     console.print(tt)
     if e["refusal"]:
         r = e["refusal"]
-        console.print("[red]refusal[/red] " + escape(f"[{r['code']}] run {r['run']}, step {r['step']}: {r['message']}"))
+        where = f"run {r['run']}, step {r['step']}" if r["run"] is not None else "the node"
+        console.print("[red]refusal[/red] " + escape(f"[{r['code']}] {where}: {r['message']}"))
+
+
+def render_nodes(nodes, console: Console) -> None:
+    """The node table: each node's ranks, their host peaks together, the budget and the verdict."""
+    t = Table(title="nodes: the ranks' host peaks together", show_edge=False)
+    for c in ("node", "ranks", "host total", "budget.node_host", "fits"):
+        t.add_column(c, justify="right")
+    for n in nodes:
+        t.add_row(str(n.node), f"{n.ranks[0]}..{n.ranks[-1]}", fmt_bytes(n.total_bytes),
+                  fmt_bytes(n.budget_bytes) if n.budget_bytes is not None else "not checked",
+                  ("yes" if n.fits else "REFUSED") if n.budget_bytes is not None else "-")
+    console.print(t)
