@@ -101,6 +101,7 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
 
     from . import settings as _settings
     from .execute import execute
+    from .predict import beside
 
     if device is not None:
         from .execute import _device_arg
@@ -112,6 +113,7 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
         t1 = time.perf_counter()
         model = execute(plan, verify=verify, device=device, progress=progress)
         model.report["timings"].update(plan=round(t1 - t0, 6), execute=round(time.perf_counter() - t1, 6))
+        beside(model.report, plan)
         return model
 
 

@@ -563,6 +563,9 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if sigint.seen:  # the KeyboardInterrupt was raised where Python drops exceptions, and the load went on
         model.free()
         raise Interrupted("interrupted during the load; everything allocated was released")
+    from .predict import beside
+
+    beside(model.report, plan)
     try:
         if report_path is not None:
             text = json.dumps(model.report, indent=2, sort_keys=True)

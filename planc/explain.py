@@ -12,6 +12,7 @@ from rich.table import Table
 from .costmodel import DEFAULTS, ROWS_MARGIN, choose
 from .errors import printable
 from .ir import Plan
+from .predict import predict
 from .units import fmt_bytes
 
 TOP = 10
@@ -64,6 +65,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
         "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
                     for t in plan.tensors],
         "refusal": plan.refusal._asdict() if plan.refusal else None,
+        "predicted_time": predict(plan),
         "checks": _checks(plan, node),
         "source": plan.note("source", "plan file"),
     }
@@ -198,6 +200,10 @@ def render(plan: Plan, console: Console, node=None) -> None:
                   f"({fmt_bytes(t['payload_bytes'])} payload) in {t['runs']} runs; requests {t['requests']} "
                   f"(uncoalesced {t['requests_uncoalesced']}), copies {t['copies']} (uncoalesced {t['copies_uncoalesced']}), "
                   f"kernels {t['kernels']}, skipped {e['skipped']}")
+    pt = e["predicted_time"]
+    console.print(f"predicted wall: {pt['warm_seconds']:.3f} s warm, {pt['cold_seconds']:.3f} s cold (fixed "
+                  f"{pt['terms']['fixed_seconds']:.3f} s, reads {pt['terms']['read_warm_seconds']:.3f} s warm, link "
+                  f"{pt['terms']['link_seconds']:.3f} s); " + escape(printable(pt["note"])))
     tp = Table(title="paths", show_edge=False)
     for c in ("path and reason", "parts", "bytes"):
         tp.add_column(c, justify="left" if c.startswith("path") else "right")
