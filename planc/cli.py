@@ -321,11 +321,11 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
             if e.code != "plan-kind" or not _looks_like_spec(path):
                 raise
             # a JSON spec whose key looks like a plan's (a typo): read below as the spec it is
-    from .compile import compile_spec  # a spec: only now the spec models and the compiler are imported
+    from .plancache import cached_compile  # a spec: only now the spec models and the compiler are imported
     from .spec import load_spec
 
-    size = load_spec(path).spec.tensor_parallel.size
-    return compile_spec(path, _rank(rank, size))
+    loaded = load_spec(path)
+    return cached_compile(path, _rank(rank, loaded.spec.tensor_parallel.size), loaded)
 
 
 def _writable_file(path: Path, flag: str) -> None:

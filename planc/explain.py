@@ -68,6 +68,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
         "predicted_time": predict(plan),
         "checks": _checks(plan, node),
         "source": plan.note("source", "plan file"),
+        "cache_entry": plan.note("cache_entry") or None,
     }
     if node is not None and not node.fits:
         from .node import refusal_message
@@ -184,6 +185,8 @@ def render(plan: Plan, console: Console, node=None) -> None:
     rank = f" (rank {tp['rank']} of {tp['size']})" if tp["size"] > 1 else ""
     console.print(f"[bold]planc explain[/bold]{rank}  {escape(e['spec'])}  ->  {escape(e['checkpoint'])}  on "
                   f"{escape(e['device'])}: {verdict}")
+    if e["source"] == "cache":
+        console.print("plan: from the plan cache, " + escape(printable(e["cache_entry"])))
     tb = Table(title="budget", show_edge=False)
     for c in ("", "budget", "predicted peak", "headroom"):
         tb.add_column(c, justify="right" if c else "left")

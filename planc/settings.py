@@ -27,7 +27,7 @@ class SettingError(ValueError):
 # The settings a caller may pass by name, and the variables they stand for.
 NAMES = {"raw_launch": "PLANC_RAW_LAUNCH", "kernel_dir": "PLANC_KERNEL_DIR", "kernel_cache": "PLANC_KERNEL_CACHE",
          "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG",
-         "pin": "PLANC_PIN"}
+         "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE"}
 _overrides: dict[str, str] = {}  # variable -> value, while a call that was given settings runs
 _lock = threading.Lock()
 
@@ -119,6 +119,15 @@ def probe_file() -> Path | None:
     if v == "off":
         return None
     return Path(v) if v else default_probe_file()
+
+
+def plan_cache_dir() -> Path | None:
+    """PLANC_PLAN_CACHE: the folder compiled plans are kept in (`planc.plancache`); default
+    ~/.cache/planc/plans (under $XDG_CACHE_HOME when set); `off`: no plan cache."""
+    v = _get("PLANC_PLAN_CACHE")
+    if v == "off":
+        return None
+    return Path(v) if v else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "planc" / "plans"
 
 
 def default_probe_file() -> Path:
