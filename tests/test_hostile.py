@@ -421,7 +421,7 @@ def test_interrupt_before_the_load(tmp_path, capsys, dense, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("planc.compile.compile_spec", interrupted)
+    monkeypatch.setattr("planc.compile.compile_loaded", interrupted)  # the compile `run` makes of a spec
     rc, out, err = cli_run(capsys, "run", spec, "--json")
     assert rc == 130 and out == "" and one_line(err) == "planc: interrupted"
 
