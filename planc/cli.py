@@ -519,10 +519,10 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         raise Interrupted("interrupted during the load; everything allocated was released")
     try:
         if report_path is not None:
-            text = json.dumps(model.report, indent=2, sort_keys=True)
+            text = json.dumps(model.report.as_json(), indent=2, sort_keys=True)
             _write(report_path, "--report", lambda: report_path.write_text(text))
         if as_json:
-            _emit_json(model.report)
+            _emit_json(model.report.as_json())
         else:
             from .execute.report import render_report
 
