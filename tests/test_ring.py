@@ -208,13 +208,6 @@ def test_a_thread_that_cannot_start_leaves_no_thread_waiting():
     assert all(not t.is_alive() for t in started)  # the lanes that started were stopped
 
 
-def _frames():
-    f = sys._getframe(1)
-    while f is not None:
-        yield f
-        f = f.f_back
-
-
 # -- planc run's head start -------------------------------------------------------------------
 
 def test_run_device_from_the_raw_arguments(tmp_path, monkeypatch):
