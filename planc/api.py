@@ -38,18 +38,20 @@ def _plan(spec_or_plan, rank: int | None):
             if e.code not in ("plan-kind", "plan-syntax"):
                 raise
             # Not a plan: a JSON spec, compiled below (its errors then name the spec's fields).
-    # A spec is compiled: only then the spec models (pydantic) and the compiler are imported.
-    from .compile import compile_spec
+    # A spec is compiled (or its plan taken from the plan cache): only then the spec models
+    # (pydantic) and the compiler are imported.
+    from .plancache import cached_compile
     from .spec import load_spec
 
+    loaded = load_spec(path)
     if rank is None:
-        size = load_spec(path).spec.tensor_parallel.size
+        size = loaded.spec.tensor_parallel.size
         env = os.environ.get("RANK")
         if size > 1 and env is None:
             raise BindError(f"{path}: tensor_parallel.size is {size}: pass rank= (0..{size - 1}) or set RANK",
                             code="bad-rank")
         rank = _env_rank(env, path) if size > 1 else 0
-    return compile_spec(path, rank)
+    return cached_compile(path, rank, loaded)
 
 
 def _rank_arg(rank) -> int:

@@ -321,11 +321,11 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
             if e.code != "plan-kind" or not _looks_like_spec(path):
                 raise
             # a JSON spec whose key looks like a plan's (a typo): read below as the spec it is
-    from .compile import compile_spec  # a spec: only now the spec models and the compiler are imported
+    from .plancache import cached_compile  # a spec: only now the spec models and the compiler are imported
     from .spec import load_spec
 
-    size = load_spec(path).spec.tensor_parallel.size
-    return compile_spec(path, _rank(rank, size))
+    loaded = load_spec(path)
+    return cached_compile(path, _rank(rank, loaded.spec.tensor_parallel.size), loaded)
 
 
 def _writable_file(path: Path, flag: str) -> None:
@@ -375,14 +375,26 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         for k, plan in enumerate(plans if output is not None else ()):
             _write(output / f"rank-{k}.json", "-o", lambda p=plan, k=k: save_plan(p, output / f"rank-{k}.json"))
         refused = [p for p in plans if not p.fits]
+        nodes = _nodes(spec, plans)
+        node_refused = _first_refused(nodes)
         if as_json:
-            _emit_json({"ranks": [explain_doc(p) for p in plans]})
+            _emit_json(_ranks_doc(plans, nodes))
         else:
-            _rank_table(plans, err if refused else out)  # a refusal leaves stdout clean, as for one rank
+            console = err if refused or node_refused else out  # a refusal leaves stdout clean, as for one rank
+            _rank_table(plans, console)
+            if size > 1:
+                from .explain import render_nodes
+
+                render_nodes(nodes, console)
         if refused:
             ref = refused[0].refusal
             k = refused[0].tensor_parallel.rank
             _say(f"planc: rank {k}: {ref.message} [{ref.code}]")
+            raise typer.Exit(3)
+        if node_refused:
+            from .node import refusal_message
+
+            _say(f"planc: {refusal_message(node_refused)} [node-budget]")
             raise typer.Exit(3)
         return
     if output is not None:
@@ -403,6 +415,29 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     if not plan.fits:
         _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)
+
+
+def _nodes(spec: Path, plans, complete: bool = False):
+    from .compile import node_checks
+
+    return node_checks(spec, plans, complete)
+
+
+def _first_refused(nodes):
+    from .node import first_refused
+
+    return first_refused(nodes)
+
+
+def _ranks_doc(plans, nodes) -> dict:
+    """`--rank all --json`: each rank's explanation (with its node's check) and the nodes."""
+    from .explain import explain_doc
+    from .node import node_of
+
+    by_node = {n.node: n for n in nodes}
+    per = len(nodes[0].ranks) if nodes else 1
+    return {"ranks": [explain_doc(p, by_node.get(node_of(p.tensor_parallel.rank, per))) for p in plans],
+            "nodes": [n.as_dict() for n in nodes]}
 
 
 def _rank_table(plans, console) -> None:
@@ -432,21 +467,32 @@ def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON writ
     budgets = _budgets(host, device_budget)
     if rank == "all" and not _is_plan(target):
         plans = [_rebudget(p, budgets) for p in _all_ranks(target)]
+        nodes = _nodes(target, plans)
         if as_json:
-            _emit_json({"ranks": [explain_doc(p) for p in plans]})
+            _emit_json(_ranks_doc(plans, nodes))
         else:
+            from .explain import render_nodes
+            from .node import node_of
+
+            by_node = {n.node: n for n in nodes}
+            per = len(nodes[0].ranks) if nodes else 1
             for p in plans:
                 out.rule(f"rank {p.tensor_parallel.rank} of {p.tensor_parallel.size}")
-                render(p, out)
+                render(p, out, by_node.get(node_of(p.tensor_parallel.rank, per)))
             _rank_table(plans, out)
+            if plans and plans[0].tensor_parallel.size > 1:
+                render_nodes(nodes, out)
         if budgets and any(not p.fits for p in plans):
             raise typer.Exit(3)
         return
     plan = _rebudget(_load_plan_or_spec(target, rank), budgets)
+    node = None
+    if plan.tensor_parallel.size > 1 and not _is_plan(target):  # a spec: its node mates are compiled too
+        node = next(iter(_nodes(target, [plan], complete=True)), None)
     if as_json:
-        _emit_json(explain_doc(plan))
+        _emit_json(explain_doc(plan, node))
     else:
-        render(plan, out)
+        render(plan, out, node)
     if budgets and not plan.fits:
         _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)

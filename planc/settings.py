@@ -40,8 +40,13 @@ class SettingError(ValueError):
 # The settings a caller may pass by name, and the variables they stand for.
 NAMES = {"raw_launch": "PLANC_RAW_LAUNCH", "kernel_dir": "PLANC_KERNEL_DIR", "kernel_cache": "PLANC_KERNEL_CACHE",
          "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG",
-         "pin": "PLANC_PIN"}
+         "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE"}
 _FLAGS = ("raw_launch", "kernel_cache", "debug")
+
+
+def default_plan_cache() -> Path:
+    """Where compiled plans are kept unless PLANC_PLAN_CACHE names a folder (`off`: nowhere)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "planc" / "plans"
 
 
 def default_probe_file() -> Path:
@@ -59,7 +64,8 @@ class Settings:
     on-disk cache. host_reserve (PLANC_HOST_RESERVE): host bytes kept free for everything else,
     default 256 MiB. probe (PLANC_PROBE): the I/O probe file; None (`off`) for the built-in figures.
     debug (PLANC_DEBUG): errors print their traceback. pin (PLANC_PIN): how the pinned ring is made,
-    `register` or `alloc`."""
+    `register` or `alloc`. plan_cache (PLANC_PLAN_CACHE): the folder compiled plans are kept in
+    (`planc.plancache`); None (`off`) for no plan cache."""
 
     raw_launch: bool = True
     kernel_dir: Path = Path.home() / ".cache" / "planc" / "kernels"
@@ -68,6 +74,7 @@ class Settings:
     probe: Path | None = None
     debug: bool = False
     pin: str = "register"
+    plan_cache: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -79,6 +86,9 @@ class Settings:
             v = env.get(var)
             if name == "probe" and not v:
                 values[name] = default_probe_file()
+                continue
+            if name == "plan_cache" and not v:
+                values[name] = default_plan_cache()
                 continue
             if v is None or (v == "" and name not in ("debug",)):
                 continue
@@ -114,7 +124,7 @@ class Settings:
             v = getattr(self, f.name)
             if f.name in _FLAGS:
                 out[NAMES[f.name]] = "1" if v else "0"
-            elif f.name == "probe":
+            elif f.name in ("probe", "plan_cache"):
                 out[NAMES[f.name]] = "off" if v is None else str(v)
             else:
                 out[NAMES[f.name]] = str(v)
@@ -151,7 +161,7 @@ def _check(name: str, v, *, from_env: bool = False):
             return parse_bytes(v)
         except ValueError as e:
             raise SettingError(f"{where}: {e}", from_env=from_env) from None
-    if name in ("kernel_dir", "probe"):
+    if name in ("kernel_dir", "probe", "plan_cache"):
         if isinstance(v, os.PathLike):
             v = os.fspath(v)
         if not isinstance(v, str):
@@ -159,6 +169,8 @@ def _check(name: str, v, *, from_env: bool = False):
                                from_env=from_env)
         if name == "probe":
             return None if v == "off" else (Path(v) if v else default_probe_file())
+        if name == "plan_cache":
+            return None if v == "off" else (Path(v) if v else default_plan_cache())
         return Path(v) if v else Settings.kernel_dir
     # pin
     if not isinstance(v, str):
@@ -216,6 +228,8 @@ def _field(name: str):
         return getattr(Settings, name) if v is None else (bool(v) if name == "debug" else v != "0")
     if name == "probe" and not v:
         return default_probe_file()
+    if name == "plan_cache" and not v:
+        return default_plan_cache()
     if v is None:
         return getattr(Settings, name)
     return _check(name, v, from_env=True)
@@ -259,3 +273,9 @@ def pin() -> str:
 def debug() -> bool:
     """PLANC_DEBUG (set to anything): errors print their traceback after the one-line message."""
     return _field("debug")
+
+
+def plan_cache_dir() -> Path | None:
+    """PLANC_PLAN_CACHE: the folder compiled plans are kept in (`planc.plancache`); default
+    ~/.cache/planc/plans (under $XDG_CACHE_HOME when set); `off`: None, no plan cache."""
+    return _field("plan_cache")

@@ -129,6 +129,7 @@ class Report(Record):
     files: Mapping  # file -> {direct, why}
     retries: int
     kernel_code: Mapping
+    predicted: Mapping  # the plan's predicted wall beside the measured one (planc.predict.beside)
     verify: Mapping | None = None
 
     def with_timings(self, **seconds: float) -> "Report":
@@ -147,7 +148,10 @@ def build_report(plan, *, device: str, simulator: bool, counters: Mapping, timin
     dev_used = None
     if free_before is not None and free_alloc is not None:
         dev_used = free_before[0] - free_alloc[0]
+    from ..predict import beside
+
     return Report(
+        predicted=beside(plan, wall),
         simulator=simulator,
         device=device,
         tensor_parallel=plan.tensor_parallel._asdict(),
