@@ -184,7 +184,19 @@ def refuse_direct_open(monkeypatch) -> None:
         return real_open(p, flags, *a, **k)
 
     monkeypatch.setattr(os, "open", fake_open)
-    monkeypatch.setattr("planc.execute.reader.page_cache_fraction", lambda path, size: 0.0)
+    cold_page_cache(monkeypatch)
+
+
+def cold_page_cache(monkeypatch) -> None:
+    """Every load from now reads through a reader that sees the page cache as cold (io.direct: auto
+    then chooses O_DIRECT)."""
+    from planc.execute.reader import Reader
+
+    class ColdCache(Reader):
+        def cache_fraction(self, path, size):
+            return 0.0
+
+    use_parts(monkeypatch, reader=reader_of(ColdCache))
 
 
 # ------------------------------------------------------------------------------------------

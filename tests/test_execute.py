@@ -34,7 +34,7 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
 
 import planc.execute.parts as parts_mod  # noqa: E402
 from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, assert_model, cast, refuse_direct_open,  # noqa: E402
-                             convert_source, dequantized, fp8_rules, fused, gone, handmade, live_room_by_call, reader_of,
+                             cold_page_cache, convert_source, dequantized, fp8_rules, fused, gone, handmade, live_room_by_call, reader_of,
                              use_parts, watch_regions,
                              load_checked, spec_file, stacked, synth)
 from planc import cli  # noqa: E402
@@ -603,7 +603,7 @@ def _refuse_direct_reads(monkeypatch):
         return real_preadv(fd, bufs, offset, *a)
 
     monkeypatch.setattr(os, "preadv", fake_preadv)
-    monkeypatch.setattr("planc.execute.reader.page_cache_fraction", lambda path, size: 0.0)
+    cold_page_cache(monkeypatch)
 
 
 def test_direct_auto_falls_back_when_a_direct_read_is_refused(tmp_path, load, dense, monkeypatch):
