@@ -563,15 +563,12 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if sigint.seen:  # the KeyboardInterrupt was raised where Python drops exceptions, and the load went on
         model.free()
         raise Interrupted("interrupted during the load; everything allocated was released")
-    from .predict import beside
-
-    beside(model.report, plan)
     try:
         if report_path is not None:
-            text = json.dumps(model.report, indent=2, sort_keys=True)
+            text = json.dumps(model.report.as_json(), indent=2, sort_keys=True)
             _write(report_path, "--report", lambda: report_path.write_text(text))
         if as_json:
-            _emit_json(model.report)
+            _emit_json(model.report.as_json())
         else:
             from .execute.report import render_report
 

@@ -87,12 +87,10 @@ def predict(plan: Plan, fixed: Fixed = FIXED) -> dict:
     }
 
 
-def beside(report: dict, plan: Plan) -> dict:
-    """`report` (a load's measured report) with the prediction beside its wall: `report["predicted"]`
-    (warm and cold seconds, and measured / predicted warm)."""
+def beside(plan: Plan, wall: float | None) -> dict:
+    """The prediction to put beside a load's measured `wall` (the report's `predicted`): warm and
+    cold seconds, measured / predicted warm, and where the figures came from."""
     p = predict(plan)
-    wall = report.get("wall_seconds")
-    report["predicted"] = {"wall_warm_seconds": p["warm_seconds"], "wall_cold_seconds": p["cold_seconds"],
-                           "measured_over_warm": (wall / p["warm_seconds"]) if wall and p["warm_seconds"] > 0 else None,
-                           "figures": p["figures"], "default_costs": p["default_costs"]}
-    return report
+    return {"wall_warm_seconds": p["warm_seconds"], "wall_cold_seconds": p["cold_seconds"],
+            "measured_over_warm": (wall / p["warm_seconds"]) if wall and p["warm_seconds"] > 0 else None,
+            "figures": p["figures"], "default_costs": p["default_costs"]}

@@ -167,10 +167,10 @@ def test_explain_plan_equals_explain_spec(capsys, ckpt):
     assert a.pop("cache_entry") and a == b
     rc, text_spec, _ = run(capsys, "explain", p)
     rc, text_plan, _ = run(capsys, "explain", ckpt / "plan.json")
-    import re
-
-    assert "plan: from the plan cache" in text_spec and "FITS" in text_spec  # the second explain of the spec
-    assert re.sub(r"plan: from the plan cache.*?\n(?=\s+budget\s*\n)", "", text_spec, flags=re.S) == text_plan
+    assert "FITS" in text_spec and "plan: from the plan cache" in text_spec  # the second explain of the spec
+    assert "plan cache" not in text_plan
+    # From the budget table on, the two explanations are the same text.
+    assert text_spec[text_spec.index("predicted peak"):] == text_plan[text_plan.index("predicted peak"):]
 
 
 def test_explain_json_spec_is_compiled(capsys, ckpt):

@@ -45,8 +45,7 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
     pytest.skip("numba was imported before the CUDA simulator could be switched on, and no GPU is present",
                 allow_module_level=True)
 
-import planc.execute.loader as loader_mod  # noqa: E402
-from execute_support import NP, bits, cast, cli_run, one_line  # noqa: E402
+from execute_support import NP, bits, cast, cli_run, one_line, watch_regions  # noqa: E402
 from hostile.plans import build_plans, corpus, path_texts, walk  # noqa: E402
 from planc import admission  # noqa: E402
 from planc.errors import PlanFormatError, PlancError  # noqa: E402
@@ -188,16 +187,8 @@ def load_or_typed_error(plan):
 
 @pytest.fixture
 def allocations(monkeypatch):
-    """The loads that reached `Loader.allocate`."""
-    seen = []
-    real = loader_mod.Loader.allocate
-
-    def allocate(self):
-        seen.append(1)
-        real(self)
-
-    monkeypatch.setattr(loader_mod.Loader, "allocate", allocate)
-    return seen
+    """The loads that allocated their regions (`execute_support.watch_regions`)."""
+    return watch_regions(monkeypatch)
 
 
 # ------------------------------------------------------------------------------------------
