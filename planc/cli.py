@@ -153,8 +153,11 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
           experts: Optional[int] = typer.Option(None, help="Experts per layer (moe)."),
           dtype: str = typer.Option("BF16", help="Dtype of the weights: BF16, F16 or F32 (dense, moe)."),
           seed: int = typer.Option(0),
+          force: bool = typer.Option(False, "--force", help="Replace checkpoint files in OUT_DIR that planc synth did not write."),
           as_json: bool = typer.Option(False, "--json")):
-    """Write a synthetic safetensors checkpoint (real files) for tests, demos and benchmarks."""
+    """Write a synthetic safetensors checkpoint (real files) for tests, demos and benchmarks.
+
+    Files already in OUT_DIR are replaced only when planc synth wrote them (or with --force)."""
     from .synth import write_checkpoint
 
     try:
@@ -167,7 +170,7 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         raise _usage(f"OUT_DIR {out_dir} is a file, not a folder; give a new or empty folder")
     try:
         res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed,
-                               layers=layers, experts=experts, dtype=dtype)
+                               layers=layers, experts=experts, dtype=dtype, force=force)
     except ValueError as e:  # bad --shards, a folder holding another checkpoint, ...
         raise _usage(str(e)) from None
     except OSError as e:  # a parent that is a file, no permission, a full disk
@@ -191,7 +194,9 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
                                                 readable=False),
           as_json: bool = typer.Option(False, "--json")):
     """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
-    from .probe import measure, save
+    from . import outputs
+    from .costmodel import probe_path
+    from .probe import is_probe_file, measure, save
 
     try:
         size_bytes = parse_bytes(size)
@@ -201,6 +206,9 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
         raise _usage(f"FOLDER {folder} is a file, not a folder")
     if not folder.is_dir():
         raise _usage(f"FOLDER {folder} does not exist: give a folder on the disk the checkpoints live on")
+    dest = output or probe_path()
+    if os.path.lexists(dest) or dest.parent.is_dir():  # refused before a minute of measuring
+        outputs.target(dest, "probe output", ours=is_probe_file)
     try:
         doc = measure(folder, size_bytes, workers, repeat)
         where = save(doc, output)
@@ -339,6 +347,20 @@ def _writable_file(path: Path, flag: str) -> None:
         raise _usage(f"{flag} {path}: not writable")
 
 
+def _inputs(plan, *paths) -> list:
+    """What a command read: the paths given (its spec or plan) and the plan's checkpoint files.
+    No output may be one of them (`planc.outputs`)."""
+    root = Path(plan.checkpoint.root)
+    return [p for p in paths if p is not None] + [root / f.path for f in plan.checkpoint.files]
+
+
+def _write_output(path: Path, data, flag: str, inputs) -> None:
+    """Write an output file through `planc.outputs` (atomic; never a device, a FIFO or an input)."""
+    from . import outputs
+
+    outputs.write(path, data, flag, inputs=inputs)
+
+
 def _write(path: Path, flag: str, write) -> None:
     try:
         write()
@@ -361,7 +383,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     """Compile a spec into a plan; exit 0 when admitted, 3 when refused (with the reason)."""
     from .compile import compile_spec
     from .explain import explain_doc, render
-    from .plan import save_plan
+    from .plan import encode_bytes
     from .spec import load_spec
 
     size = load_spec(spec).spec.tensor_parallel.size
@@ -373,7 +395,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
             _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
         plans = _all_ranks(spec)
         for k, plan in enumerate(plans if output is not None else ()):
-            _write(output / f"rank-{k}.json", "-o", lambda p=plan, k=k: save_plan(p, output / f"rank-{k}.json"))
+            _write_output(output / f"rank-{k}.json", encode_bytes(plan), "-o", _inputs(plan, spec))
         refused = [p for p in plans if not p.fits]
         nodes = _nodes(spec, plans)
         node_refused = _first_refused(nodes)
@@ -398,10 +420,13 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
             raise typer.Exit(3)
         return
     if output is not None:
+        from . import outputs
+
         _writable_file(output, "-o")
+        outputs.target(output, "-o", inputs=[spec])  # before the compile: never the spec itself
     plan = compile_spec(spec, r)
     if output:
-        _write(output, "-o", lambda: save_plan(plan, output))
+        _write_output(output, encode_bytes(plan), "-o", _inputs(plan, spec))
     if as_json:
         _emit_json(explain_doc(plan))
     elif not plan.fits:
@@ -557,6 +582,9 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if report:
         report_path = Path(report.replace("{rank}", str(_report_rank(plan))))
         _writable_file(report_path, "--report")
+        from . import outputs
+
+        outputs.target(report_path, "--report", inputs=_inputs(plan, target))  # before the load
     progress = not as_json and sys.stderr.isatty()
     with _SigintSeen() as sigint:
         model = execute(plan, progress=progress, verify=verify, device=device)
@@ -566,7 +594,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     try:
         if report_path is not None:
             text = json.dumps(model.report.as_json(), indent=2, sort_keys=True)
-            _write(report_path, "--report", lambda: report_path.write_text(text))
+            _write_output(report_path, text, "--report", _inputs(plan, target))
         if as_json:
             _emit_json(model.report.as_json())
         else:
