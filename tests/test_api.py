@@ -561,3 +561,35 @@ def test_a_plan_value_edited_by_the_caller_is_checked_before_anything_is_allocat
     model = planc.load(plan)  # the compiled value itself is taken as it is
     assert len(model) == len(plan.tensors)
     model.free()
+
+
+def test_a_plan_whose_offsets_disagree_with_the_headers_is_refused(tmp_path):
+    """Two tensors' source offsets swapped in a plan file pass the plan's own checks, but not the
+    checkpoint's headers: refused before anything is allocated, naming the tensor."""
+    from conftest import write_spec, write_st
+
+    from planc.compile import compile_spec
+    from planc.errors import PlanFormatError
+    from planc.plan import encode_bytes, load_plan
+
+    write_st(tmp_path / "m.safetensors", {"a": np.full((4, 16), 1, np.float16), "b": np.full((4, 16), 2, np.float16)})
+    plan = compile_spec(write_spec(tmp_path, {"checkpoint": "m.safetensors", "budget": {"host": "1MiB"},
+                                              "io": {"slot": 4096, "slots": 2, "merge_gap": 0},
+                                              "rules": [{"match": "*"}]}))
+    pa, pb = plan.parts
+    ia, ib = pa.inputs[0], pb.inputs[0]
+    # Each part now names the other tensor as its source while reading its own bytes: every field is in
+    # range and the requests still match the parts, so only the checkpoint's headers can tell.
+    swapped = dataclasses.replace(plan, parts=(pa._replace(inputs=(ia._replace(tensor=ib.tensor),)),
+                                               pb._replace(inputs=(ib._replace(tensor=ia.tensor),))))
+    (tmp_path / "swapped.json").write_bytes(encode_bytes(swapped))
+    edited = load_plan(tmp_path / "swapped.json")  # every field in range: the plan alone cannot tell
+    with pytest.raises(PlanFormatError) as e:
+        planc.load(edited)
+    assert e.value.code == "plan-header-mismatch" and "reads 'b'" in str(e.value)
+    import subprocess
+    import sys
+
+    rc = subprocess.run([sys.executable, "-m", "planc", "run", str(tmp_path / "swapped.json")], capture_output=True,
+                        text=True, env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"})
+    assert rc.returncode == 2 and "[plan-header-mismatch]" in rc.stderr and len(rc.stderr.strip().splitlines()) == 1

@@ -37,6 +37,37 @@ def check_fingerprints(plan) -> None:
                 f"mtime_ns {f.mtime_ns} -> {st.st_mtime_ns}); compile again", code="file-changed")
 
 
+def check_against_headers(plan) -> None:
+    """Every byte range the plan reads is where the checkpoint's own headers put the tensor it names:
+    the same file, the same dtype, inside that tensor's bytes (a whole read: exactly them, with its
+    shape). A plan file edited to read one tensor's bytes as another's is a `PlanFormatError` (exit 2)
+    before anything is allocated, and `--verify` (which reads at the plan's offsets) then compares
+    against the checkpoint as its headers describe it. Only the headers are read."""
+    from ..errors import PlanFormatError
+    from ..manifest import read_manifest
+
+    root = plan.checkpoint.root
+    headers = {}
+    for f in plan.checkpoint.files:
+        m = read_manifest(os.path.join(root, f.path))
+        headers[f.path] = {t.name: t for t in m.tensors}
+    for part in plan.parts:
+        for i in part.inputs:
+            entry = headers.get(i.file, {}).get(i.tensor)
+            where = f"plan part {part.tensor}#{part.index} reads {i.tensor!r} from {os.path.join(root, i.file)}"
+            if entry is None:
+                raise PlanFormatError(f"{where}, whose header has no such tensor; compile again",
+                                      code="plan-header-mismatch")
+            last = i.start + ((i.count - 1) * i.stride + i.seg if i.count > 1 else i.nbytes)
+            whole = i.count == 1 and i.nbytes == entry.nbytes
+            if (i.dtype != entry.dtype or i.start < entry.start or last > entry.start + entry.nbytes
+                    or (whole and (i.start != entry.start or tuple(i.shape) != tuple(entry.shape)))):
+                raise PlanFormatError(
+                    f"{where} at bytes [{i.start:,}, {last:,}) as {i.dtype} {list(i.shape)}, but the file's header puts "
+                    f"it at [{entry.start:,}, {entry.start + entry.nbytes:,}) as {entry.dtype} {list(entry.shape)}; "
+                    f"the plan does not match its checkpoint: compile again", code="plan-header-mismatch")
+
+
 def admit_live(plan, room) -> tuple:
     """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory;
     returns (room, the device's (free, total) bytes or None)."""
@@ -116,6 +147,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     t_prep = time.perf_counter()
     settle_released()  # an earlier load's ring is unpinned before this one measures and admits
     check_fingerprints(plan)
+    check_against_headers(plan)
     dev_name = plan.device if device is None else _device_arg(device)
     idx = select(dev_name)  # attaches to the device's primary context (made here if no one made it yet)
     room, _ = admit_live(plan, parts.live_room(settings.host_reserve))
