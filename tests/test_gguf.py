@@ -173,3 +173,26 @@ def test_device_dequant_bit_exact_under_simulator(qtype):
         dst = cuda.to_device(np.zeros(256, dt))
         dequantize_gguf(src, dst, qtype, out, 256)
         np.testing.assert_array_equal(dst.copy_to_host(), want, err_msg=f"{qtype}->{out}")
+
+
+def test_cli_synth_inspect_and_compile(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "planc", *a], capture_output=True, text=True)  # noqa: E731
+    r = run("synth", str(tmp_path / "q"), "--family", "gguf", "--quant", "Q4_K_M", "--json")
+    assert r.returncode == 0, r.stderr
+    path = json.loads(r.stdout)["path"]
+    d = json.loads(run("inspect", path, "--json").stdout)
+    assert d["gguf"]["architecture"] == "llama" and d["gguf"]["context_length"] == "4096"
+    assert set(d["by_dtype"]) == {"F32", "Q4_K", "Q6_K"}
+    # a plain F16 GGUF compiles like a safetensors file; a quantized one is refused by name
+    r = run("synth", str(tmp_path / "h"), "--family", "gguf", "--quant", "F16", "--json")
+    for ckpt, ok in ((json.loads(r.stdout)["path"], True), (path, False)):
+        spec = tmp_path / f"s{ok}.yaml"
+        spec.write_text(f"checkpoint: {ckpt}\nbudget: {{host: 1GiB}}\nrules:\n  - match: '*'\n")
+        r = run("compile", str(spec), "-o", str(tmp_path / f"p{ok}.json"))
+        assert (r.returncode == 0) == ok, r.stderr
+        if not ok:
+            assert r.returncode == 2 and "gguf-quantized" in r.stderr and r.stderr.count("\n") == 1
