@@ -22,4 +22,4 @@ def read_manifest(path) -> Manifest:
     return read_safetensors(path)
 
 
-__all__ = ["Manifest", "ShardInfo", "TensorEntry", "read_manifest", "read_safetensors"]
+__all__ = ["Manifest", "ShardInfo", "TensorEntry", "read_manifest"]
