@@ -74,7 +74,9 @@ def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0, capaci
     sched = schedule(graph, spec.io, load_costs())
     dev_bytes, how = device_budget(loaded, capacity)
     undecided = plan_of(loaded, manifest, graph, sched, rank).with_budget(device_bytes=dev_bytes)
-    return undecided.with_decision(admit(undecided)).with_notes(device_budget=how, source="compiled")
+    from .plan import trust
+
+    return trust(undecided.with_decision(admit(undecided)).with_notes(device_budget=how, source="compiled"))
 
 
 def plan_of(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedule, rank: int = 0) -> Plan:

@@ -532,3 +532,32 @@ def test_settings_are_checked_strictly(tmp_path):
     assert settings.Settings.resolve({"debug": True}).debug is True
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.debug = True
+
+
+def test_a_plan_value_edited_by_the_caller_is_checked_before_anything_is_allocated(tmp_path):
+    """`planc.load(Plan)` and `execute(Plan)` hold a Plan value to the plan file's checks: an edited
+    budget is refused by admission's replay, an edited layout by the field checks."""
+    import dataclasses
+
+    import planc
+    from planc.compile import compile_spec
+    from planc.errors import PlanFormatError
+    from planc.execute import execute
+
+    from conftest import write_spec, write_st
+
+    write_st(tmp_path / "m.safetensors", {"a": np.ones((8, 64), np.float32), "b": np.ones(64, np.float16)})
+    plan = compile_spec(write_spec(tmp_path, {"checkpoint": "m.safetensors", "budget": {"host": "1MiB"},
+                                              "io": {"slot": 4096, "slots": 2, "run": 2048}, "rules": [{"match": "*"}]}))
+    with pytest.raises(PlanFormatError) as e:
+        planc.load(plan.with_budget(host_bytes=1, device_bytes=1))
+    assert "replay" in str(e.value)
+    lay = plan.layout
+    edited = dataclasses.replace(plan, layout=lay._replace(arena_bytes=lay.arena_bytes // 2))
+    with pytest.raises(PlanFormatError):
+        execute(edited)
+    with pytest.raises(PlanFormatError):
+        execute("not a plan")
+    model = planc.load(plan)  # the compiled value itself is taken as it is
+    assert len(model) == len(plan.tensors)
+    model.free()

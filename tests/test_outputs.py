@@ -151,3 +151,4 @@ def test_synth_shards_and_index_are_marked_as_its_own(tmp_path):
     assert all(synth_made(tmp_path / os.path.basename(f)) for f in res.files)
     assert synth_made(tmp_path / "model.safetensors.index.json")
     write_checkpoint(tmp_path, "dense", shards=2, seed=3)  # over its own files: allowed
+

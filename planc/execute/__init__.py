@@ -88,7 +88,9 @@ def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, devic
     (default: the real ones). `timings`: phases timed before this call (the API's compile), put
     in the report as they are."""
     from .. import settings as _settings
+    from ..plan import checked
 
+    plan = checked(plan)  # a Plan edited or built by the caller goes through the plan file's checks
     s = resolve_settings(settings)
     with _settings.using(s):
         return _execute(plan, progress=progress, verify=verify, device=device, settings=s, observer=observer,
