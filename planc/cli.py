@@ -116,6 +116,13 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
         "largest": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes, "file": t.file}
                     for t in largest],
     }
+    if m.format == "gguf":
+        meta = dict(m.shards[0].metadata)
+        arch = meta.get("general.architecture", "")
+        doc["format"] = "gguf"
+        doc["gguf"] = {"architecture": arch, "context_length": meta.get(f"{arch}.context_length"),
+                       "file_type": meta.get("general.file_type"), "name": meta.get("general.name"),
+                       "metadata": meta}
     if as_json:
         _emit_json(doc)
         return
@@ -127,6 +134,11 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
     for d, v in doc["by_dtype"].items():
         t.add_row(d, str(v["tensors"]), fmt_bytes(v["bytes"]))
     out.print(t)
+    if "gguf" in doc:
+        g = doc["gguf"]
+        out.print(f"GGUF: architecture {escape(printable(g['architecture'] or '?'))}, context length "
+                  f"{g['context_length'] or '?'}, file type {g['file_type'] or '?'} "
+                  f"(quantization: {', '.join(sorted(doc['by_dtype']))})")
     t = Table(title=f"largest {len(largest)}", show_edge=False)
     for c in ("name", "dtype", "shape", "bytes"):
         t.add_column(c, justify="right" if c == "bytes" else "left")
@@ -145,7 +157,8 @@ def schema():
 
 @app.command()
 def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoint into.", readable=False),
-          family: str = typer.Option("dense", help="dense | moe | fp8"),
+          family: str = typer.Option("dense", help="dense | moe | fp8 | gguf"),
+          quant: str = typer.Option("Q8_0", help="gguf: Q8_0, Q4_K_M, Q4_0, Q4_K, Q6_K, F16, BF16 or F32."),
           size: Optional[str] = typer.Option(None, help="Approximate size, e.g. 2GiB (default: tiny)."),
           shards: int = typer.Option(1, help="Number of shard files."),
           sparse: bool = typer.Option(False, help="Header plus a hole: size-only work, no disk."),
@@ -164,10 +177,12 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         size_bytes = parse_bytes(size) if size else None
     except ValueError as e:
         raise _usage(f"--size: {e}")
-    if family not in ("dense", "moe", "fp8"):
-        raise _usage(f"--family must be dense, moe or fp8, got {family!r}")
+    if family not in ("dense", "moe", "fp8", "gguf"):
+        raise _usage(f"--family must be dense, moe, fp8 or gguf, got {family!r}")
     if out_dir.exists() and not out_dir.is_dir():
         raise _usage(f"OUT_DIR {out_dir} is a file, not a folder; give a new or empty folder")
+    if family == "gguf":
+        return _synth_gguf(out_dir, quant, size_bytes, layers, seed, as_json)
     try:
         res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed,
                                layers=layers, experts=experts, dtype=dtype, force=force)
@@ -181,6 +196,23 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         _emit_json(doc)
     else:
         out.print(f"wrote {res.tensors} tensors, {fmt_bytes(res.total_bytes)} in {len(res.files)} file(s): {res.path}")
+
+
+def _synth_gguf(out_dir: Path, quant: str, size_bytes, layers, seed: int, as_json: bool) -> None:
+    from .synth_gguf import write_gguf
+
+    try:
+        res = write_gguf(out_dir, quant=quant, size_bytes=size_bytes, layers=layers, seed=seed)
+    except ValueError as e:
+        raise _usage(str(e)) from None
+    except OSError as e:
+        raise _usage(f"OUT_DIR {out_dir}: cannot write the checkpoint ({e.strerror or e})") from None
+    doc = {"path": res.path, "files": [res.path], "tensors": res.tensors, "total_bytes": res.total_bytes,
+           "quant": res.quant, "layers": res.layers}
+    if as_json:
+        _emit_json(doc)
+    else:
+        out.print(f"wrote {res.tensors} tensors ({res.quant}), {fmt_bytes(res.total_bytes)}: {res.path}")
 
 
 @app.command()
