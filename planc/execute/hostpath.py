@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import fp4ref
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 
 
@@ -44,6 +45,8 @@ def _host_transform(p, bufs: list) -> np.ndarray:
     w = p.inputs[0]
     if p.op == "convert":
         return convert_host(bufs[0], w.dtype, p.out_dtype)
+    if p.op in ("dequantize", "dequantize_t") and fp4ref.is_fp4(p):
+        return fp4ref.host_dequantize(p, bufs)
     if p.op == "dequantize":
         rows, cols = w.shape
         return dequantize_fp8_host(bufs[0], bufs[1], w.dtype, p.out_dtype, rows, cols, p.block)
