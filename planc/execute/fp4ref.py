@@ -8,7 +8,7 @@ The bits every implementation (host path, device kernels, verification) must pro
   is the earlier value.
 * MXFP4: v = e2m1 x 2^(s - 127) with s the block's E8M0 byte; s = 255 is NaN (the whole block:
   every value the target's quiet NaN, positive). The product is exact in float32 (2^-127 is a
-  float32 subnormal), so BF16 and F32 targets are exact; F16 rounds it to nearest, ties to even
+  float32 subnormal) or past its range (4 and 6 times 2^127: infinity), so BF16 and F32 are exact; F16 rounds it to nearest, ties to even
   (overflow to infinity, underflow through the subnormals to zero).
 * NVFP4: v = e2m1 x (float32(weight_scale) x weight_scale_2): the block's scale is one float32
   product, rounded once, then times the E2M1 value in float32, rounded once, then rounded to the
@@ -77,7 +77,8 @@ def mxfp4(blocks: np.ndarray, scales: np.ndarray, out_dtype: str = "BF16", trans
     step = max(1, CHUNK_VALUES // (g * 32 or 1))
     for a in range(0, flat_b.shape[0], step):
         s = flat_s[a:a + step]
-        v = e2m1_pairs(flat_b[a:a + step]) * e8m0(s)[..., None]  # [n, G, 32], exact in float32
+        with np.errstate(over="ignore"):  # 6 x 2^127 is past float32: infinity, as in the target
+            v = e2m1_pairs(flat_b[a:a + step]) * e8m0(s)[..., None]  # [n, G, 32], exact or infinite
         out[a:a + step] = _finish(v, (s == 255)[..., None], d_np).reshape(-1, g * 32)
     out = out.reshape(*lead, g * 32)
     if transpose:
