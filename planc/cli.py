@@ -153,8 +153,11 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
           experts: Optional[int] = typer.Option(None, help="Experts per layer (moe)."),
           dtype: str = typer.Option("BF16", help="Dtype of the weights: BF16, F16 or F32 (dense, moe)."),
           seed: int = typer.Option(0),
+          force: bool = typer.Option(False, "--force", help="Replace checkpoint files in OUT_DIR that planc synth did not write."),
           as_json: bool = typer.Option(False, "--json")):
-    """Write a synthetic safetensors checkpoint (real files) for tests, demos and benchmarks."""
+    """Write a synthetic safetensors checkpoint (real files) for tests, demos and benchmarks.
+
+    Files already in OUT_DIR are replaced only when planc synth wrote them (or with --force)."""
     from .synth import write_checkpoint
 
     try:
@@ -169,7 +172,7 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         return _synth_fp4(out_dir, family, size_bytes, shards, sparse, layers, experts, seed, as_json)
     try:
         res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed,
-                               layers=layers, experts=experts, dtype=dtype)
+                               layers=layers, experts=experts, dtype=dtype, force=force)
     except ValueError as e:  # bad --shards, a folder holding another checkpoint, ...
         raise _usage(str(e)) from None
     except OSError as e:  # a parent that is a file, no permission, a full disk
@@ -211,7 +214,9 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
                                                 readable=False),
           as_json: bool = typer.Option(False, "--json")):
     """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
-    from .probe import measure, save
+    from . import outputs
+    from .costmodel import probe_path
+    from .probe import is_probe_file, measure, save
 
     try:
         size_bytes = parse_bytes(size)
@@ -221,6 +226,9 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
         raise _usage(f"FOLDER {folder} is a file, not a folder")
     if not folder.is_dir():
         raise _usage(f"FOLDER {folder} does not exist: give a folder on the disk the checkpoints live on")
+    dest = output or probe_path()
+    if os.path.lexists(dest) or dest.parent.is_dir():  # refused before a minute of measuring
+        outputs.target(dest, "probe output", ours=is_probe_file)
     try:
         doc = measure(folder, size_bytes, workers, repeat)
         where = save(doc, output)
@@ -341,11 +349,11 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
             if e.code != "plan-kind" or not _looks_like_spec(path):
                 raise
             # a JSON spec whose key looks like a plan's (a typo): read below as the spec it is
-    from .compile import compile_spec  # a spec: only now the spec models and the compiler are imported
+    from .plancache import cached_compile  # a spec: only now the spec models and the compiler are imported
     from .spec import load_spec
 
-    size = load_spec(path).spec.tensor_parallel.size
-    return compile_spec(path, _rank(rank, size))
+    loaded = load_spec(path)
+    return cached_compile(path, _rank(rank, loaded.spec.tensor_parallel.size), loaded)
 
 
 def _writable_file(path: Path, flag: str) -> None:
@@ -357,6 +365,20 @@ def _writable_file(path: Path, flag: str) -> None:
         raise _usage(f"{flag} {path}: folder {parent} does not exist")
     if not os.access(path if path.exists() else parent, os.W_OK):
         raise _usage(f"{flag} {path}: not writable")
+
+
+def _inputs(plan, *paths) -> list:
+    """What a command read: the paths given (its spec or plan) and the plan's checkpoint files.
+    No output may be one of them (`planc.outputs`)."""
+    root = Path(plan.checkpoint.root)
+    return [p for p in paths if p is not None] + [root / f.path for f in plan.checkpoint.files]
+
+
+def _write_output(path: Path, data, flag: str, inputs) -> None:
+    """Write an output file through `planc.outputs` (atomic; never a device, a FIFO or an input)."""
+    from . import outputs
+
+    outputs.write(path, data, flag, inputs=inputs)
 
 
 def _write(path: Path, flag: str, write) -> None:
@@ -381,7 +403,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     """Compile a spec into a plan; exit 0 when admitted, 3 when refused (with the reason)."""
     from .compile import compile_spec
     from .explain import explain_doc, render
-    from .plan import save_plan
+    from .plan import encode_bytes
     from .spec import load_spec
 
     size = load_spec(spec).spec.tensor_parallel.size
@@ -393,23 +415,38 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
             _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
         plans = _all_ranks(spec)
         for k, plan in enumerate(plans if output is not None else ()):
-            _write(output / f"rank-{k}.json", "-o", lambda p=plan, k=k: save_plan(p, output / f"rank-{k}.json"))
+            _write_output(output / f"rank-{k}.json", encode_bytes(plan), "-o", _inputs(plan, spec))
         refused = [p for p in plans if not p.fits]
+        nodes = _nodes(spec, plans)
+        node_refused = _first_refused(nodes)
         if as_json:
-            _emit_json({"ranks": [explain_doc(p) for p in plans]})
+            _emit_json(_ranks_doc(plans, nodes))
         else:
-            _rank_table(plans, err if refused else out)  # a refusal leaves stdout clean, as for one rank
+            console = err if refused or node_refused else out  # a refusal leaves stdout clean, as for one rank
+            _rank_table(plans, console)
+            if size > 1:
+                from .explain import render_nodes
+
+                render_nodes(nodes, console)
         if refused:
             ref = refused[0].refusal
             k = refused[0].tensor_parallel.rank
             _say(f"planc: rank {k}: {ref.message} [{ref.code}]")
             raise typer.Exit(3)
+        if node_refused:
+            from .node import refusal_message
+
+            _say(f"planc: {refusal_message(node_refused)} [node-budget]")
+            raise typer.Exit(3)
         return
     if output is not None:
+        from . import outputs
+
         _writable_file(output, "-o")
+        outputs.target(output, "-o", inputs=[spec])  # before the compile: never the spec itself
     plan = compile_spec(spec, r)
     if output:
-        _write(output, "-o", lambda: save_plan(plan, output))
+        _write_output(output, encode_bytes(plan), "-o", _inputs(plan, spec))
     if as_json:
         _emit_json(explain_doc(plan))
     elif not plan.fits:
@@ -423,6 +460,29 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     if not plan.fits:
         _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)
+
+
+def _nodes(spec: Path, plans, complete: bool = False):
+    from .compile import node_checks
+
+    return node_checks(spec, plans, complete)
+
+
+def _first_refused(nodes):
+    from .node import first_refused
+
+    return first_refused(nodes)
+
+
+def _ranks_doc(plans, nodes) -> dict:
+    """`--rank all --json`: each rank's explanation (with its node's check) and the nodes."""
+    from .explain import explain_doc
+    from .node import node_of
+
+    by_node = {n.node: n for n in nodes}
+    per = len(nodes[0].ranks) if nodes else 1
+    return {"ranks": [explain_doc(p, by_node.get(node_of(p.tensor_parallel.rank, per))) for p in plans],
+            "nodes": [n.as_dict() for n in nodes]}
 
 
 def _rank_table(plans, console) -> None:
@@ -452,21 +512,32 @@ def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON writ
     budgets = _budgets(host, device_budget)
     if rank == "all" and not _is_plan(target):
         plans = [_rebudget(p, budgets) for p in _all_ranks(target)]
+        nodes = _nodes(target, plans)
         if as_json:
-            _emit_json({"ranks": [explain_doc(p) for p in plans]})
+            _emit_json(_ranks_doc(plans, nodes))
         else:
+            from .explain import render_nodes
+            from .node import node_of
+
+            by_node = {n.node: n for n in nodes}
+            per = len(nodes[0].ranks) if nodes else 1
             for p in plans:
                 out.rule(f"rank {p.tensor_parallel.rank} of {p.tensor_parallel.size}")
-                render(p, out)
+                render(p, out, by_node.get(node_of(p.tensor_parallel.rank, per)))
             _rank_table(plans, out)
+            if plans and plans[0].tensor_parallel.size > 1:
+                render_nodes(nodes, out)
         if budgets and any(not p.fits for p in plans):
             raise typer.Exit(3)
         return
     plan = _rebudget(_load_plan_or_spec(target, rank), budgets)
+    node = None
+    if plan.tensor_parallel.size > 1 and not _is_plan(target):  # a spec: its node mates are compiled too
+        node = next(iter(_nodes(target, [plan], complete=True)), None)
     if as_json:
-        _emit_json(explain_doc(plan))
+        _emit_json(explain_doc(plan, node))
     else:
-        render(plan, out)
+        render(plan, out, node)
     if budgets and not plan.fits:
         _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)
@@ -531,6 +602,9 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if report:
         report_path = Path(report.replace("{rank}", str(_report_rank(plan))))
         _writable_file(report_path, "--report")
+        from . import outputs
+
+        outputs.target(report_path, "--report", inputs=_inputs(plan, target))  # before the load
     progress = not as_json and sys.stderr.isatty()
     with _SigintSeen() as sigint:
         model = execute(plan, progress=progress, verify=verify, device=device)
@@ -539,10 +613,10 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         raise Interrupted("interrupted during the load; everything allocated was released")
     try:
         if report_path is not None:
-            text = json.dumps(model.report, indent=2, sort_keys=True)
-            _write(report_path, "--report", lambda: report_path.write_text(text))
+            text = json.dumps(model.report.as_json(), indent=2, sort_keys=True)
+            _write_output(report_path, text, "--report", _inputs(plan, target))
         if as_json:
-            _emit_json(model.report)
+            _emit_json(model.report.as_json())
         else:
             from .execute.report import render_report
 

@@ -85,8 +85,10 @@ def load_costs(path: Path | None = None) -> Costs:
     p = path or settings.probe_file()
     if p is None:
         return DEFAULTS
+    from .probe import read_doc
+
+    doc = read_doc(p)  # never blocks on a FIFO, never reads /dev/zero
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
         vals = [float(doc[k]) for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")]
     except (OSError, ValueError, KeyError, TypeError):
         return DEFAULTS

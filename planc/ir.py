@@ -393,6 +393,9 @@ class Plan:
     refusal: Refusal | None
     timeline: tuple[Window, ...] = field(default=())
     costs: Costs | None = None  # the figures the read methods were chosen by
+    # Where this value came from, for `explain` (not in the plan file): ("device_budget", how
+    # `budget.device` was found), ("source", "compiled" | "cache: PATH" | "file: PATH").
+    notes: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
     def fits(self) -> bool:
@@ -433,6 +436,12 @@ class Plan:
             g.add_node(s.id, kind=s.kind, part=s.part, host_bytes=s.host_bytes, device_bytes=s.device_bytes)
             g.add_edges_from((d, s.id) for d in s.deps)
         return g
+
+    def note(self, key: str, default: str | None = None) -> str | None:
+        return next((v for k, v in self.notes if k == key), default)
+
+    def with_notes(self, **notes: str) -> "Plan":
+        return replace(self, notes=tuple((k, v) for k, v in self.notes if k not in notes) + tuple(notes.items()))
 
     def with_decision(self, tl: Timeline) -> "Plan":
         return replace(self, peak=tl.peak, refusal=tl.refusal, timeline=tl.windows)

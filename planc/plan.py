@@ -77,7 +77,12 @@ def encode_bytes(plan: Plan) -> bytes:
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_bytes(encode_bytes(plan))
+    """Write `plan` to `path` atomically (`planc.outputs`: never over a device, a FIFO, a folder or
+    one of the plan's checkpoint files)."""
+    from . import outputs
+
+    root = Path(plan.checkpoint.root)
+    outputs.write(path, encode_bytes(plan), "plan file", inputs=[root / f.path for f in plan.checkpoint.files])
 
 
 # -- load -----------------------------------------------------------------------------------------

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .costmodel import PAGE, pages_touched, probe_path
-from .execute.reader import Reader
+
+MAX_PROBE_BYTES = 1 << 20  # a probe file is about 1 KiB; a larger one is not read
 
 
 def _scratch(folder: Path, size: int) -> Path:
@@ -66,7 +68,7 @@ def _timed(jobs, workers: int) -> float:
     return time.perf_counter() - t0
 
 
-def _mapped(reader: Reader, rel: str, size: int, seg: int, stride: int, workers: int) -> tuple[float, int, int]:
+def _mapped(reader, rel: str, size: int, seg: int, stride: int, workers: int) -> tuple[float, int, int]:
     """(seconds, pages touched, bytes copied) of mapped reads over the whole file, split among workers."""
     import numpy as np
 
@@ -82,7 +84,7 @@ def _mapped(reader: Reader, rel: str, size: int, seg: int, stride: int, workers:
     return _timed(jobs, workers), pages, rows * seg
 
 
-def _rows(reader: Reader, rel: str, size: int, req: int, workers: int) -> tuple[float, int, int]:
+def _rows(reader, rel: str, size: int, req: int, workers: int) -> tuple[float, int, int]:
     """(seconds, requests, bytes) of buffered reads of `req` bytes covering the file."""
     import numpy as np
 
@@ -94,6 +96,8 @@ def _rows(reader: Reader, rel: str, size: int, req: int, workers: int) -> tuple[
 
 def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 3, progress=None) -> dict:
     """The probe's figures, warm and cold, as the JSON document `planc probe` writes."""
+    from .execute.reader import Reader
+
     folder.mkdir(parents=True, exist_ok=True)
     size = max(size, 64 << 20) // PAGE * PAGE
     path = _scratch(folder, size)
@@ -139,13 +143,46 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
             "read_byte_s": w["read_byte_s"], "request_s": w["request_s"], "warm": w, "cold": doc["cold"]}
 
 
+def read_doc(path: Path) -> dict | None:
+    """The probe document at `path`, or None when there is none that can be read: the file is opened
+    without blocking (a FIFO has no writer to wait for), must be a regular file (not `/dev/zero`)
+    and at most `MAX_PROBE_BYTES`; only then is it read, and at most that many bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PROBE_BYTES:
+            return None
+        data = os.read(fd, MAX_PROBE_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PROBE_BYTES:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def is_probe_file(path: Path) -> bool:
+    """Whether `path` holds a probe document planc wrote (`kind: planc-probe`): the only existing file
+    `save` writes over."""
+    doc = read_doc(path)
+    return doc is not None and doc.get("kind") == "planc-probe"
+
+
 def save(doc: dict, path: Path | None = None) -> Path:
+    """Write the probe document to `path` (default `probe_path()`) through `outputs.write`: a new file,
+    or over a probe file planc wrote, through a symlink to one; anything else (a device such as
+    /dev/null, a FIFO, another file) is refused with an `OutputError` naming the path."""
+    from . import outputs
+
     p = path or probe_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(p)
-    return p
-
-
-
+    if not os.path.lexists(p):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    return outputs.write(p, json.dumps(doc, indent=1) + "\n", "probe output", ours=is_probe_file)

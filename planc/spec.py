@@ -57,11 +57,25 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+def _bytes_or_auto(value):
+    return "auto" if isinstance(value, str) and value.strip().lower() == "auto" else parse_bytes(value)
+
+
+DeviceBytes = Annotated[int | Literal["auto"], BeforeValidator(_bytes_or_auto), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_BYTES}, {"type": "string", "pattern": _BYTES_TEXT},
+               {"const": "auto"}],
+     "$comment": "a byte size, or auto: the named device's capacity where the compiling host has it"})]
+
+
 class Budget(_Model):
     host: ByteSize
     """Host bytes planc may hold at once: pinned ring + read-ahead + host scratch (required)."""
-    device: ByteSize | None = None
-    """Device bytes planc may hold: resident tensors + landing buffers. Unset: not checked at compile."""
+    device: DeviceBytes | None = None
+    """Device bytes planc may hold: resident tensors + landing buffers. `auto`: the named device's capacity,
+    read from the CUDA driver of the compiling host (not checked where that host has no such device).
+    Unset: not checked at compile (explain says so)."""
+    node_host: ByteSize | None = None
+    """Host bytes the ranks of one node may hold together, at their peaks (tensor parallel; unset: not checked)."""
 
 
 class IO(_Model):
@@ -194,6 +208,13 @@ class Split(_Model):
 class TensorParallel(_Model):
     size: StrictInt = Field(1, ge=1, le=1024)
     """Number of ranks; each rank's plan reads only its own bytes."""
+    ranks_per_node: StrictInt | None = Field(None, ge=1, le=1024)
+    """Ranks that share one host (node): ranks 0..k-1 on the first, k..2k-1 on the next, ... Their host
+    peaks together are checked against `budget.node_host`. Unset: all ranks on one node."""
+
+    @property
+    def per_node(self) -> int:
+        return min(self.ranks_per_node or self.size, self.size)
 
 
 class Rule(_Model):

@@ -132,3 +132,10 @@ def test_missing_tensor_scale_is_refused(tmp_path):
     with pytest.raises(BindError) as ei:
         compile_spec(_spec(tmp_path, "nvfp4"))
     assert ei.value.code == "scale-missing" and "up_proj.weight_scale_2" in str(ei.value)
+
+
+def test_device_path_is_refused_until_its_kernels_exist(tmp_path):
+    write_fp4_checkpoint(tmp_path / "mxfp4", "mxfp4")
+    with pytest.raises(BindError) as ei:
+        compile_spec(_spec(tmp_path, "mxfp4", on="device"))
+    assert ei.value.code == "fp4-device"

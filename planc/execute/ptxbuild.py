@@ -10,7 +10,7 @@ nothing: a device of a shipped major capability loads the cubin, any other the P
 driver JIT-compiles (and caches itself).
 
 The PTX ISA version is that of the NVVM numba finds; a driver older than that NVVM refuses the
-PTX and those launches fall back to numba. `bench/build_ptx.sh` builds with a pinned, older NVVM
+PTX and those launches fall back to numba. `tools/build_ptx.sh` builds with a pinned, older NVVM
 so that the PTX loads on older drivers too.
 """
 

@@ -32,7 +32,7 @@ CCS: tuple[tuple[int, int], ...] = ((8, 0), (9, 0))
 # The files whose text the kernels' machine code depends on. Any change to them needs the PTX built
 # again (`REBUILD`); the shipped index records the hash of these sources.
 SOURCES = ("kernels.py", "scatter.py")
-REBUILD = "bash bench/build_ptx.sh"
+REBUILD = "bash tools/build_ptx.sh"
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}

@@ -4,7 +4,7 @@
 # no GPU or driver is needed, only libNVVM, which a pinned CUDA 12.4 NVVM wheel brings into a venv of
 # its own. An older NVVM writes an older PTX ISA (8.4), which more drivers accept (r550 and later);
 # a newer driver JIT-compiles it just the same.
-#   bash bench/build_ptx.sh [--out DIR]          (then commit planc/execute/ptx)
+#   bash tools/build_ptx.sh [--out DIR]          (then commit planc/execute/ptx)
 # Run it after any change to planc/execute/kernels.py or scatter.py: tests/test_ptx.py fails until then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
