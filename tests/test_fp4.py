@@ -76,6 +76,7 @@ def _spec(tmp_path, fam, on="host", **rule):
     name = "gpt-oss" if fam == "mxfp4" else "llama-nvfp4"
     doc = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "specs", f"transformers-{name}.yaml")))
     doc["checkpoint"] = str(tmp_path / fam / "model.safetensors")
+    doc["rules"][0].pop(True, None)  # PyYAML reads the key `on` as True
     doc["rules"][0]["on"] = on
     doc["rules"][0].update(rule)
     p = tmp_path / f"{fam}.yaml"
