@@ -157,7 +157,7 @@ def schema():
 
 @app.command()
 def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoint into.", readable=False),
-          family: str = typer.Option("dense", help="dense | moe | fp8 | gguf"),
+          family: str = typer.Option("dense", help="dense | moe | fp8 | mxfp4 | nvfp4 | gguf"),
           quant: str = typer.Option("Q8_0", help="gguf: Q8_0, Q4_K_M, Q4_0, Q4_K, Q6_K, F16, BF16 or F32."),
           size: Optional[str] = typer.Option(None, help="Approximate size, e.g. 2GiB (default: tiny)."),
           shards: int = typer.Option(1, help="Number of shard files."),
@@ -177,12 +177,14 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         size_bytes = parse_bytes(size) if size else None
     except ValueError as e:
         raise _usage(f"--size: {e}")
-    if family not in ("dense", "moe", "fp8", "gguf"):
-        raise _usage(f"--family must be dense, moe, fp8 or gguf, got {family!r}")
+    if family not in ("dense", "moe", "fp8", "mxfp4", "nvfp4", "gguf"):
+        raise _usage(f"--family must be dense, moe, fp8, mxfp4, nvfp4 or gguf, got {family!r}")
     if out_dir.exists() and not out_dir.is_dir():
         raise _usage(f"OUT_DIR {out_dir} is a file, not a folder; give a new or empty folder")
     if family == "gguf":
         return _synth_gguf(out_dir, quant, size_bytes, layers, seed, as_json)
+    if family in ("mxfp4", "nvfp4"):
+        return _synth_fp4(out_dir, family, size_bytes, shards, sparse, layers, experts, seed, as_json)
     try:
         res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed,
                                layers=layers, experts=experts, dtype=dtype, force=force)
@@ -196,6 +198,24 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         _emit_json(doc)
     else:
         out.print(f"wrote {res.tensors} tensors, {fmt_bytes(res.total_bytes)} in {len(res.files)} file(s): {res.path}")
+
+
+def _synth_fp4(out_dir, family, size_bytes, shards, sparse, layers, experts, seed, as_json) -> None:
+    from .synth_fp4 import write_fp4_checkpoint
+
+    if shards != 1 or sparse:
+        raise _usage(f"--family {family} writes one file with data: no --shards, no --sparse")
+    try:
+        path, _, n, total = write_fp4_checkpoint(out_dir, family, layers=layers, size_bytes=size_bytes,
+                                                 experts=experts, seed=seed)
+    except ValueError as e:
+        raise _usage(str(e)) from None
+    except OSError as e:
+        raise _usage(f"OUT_DIR {out_dir}: cannot write the checkpoint ({e.strerror or e})") from None
+    if as_json:
+        _emit_json({"path": path, "files": [path], "tensors": n, "total_bytes": total})
+    else:
+        out.print(f"wrote {n} tensors, {fmt_bytes(total)} in 1 file(s): {path}")
 
 
 def _synth_gguf(out_dir: Path, quant: str, size_bytes, layers, seed: int, as_json: bool) -> None:

@@ -27,8 +27,9 @@ from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 SPACES = ("arena", "landing")
-OPS = ("copy", "convert", "dequantize", "transpose")
-KERNEL_OPS = ("convert", "dequantize", "transpose")
+OPS = ("copy", "convert", "dequantize", "transpose", "dequantize_t")
+KERNEL_OPS = ("convert", "dequantize", "transpose", "dequantize_t")
+DEQUANTIZE_OPS = ("dequantize", "dequantize_t")  # dequantize_t: an FP4 weight, its last two dims swapped
 PATHS = ("direct", "host")
 DIRECT_MODES = ("auto", "on", "off")
 
@@ -136,7 +137,7 @@ class Input(NamedTuple):
     shape of what is read (the slice).
     """
 
-    role: str  # weight | scale
+    role: str  # weight | scale | scale2 (NVFP4's per-tensor scale)
     tensor: str  # source tensor name
     file: str
     start: int
@@ -485,7 +486,7 @@ def part_steps(n: Part) -> list[Step]:
                   (ALLOC_RING,)) for i in n.inputs]
     out = list(reads)
     prev = tuple(sorted(s.id for s in reads))
-    transform = op in ("convert", "dequantize")
+    transform = op in ("convert", "dequantize", "dequantize_t")
     if host:
         if transform:
             out.append(Step(f"normalize:{p}", "normalize", pid, n.out_bytes, 0, f"{op} on host", prev))

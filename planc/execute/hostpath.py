@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from . import fp4ref
 from .events import HostPartDone
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 
@@ -69,6 +70,8 @@ def _host_transform(p, bufs: list) -> np.ndarray:
     w = p.inputs[0]
     if p.op == "convert":
         return convert_host(bufs[0], w.dtype, p.out_dtype)
+    if p.op in ("dequantize", "dequantize_t") and fp4ref.is_fp4(p):
+        return fp4ref.host_dequantize(p, bufs)
     if p.op == "dequantize":
         rows, cols = w.shape
         return dequantize_fp8_host(bufs[0], bufs[1], w.dtype, p.out_dtype, rows, cols, p.block)
