@@ -788,3 +788,33 @@ def test_simulated_arena_larger_than_host_memory_is_refused_before_allocating(tm
         execute(plan)
     assert ei.value.exit_code == 3 and ei.value.code == "live-room"
     assert "simulated device regions" in ei.value.message
+
+
+@pytest.mark.parametrize("how", ["symlink-loop", "folder", "name-too-long"])
+def test_a_checkpoint_file_that_cannot_be_stat_ed_is_a_typed_fingerprint_error(tmp_path, dense, how):
+    """A shard that became a symlink loop or a folder, or a root whose names grew too long: exit 2
+    with the file named, never an 'unexpected error'."""
+    import dataclasses
+    import shutil
+
+    from planc.errors import FingerprintError
+    from planc.plan import decode, encode_bytes
+
+    path, _ = dense
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
+    if how == "name-too-long":
+        ck = plan.checkpoint
+        plan = decode(encode_bytes(dataclasses.replace(plan, checkpoint=ck._replace(root=ck.root + "/" + "x" * 300))))
+    else:
+        os.remove(path)
+        if how == "symlink-loop":
+            os.symlink(path, path)
+        else:
+            os.mkdir(path)
+    try:
+        with pytest.raises(FingerprintError) as ei:
+            execute(plan)
+        assert ei.value.exit_code == 2 and ei.value.code in ("file-unreadable", "file-changed", "file-removed")
+    finally:
+        if how == "folder":
+            shutil.rmtree(path)

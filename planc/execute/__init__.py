@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError
+from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError, printable
 from ..ir import Plan
 from ..units import gib
 
@@ -31,6 +31,10 @@ def check_fingerprints(plan) -> None:
         except FileNotFoundError:
             raise FingerprintError(f"{path}: checkpoint file removed since the plan was compiled; compile again",
                                    code="file-removed") from None
+        except (OSError, ValueError) as e:  # a symlink loop, a folder now a file, a name too long, a NUL
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise FingerprintError(f"{printable(path)}: checkpoint file cannot be read since the plan was compiled "
+                                   f"({why}); compile again", code="file-unreadable") from None
         if st.st_size != f.size_bytes or st.st_mtime_ns != f.mtime_ns:
             raise FingerprintError(
                 f"{path}: changed since the plan was compiled (size {f.size_bytes:,} -> {st.st_size:,} bytes, "
