@@ -43,4 +43,6 @@ python3 bench/peers.py "$DATA" "$OUT/peers" --cases dense --modes warm --repeat 
     --loaders planc,fastsafetensors,plain_warm,pinned_copy 2>&1 | grep -v "^\["
 python3 bench/peers.py "$DATA" "$OUT/peers" --cases dense_fp16,fp8,fp8_copy,moe --modes warm --repeat 3 \
     --loaders planc 2>&1 | grep "planc "
+python3 bench/predicted.py "$DATA" "$OUT/predicted" --cases dense,dense_fp16,fp8,moe --modes warm --repeat 3 2>&1 \
+    | grep "wall "
 el done

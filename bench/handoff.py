@@ -226,7 +226,7 @@ def planc_load(ckpt: Path, dtype: str, target):
     m.eval()
     _sync()
     t2 = time.perf_counter()
-    rep = res.report
+    rep = res.report.as_json()
     # where the time goes: the meta-device module, planc's prepare (fingerprints, live room, device),
     # the streaming load itself, and the rest (compile or plan decode, hand-off, buffers)
     BREAKDOWN.append({"meta_s": t1 - t0, "load_into_s": t2 - t1, "prepare_s": rep["timings"].get("prepare"),

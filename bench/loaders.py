@@ -203,7 +203,7 @@ def planc_run(files, plan):
     t0 = time.perf_counter()
     m = execute(plan)
     t1 = time.perf_counter()
-    rep = m.report
+    rep = m.report.as_json()
     m.free()
     t2 = time.perf_counter()
     return {"execute_seconds": t1 - t0, "free_seconds": t2 - t1,"bytes": rep["payload_bytes"], "requests": rep["requests"], "copies": rep["copies"],

@@ -56,7 +56,7 @@ def _child(specs: list[str], hide_index: bool) -> dict:
         t0 = time.perf_counter()
         m = execute(plan, verify=True)
         dt = time.perf_counter() - t0
-        rep = m.report
+        rep = m.report.as_json()
         loads.append({"spec": Path(s).name, "execute_s": round(dt, 4), "wall_s": round(rep["wall_seconds"], 4),
                       "wait_warm_s": rep["timings"].get("wait_warm"), "verify_ok": rep["verify"]["ok"],
                       "host_growth_mib": round(rep["host"]["growth_bytes"] / 2**20, 1),

@@ -81,7 +81,7 @@ def child_phases(plan_path: str, spawned: float) -> dict:
     c0 = time.perf_counter()
     model = planc.execute.execute(plan)
     t["execute_s"] = time.perf_counter() - c0
-    rep = model.report
+    rep = model.report.as_json()
     t.update(wall_seconds=rep["wall_seconds"], prepare_s=rep["timings"].get("prepare"),
              free_s=rep["timings"].get("free"), release_s=rep["timings"].get("release"),
              timings=rep["timings"], payload_bytes=rep["payload_bytes"])

@@ -3,17 +3,18 @@
     python3 bench/timeline.py PLAN OUT [--repeat 3] [--pin register,alloc] [--loads 2] [--touch GiB]
 
 Each run is a fresh process that makes its CUDA context and reads the plan first (not timed), then
-loads it `--loads` times in a row with every step of the pipeline timed by wrappers installed in
-that process (the bench's own instrumentation; the package is unchanged): pinning each ring slot,
-the device allocations, each read, each slot's copies, the waits on slot events, the allocation
-and release phases. Prints, per load, when each phase starts and ends relative to the start of
+loads it `--loads` times in a row with every step of the pipeline timed by the load's own events
+(`planc.execute.events`, given to `execute(observer=...)`; nothing is wrapped): pinning each ring
+slot (`pin`), the device allocations (`device_alloc`), each read, each request's copies (`copy`),
+each run's kernels, the waits on slot events (`slot_wait`), the final synchronize (`stream_sync`),
+the allocation, run and release phases (`allocate`, `run`, `free`). Prints, per load, when each phase starts and ends relative to the start of
 `execute()`, and writes OUT/timeline.jsonl (one line per load, with every event).
 
 `PLANC_BENCH_LANES=N` in the environment sets the ring's pinning lanes (`ring.Pinner.LANES`) in the
 loading processes, for this bench only; `PLANC_BENCH_SWITCH=S` the interpreter's switch interval
 (the mapped reads' window and lanes are the plan's: `io.map_window`, `io.map_lanes`). Strided reads
-also record their waits for a mapping lane (`lane_wait`) and their copies out of the mapped windows
-(`map_copy`).
+also record their waits for a mapping lane (`lane_wait`: the load's reader is a subclass that times
+its lanes, passed in as the reader part).
 
 `--touch N`: after the rounds, a separate process writes N GiB of anonymous memory once and exits,
 then the rounds run again (`touched` in each line). A virtual machine whose memory the host backs
@@ -42,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def child(plan_path: str, loads: int) -> list[dict]:
     import planc.execute
-    from planc.execute import allocation, driver, kernelruns, loader, reader, ring, seam
+    from planc.execute import allocation, events as ev, reader, ring, seam
+    from planc.execute.parts import Parts
     from planc.plan import load_plan
 
     seam.select("cuda:0")
@@ -53,19 +55,6 @@ def child(plan_path: str, loads: int) -> list[dict]:
     plan = load_plan(plan_path)
     events: list = []
     t_zero = [0.0]
-    import numpy as np
-
-    real_copyto = np.copyto
-
-    def copyto(dst, src, *a, **k):  # the strided reads' copies out of their mapped windows
-        t0 = time.perf_counter()
-        try:
-            return real_copyto(dst, src, *a, **k)
-        finally:
-            events.append(("map_copy", threading.current_thread().name, t0 - t_zero[0],
-                           time.perf_counter() - t_zero[0]))
-
-    np.copyto = copyto
 
     class Lanes:  # the mapping lanes' semaphore, with the time each strided window waits for one
         def __init__(self, inner):
@@ -80,53 +69,38 @@ def child(plan_path: str, loads: int) -> list[dict]:
         def __exit__(self, *exc):
             self.inner.release()
 
-    real_reader_init = reader.Reader.__init__
+    class LaneTimedReader(reader.Reader):  # the load's reader, its mapping lanes timed (a part, passed in)
+        def __post_init__(self):
+            super().__post_init__()
+            self._lanes = Lanes(self._lanes)
 
-    def reader_init(self, *a, **k):
-        real_reader_init(self, *a, **k)
-        self._lanes = Lanes(self._lanes)
+    def observe(e) -> None:  # the load's events (planc.execute.events): one line each, as the steps ran
+        extra = ()
+        if isinstance(e, ev.ReadDone):
+            what, extra = ("read_strided" if e.strided else "read"), (e.nbytes,)
+        elif isinstance(e, ev.CopyIssued):
+            what = "copy"
+        elif isinstance(e, ev.KernelsLaunched):
+            what = "kernels"
+        elif isinstance(e, ev.Step):
+            what = {"final_sync": "stream_sync"}.get(e.name, e.name)
+        else:
+            return
+        events.append((what, e.thread, e.start - t_zero[0], e.end - t_zero[0], *extra))
 
-    reader.Reader.__init__ = reader_init
-
-    def wrap(owner, name: str, label: str | None = None):
-        real = getattr(owner, name)
-
-        def timed(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return real(*a, **k)
-            finally:
-                what, extra = label or name, ()
-                if what == "read":  # Loader._read(self, req, slot): its kind, and its bytes as a 5th field
-                    req = a[1]
-                    what, extra = ("read_strided" if req.stride else "read"), (req.length * req.count,)
-                events.append((what, threading.current_thread().name, t0 - t_zero[0],
-                               time.perf_counter() - t_zero[0], *extra))
-
-        setattr(owner, name, timed)
-
-    steps = ((driver.RegisteredMemory, "__init__", "pin"), (driver.PinnedMemory, "__init__", "pin"),
-             (driver.RegisteredMemory, "free", "unpin"), (driver.PinnedMemory, "free", "unpin"),
-             (driver.DeviceMemory, "__init__", "device_alloc"), (loader.Loader, "_read", "read"),
-             (seam.Gpu, "stage", "copy"), (seam.Gpu, "stream", "stream"), (driver.Event, "synchronize", "slot_wait"),
-             (driver.Stream, "synchronize", "stream_sync"), (allocation.Allocation, "allocate", "allocate"),
-             (allocation.Allocation, "free", "free"), (loader.Loader, "run", "run"),
-             (kernelruns, "warm_kernels", "warm_kernels"), (reader.Reader, "__init__", "reader"),
-             (ring.Pinner, "__init__", "pinner_start"), (ring.Background, "__init__", "thread_start"))
-    for owner, name, label in steps:
-        wrap(owner, name, label)
+    parts = Parts(reader=lambda p: allocation.open_reader(p, LaneTimedReader))
     out = []
     for k in range(loads):
         events.clear()
         vm0 = vmstat()
         t_zero[0] = time.perf_counter()
-        model = planc.execute.execute(plan)
+        model = planc.execute.execute(plan, observer=observe, parts=parts)
         t_end = time.perf_counter() - t_zero[0]
         vm = {key: v - vm0.get(key, 0) for key, v in vmstat().items()}
         rep = model.report
         model.free()
         out.append({"load": k, "execute_s": t_end, "wall_seconds": rep["wall_seconds"], "vmstat": vm,
-                    "timings": rep["timings"], "payload_bytes": rep["payload_bytes"],
+                    "timings": dict(rep["timings"]), "payload_bytes": rep["payload_bytes"],
                     "growth_over_predicted": rep["host"]["growth_bytes"] / rep["host"]["predicted_peak_bytes"],
                     "events": list(events)})
     seam.settle_released()

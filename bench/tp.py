@@ -246,7 +246,7 @@ def worker(plan_path: str, barrier: str, result: str, verify: bool) -> None:
     model = execute(plan, verify=verify)
     t1 = time.time()
     (b / f"loaded-{rank}").touch()
-    rep = model.report
+    rep = model.report.as_json()
     model.free()
     rec = {"rank": rank, "pid": os.getpid(), "t_proc": t_proc, "t_ready": t_ready, "t_start": t0, "t_end": t1,
            "report": rep}

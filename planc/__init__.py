@@ -6,12 +6,17 @@ checkpoint manifest + placement spec -> admitted load plan -> explained -> execu
 __version__ = "0.1.0"
 PLAN_FORMAT = 3  # the plan file format (planc.plan.FORMAT)
 
-from .api import LoadResult, load, load_into  # noqa: E402  (after the constants the stages import)
 
 __all__ = ["load", "load_into", "LoadResult", "LoadedModel", "PLAN_FORMAT", "__version__"]
 
 
 def __getattr__(name: str):
+    # Imported at their first use: the `planc` command imports this package first, and a Ctrl-C in
+    # its first milliseconds must reach the command's own handler, not interrupt a long import here.
+    if name in ("load", "load_into", "LoadResult"):
+        from . import api
+
+        return getattr(api, name)
     if name == "LoadedModel":  # the executor's package, imported only when asked for
         from .execute.model import LoadedModel
 

@@ -38,18 +38,20 @@ def _plan(spec_or_plan, rank: int | None):
             if e.code not in ("plan-kind", "plan-syntax"):
                 raise
             # Not a plan: a JSON spec, compiled below (its errors then name the spec's fields).
-    # A spec is compiled: only then the spec models (pydantic) and the compiler are imported.
-    from .compile import compile_spec
+    # A spec is compiled (or its plan taken from the plan cache): only then the spec models
+    # (pydantic) and the compiler are imported.
+    from .plancache import cached_compile
     from .spec import load_spec
 
+    loaded = load_spec(path)
     if rank is None:
-        size = load_spec(path).spec.tensor_parallel.size
+        size = loaded.spec.tensor_parallel.size
         env = os.environ.get("RANK")
         if size > 1 and env is None:
             raise BindError(f"{path}: tensor_parallel.size is {size}: pass rank= (0..{size - 1}) or set RANK",
                             code="bad-rank")
         rank = _env_rank(env, path) if size > 1 else 0
-    return compile_spec(path, rank)
+    return cached_compile(path, rank, loaded)
 
 
 def _rank_arg(rank) -> int:
@@ -85,15 +87,16 @@ def _check_rank(plan, rank: int | None, what: str):
 
 
 def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, verify: bool = False,
-         progress: bool = False, settings: dict | None = None):
+         progress: bool = False, settings=None):
     """Load a checkpoint onto the device. Returns a `LoadedModel` (name -> device tensor, `.report`).
 
     `spec_or_plan`: a spec file (YAML or JSON: compiled for `rank`, default `$RANK` when the spec
     is tensor parallel, else 0), a plan file written by `planc compile -o`, or a `Plan`.
     `device` overrides the spec's (`cuda:1`); `verify` compares every loaded byte with the
-    checkpoint (`report["verify"]`). `settings` (name -> value: `host_reserve`, `raw_launch`,
-    `kernel_dir`, `kernel_cache`, `probe`, `debug`) are in force over the PLANC_* variables for this
-    call, compile included. Raises a `PlancError` subclass: a refused plan is an `AdmissionError`
+    checkpoint (`report["verify"]`). `settings` (a `planc.settings.Settings`, or name -> value:
+    `host_reserve`, `raw_launch`, `kernel_dir`, `kernel_cache`, `probe`, `debug`, `pin`) are resolved
+    once, over the PLANC_* variables, and hold for this call only (compile included), in this thread
+    alone. Raises a `PlancError` subclass: a refused plan is an `AdmissionError`
     before anything is allocated; a setting that does not exist or cannot take its value is a
     `SettingError` (a ValueError) before anything is read.
     """
@@ -106,13 +109,15 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
         from .execute import _device_arg
 
         device = _device_arg(device)  # before a spec is compiled
-    with _settings.overridden(settings):
+    from .execute import resolve_settings
+
+    s = resolve_settings(settings)  # once, before anything is read; compile and execute both see it
+    with _settings.using(s):
         t0 = time.perf_counter()
         plan = _plan(spec_or_plan, rank)
         t1 = time.perf_counter()
-        model = execute(plan, verify=verify, device=device, progress=progress)
-        model.report["timings"].update(plan=round(t1 - t0, 6), execute=round(time.perf_counter() - t1, 6))
-        return model
+        return execute(plan, verify=verify, device=device, progress=progress, settings=s,
+                       timings={"plan": t1 - t0})
 
 
 @dataclass
@@ -124,12 +129,12 @@ class LoadResult:
     tied: list[list[str]]  # names sharing one loaded parameter (kept tied)
     rebuilt_buffers: list[str]  # non-persistent buffers made by their module's own initialisation
     uninitialized_buffers: list[str]  # left on the meta device (strict=False only)
-    report: dict  # the load's measured report, next to the plan's predictions
+    report: object  # the load's measured report (`Report`), with the hand-off's own timings
     model: object  # the LoadedModel whose arena holds the tensors
 
 
 def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = None, device: str | None = None,
-              verify: bool = False, settings: dict | None = None) -> LoadResult:
+              verify: bool = False, settings=None) -> LoadResult:
     """Load into `module` (built on the meta device) by assignment, without a copy on a GPU.
 
     Parameters and persistent buffers take the loaded tensors; tied parameters stay tied;
@@ -152,9 +157,9 @@ def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = N
         tensors = model.state_dict()
         t1 = time.perf_counter()
         done = assign(module, tensors, strict)
-        model.report["timings"].update(state_dict=round(t1 - t0, 6), assign=round(time.perf_counter() - t1, 6))
+        report = model.report.with_timings(state_dict=t1 - t0, assign=time.perf_counter() - t1)
     except BaseException:
         model.free()
         raise
     return LoadResult(done.missing_keys, done.unexpected_keys, done.tied, done.rebuilt_buffers,
-                      done.uninitialized_buffers, model.report, model)
+                      done.uninitialized_buffers, report, model)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from string import Formatter
 from typing import NamedTuple
 
+from . import fp4
 from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS
 from .errors import BindError
 from .manifest import Manifest, TensorEntry
@@ -48,6 +49,7 @@ class Part(NamedTuple):  # a tuple: there is one per source tensor, and it is bu
     src_slice: Slice | None = None  # this rank's slice of the source (tensor parallel)
     scale_slice: Slice | None = None
     zero_bytes: int = 0  # zero padding after this part's data (uneven split with pad)
+    scale2: TensorEntry | None = None  # NVFP4: the per-tensor F32 scale
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class Placement:
     name: str
     dtype: str  # safetensors spelling of the loaded dtype
     shape: tuple[int, ...]
-    op: str  # per part: copy | convert | dequantize | transpose
+    op: str  # per part: copy | convert | dequantize | dequantize_t | transpose
     on: str  # device | host
     pack: str  # none | fuse | stack
     rule: int
@@ -102,6 +104,7 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
     matched = []  # (rule index or None, match) per manifest tensor, in manifest order
     consumed: dict[str, str] = {}
     scales: dict[str, TensorEntry] = {}  # weight name -> its checked scale tensor
+    scales2: dict[str, TensorEntry | None] = {}  # NVFP4 weight name -> its per-tensor scale
     for t in manifest.tensors:
         tries = candidates.get(t.dtype)
         if tries is None:
@@ -116,8 +119,17 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
             i, m = None, None
         matched.append((i, m))
         if i is not None and dequantizes[i]:
-            scale = scales[name] = _scale_for(t, rules[i], i, manifest)
+            if rules[i].dequantize.fp4:
+                scale, scale2, extra = _fp4_companions(t, rules[i], i, manifest)
+                scales2[name] = scale2
+                for c in extra:
+                    consumed[c.name] = name
+            else:
+                scale, scale2 = _scale_for(t, rules[i], i, manifest), None
+            scales[name] = scale
             consumed[scale.name] = name
+            if scale2 is not None:
+                consumed[scale2.name] = name
     unmatched = sorted(t.name for t, (i, _) in zip(manifest.tensors, matched) if i is None and t.name not in consumed)
     if unmatched:
         shown = ", ".join(unmatched[:_MAX_LISTED]) + (f" ... (+{len(unmatched) - _MAX_LISTED} more)" if len(unmatched) > _MAX_LISTED else "")
@@ -142,8 +154,11 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
             value = (m.group(grp.over), m.group(r.fuse.over)) if r.fuse and r.stack else m.group(grp.over)
             groups.setdefault((i, into), []).append((value, t))
         else:
-            singles.append(_single(t, r, i, scales, tp, r.rename.format(**m.groupdict()) if r.rename else t.name))
-    placements = singles + [_group(i, name, members, rules[i], scales, tp) for (i, name), members in groups.items()]
+            name = r.rename.format(**m.groupdict()) if r.rename else (
+                fp4.loaded_name(r.dequantize.format, t.name) if r.dequantize else t.name)
+            singles.append(_single(t, r, i, scales, tp, name, scales2))
+    placements = singles + [_group(i, name, members, rules[i], scales, tp, scales2)
+                            for (i, name), members in groups.items()]
     placements.sort(key=lambda p: p.name)
     seen = set()
     for p in placements:
@@ -154,6 +169,8 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
 
 
 def _target(t: TensorEntry, r: Rule, i: int) -> str:
+    if r.dequantize and r.dequantize.fp4:
+        return TARGETS["bfloat16" if r.dtype == "keep" else r.dtype]
     if r.dequantize:
         return TARGETS["bfloat16" if r.dtype == "keep" else r.dtype]
     if r.dtype == "keep":
@@ -166,7 +183,7 @@ def _target(t: TensorEntry, r: Rule, i: int) -> str:
 
 def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
     if r.dequantize:
-        return "dequantize"
+        return "dequantize_t" if r.transpose else "dequantize"
     if r.transpose:
         if len(t.shape) != 2:
             raise BindError(f"rules[{i}] transposes {t.name}, which has shape {list(t.shape)}; only 2-D tensors transpose",
@@ -181,25 +198,40 @@ def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
     return "copy" if target == t.dtype else "convert"
 
 
-def _out_shape(t: TensorEntry, op: str) -> tuple[int, ...]:
+def _out_shape(t: TensorEntry, op: str, r: Rule | None = None) -> tuple[int, ...]:
+    if r is not None and r.dequantize and r.dequantize.fp4:
+        return fp4.out_shape(r.dequantize.format, tuple(t.shape), op == "dequantize_t")
     return (t.shape[1], t.shape[0]) if op == "transpose" else t.shape
 
 
-def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str) -> Placement:
+def _block(r: Rule) -> int:
+    if not r.dequantize:
+        return 0
+    return fp4.BLOCK[r.dequantize.format] if r.dequantize.fp4 else r.dequantize.block
+
+
+def _refuse_fp4_split(r: Rule, i: int, name: str) -> None:
+    if r.dequantize and r.dequantize.fp4:
+        raise BindError(f"rules[{i}] splits {name}, a {r.dequantize.format} dequantization; tensor-parallel "
+                        f"splits of FP4 weights are not supported (split: replicate)", code="split-fp4")
+
+
+def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, scales2: dict) -> Placement:
     target = _target(t, r, i)
     op = _op(t, r, i, target)
-    shape = _out_shape(t, op)
-    scale = scales[t.name] if op == "dequantize" else None
-    block = r.dequantize.block if r.dequantize else 0
+    shape = _out_shape(t, op, r)
+    scale = scales[t.name] if r.dequantize else None
+    block = _block(r)
     sl, ssl = None, None
     if r.split != "replicate" and tp.world > 1:
+        _refuse_fp4_split(r, i, name)
         d = _split_dim(r, i, t.name, len(shape))
         sl, shape, out, zero = _split(shape, d, tp.world, tp.rank, r.split.pad, op, target, i, t.name)
         ssl = _scale_slice(t, sl, block, i) if scale is not None else None
     else:
         out, zero = DTYPES[target].nbytes(math.prod(shape)), 0
-    return Placement(name, target, shape, op, r.on, "none", i, (Part(t, scale, 0, out - zero, sl, ssl, zero),),
-                     block)
+    return Placement(name, target, shape, op, r.on, "none", i,
+                     (Part(t, scale, 0, out - zero, sl, ssl, zero, scales2.get(t.name)),), block)
 
 
 def _split(shape: tuple, d: int, world: int, rank: int, pad: bool, op: str, target: str, i: int, name: str):
@@ -244,7 +276,7 @@ def _scale_slice(t: TensorEntry, sl: Slice, block: int, i: int) -> Slice:
     return Slice(sl.dim, sl.start // block, -(-sl.stop // block))
 
 
-def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> Placement:
+def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP, scales2: dict) -> Placement:
     """A fuse, a stack, or a stack of fuses (each stacked item the fuse of its parts), placed by offset.
 
     The members are cut into blocks: one block per stacked item (a single tensor, or the fused
@@ -279,13 +311,13 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
                         f"contiguous range); fuse along dim 0, or load the parts as separate tensors",
                         code="fuse-interleaved")
     if r.stack and r.fuse:
-        shapes = {_fused_shape([_out_shape(t, op) for t in b], fd) for b in blocks}
+        shapes = {_fused_shape([_out_shape(t, op, r) for t in b], fd) for b in blocks}
         if len(shapes) > 1:
             raise BindError(f"rules[{i}] stacks the fuses of {name}, but they have different shapes "
                             f"{sorted(list(x) for x in shapes)}", code="group-mismatch")
-    block = r.dequantize.block if r.dequantize else 0
+    block = _block(r)
     split = r.split != "replicate" and tp.world > 1
-    ndim = len(_out_shape(first, op)) + (1 if r.stack else 0)
+    ndim = len(_out_shape(first, op, r)) + (1 if r.stack else 0)
     d = _split_dim(r, i, name, ndim) if split else None
     if split and r.split.pad:
         raise BindError(f"rules[{i}] pads the split of {name}; padding is supported on single tensors only",
@@ -294,6 +326,8 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
         a, b, _ = rank_range(len(blocks), tp.world, tp.rank, False, f"rules[{i}] splits the experts of {name}", 0, can_pad=False)
         blocks = blocks[a:b]
         split = False
+    if split:
+        _refuse_fp4_split(r, i, name)
     if split and r.fuse and fd:
         raise BindError(f"rules[{i}] splits {name}, fused along dim {fd}; split a fuse along dim 0 only",
                         code="split-fuse")
@@ -304,9 +338,9 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
     for b in blocks:
         pshapes = []
         for t in b:
-            pshape = _out_shape(t, op)
+            pshape = _out_shape(t, op, r)
             sl = ssl = None
-            scale = scales[t.name] if op == "dequantize" else None
+            scale = scales[t.name] if r.dequantize else None
             if split:
                 pd = d - 1 if r.stack else d
                 a, c, _ = rank_range(pshape[pd], tp.world, tp.rank, False, f"rules[{i}] splits {t.name} {list(pshape)}", pd, can_pad=False)
@@ -316,7 +350,7 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP) -> 
             out = sizes.get(pshape)
             if out is None:
                 out = sizes[pshape] = out_type.nbytes(math.prod(pshape))
-            parts.append(_tuple_new(Part, (t, scale, off, out, sl, ssl, 0)))
+            parts.append(_tuple_new(Part, (t, scale, off, out, sl, ssl, 0, scales2.get(t.name))))
             off += out
             pshapes.append(pshape)
         inner = _fused_shape(pshapes, fd) if r.fuse else pshapes[0]
@@ -399,3 +433,44 @@ def _scale_for(t: TensorEntry, r: Rule, i: int, manifest: Manifest) -> TensorEnt
         raise BindError(f"scale {name} of {t.name} is {s.dtype} {list(s.shape)}; expected F32 {list(want)} "
                         f"for {b}x{b} blocks of {list(t.shape)}", code="scale-shape")
     return s
+
+
+def _fp4_companions(t: TensorEntry, r: Rule, i: int, manifest: Manifest):
+    """(block scale, NVFP4 per-tensor scale or None, further consumed companions present) of an FP4
+    weight, each checked against the weight: a missing or misshapen one names both tensors."""
+    dq = r.dequantize
+    fmt = dq.format
+    if r.on != "host":
+        raise BindError(f"rules[{i}] dequantizes {t.name} as {fmt} on the device; FP4 dequantization runs on the "
+                        f"host for now (add on: host)", code="fp4-device")
+    why = fp4.weight_problem(fmt, tuple(t.shape), t.dtype, r.transpose)
+    if why:
+        raise BindError(f"rules[{i}] dequantizes {t.name} as {fmt}, but {why} (narrow the rule with "
+                        f"source_dtype: [U8] or a tighter match)", code="bad-dequantize")
+    if fmt == "mxfp4" and not t.name.endswith(fp4.BLOCKS_SUFFIX):
+        raise BindError(f"rules[{i}] dequantizes {t.name} as mxfp4, but MXFP4 weights are named "
+                        f"<name>{fp4.BLOCKS_SUFFIX} (narrow the match to *{fp4.BLOCKS_SUFFIX})", code="bad-dequantize")
+    values = fp4.template_values(fmt, t.name)
+    name = dq.scale.format(**values)
+    s = manifest.find(name)
+    if s is None:
+        raise BindError(f"rules[{i}] dequantizes {t.name} ({fmt}) but its scale tensor {name} is not in the "
+                        f"checkpoint", code="scale-missing")
+    want = fp4.scale_shape(fmt, tuple(t.shape))
+    sdt = fp4.SCALE_DTYPE[fmt]
+    if s.dtype != sdt or tuple(s.shape) != want:
+        raise BindError(f"scale {name} of {t.name} is {s.dtype} {list(s.shape)}; expected {sdt} {list(want)} "
+                        f"({fmt}: one scale per {fp4.BLOCK[fmt]} values of {t.name} {list(t.shape)})",
+                        code="scale-shape")
+    s2 = None
+    if fmt == "nvfp4":
+        name2 = dq.scale_2.format(**values)
+        s2 = manifest.find(name2)
+        if s2 is None:
+            raise BindError(f"rules[{i}] dequantizes {t.name} (nvfp4) but its per-tensor scale {name2} is not in "
+                            f"the checkpoint", code="scale-missing")
+        if s2.dtype != fp4.SCALE2_DTYPE or not fp4.scale2_ok(tuple(s2.shape)):
+            raise BindError(f"scale {name2} of {t.name} is {s2.dtype} {list(s2.shape)}; expected an F32 scalar "
+                            f"(shape [] or [1])", code="scale-shape")
+    extra = [c for c in (manifest.find(n.format(**values)) for n in dq.consume) if c is not None]
+    return s, s2, extra

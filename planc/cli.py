@@ -18,8 +18,6 @@ from typing import Optional
 
 import typer
 
-from . import outputs
-
 from . import __version__, settings
 from .errors import PlanFormatError, PlancError, printable, shorten_words
 from .prestart import head as _head
@@ -118,6 +116,13 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
         "largest": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes, "file": t.file}
                     for t in largest],
     }
+    if m.format == "gguf":
+        meta = dict(m.shards[0].metadata)
+        arch = meta.get("general.architecture", "")
+        doc["format"] = "gguf"
+        doc["gguf"] = {"architecture": arch, "context_length": meta.get(f"{arch}.context_length"),
+                       "file_type": meta.get("general.file_type"), "name": meta.get("general.name"),
+                       "metadata": meta}
     if as_json:
         _emit_json(doc)
         return
@@ -129,6 +134,11 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
     for d, v in doc["by_dtype"].items():
         t.add_row(d, str(v["tensors"]), fmt_bytes(v["bytes"]))
     out.print(t)
+    if "gguf" in doc:
+        g = doc["gguf"]
+        out.print(f"GGUF: architecture {escape(printable(g['architecture'] or '?'))}, context length "
+                  f"{g['context_length'] or '?'}, file type {g['file_type'] or '?'} "
+                  f"(quantization: {', '.join(sorted(doc['by_dtype']))})")
     t = Table(title=f"largest {len(largest)}", show_edge=False)
     for c in ("name", "dtype", "shape", "bytes"):
         t.add_column(c, justify="right" if c == "bytes" else "left")
@@ -147,7 +157,8 @@ def schema():
 
 @app.command()
 def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoint into.", readable=False),
-          family: str = typer.Option("dense", help="dense | moe | fp8"),
+          family: str = typer.Option("dense", help="dense | moe | fp8 | mxfp4 | nvfp4 | gguf"),
+          quant: str = typer.Option("Q8_0", help="gguf: Q8_0, Q4_K_M, Q4_0, Q4_K, Q6_K, F16, BF16 or F32."),
           size: Optional[str] = typer.Option(None, help="Approximate size, e.g. 2GiB (default: tiny)."),
           shards: int = typer.Option(1, help="Number of shard files."),
           sparse: bool = typer.Option(False, help="Header plus a hole: size-only work, no disk."),
@@ -155,21 +166,28 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
           experts: Optional[int] = typer.Option(None, help="Experts per layer (moe)."),
           dtype: str = typer.Option("BF16", help="Dtype of the weights: BF16, F16 or F32 (dense, moe)."),
           seed: int = typer.Option(0),
+          force: bool = typer.Option(False, "--force", help="Replace checkpoint files in OUT_DIR that planc synth did not write."),
           as_json: bool = typer.Option(False, "--json")):
-    """Write a synthetic safetensors checkpoint (real files) for tests, demos and benchmarks."""
+    """Write a synthetic safetensors checkpoint (real files) for tests, demos and benchmarks.
+
+    Files already in OUT_DIR are replaced only when planc synth wrote them (or with --force)."""
     from .synth import write_checkpoint
 
     try:
         size_bytes = parse_bytes(size) if size else None
     except ValueError as e:
         raise _usage(f"--size: {e}")
-    if family not in ("dense", "moe", "fp8"):
-        raise _usage(f"--family must be dense, moe or fp8, got {family!r}")
+    if family not in ("dense", "moe", "fp8", "mxfp4", "nvfp4", "gguf"):
+        raise _usage(f"--family must be dense, moe, fp8, mxfp4, nvfp4 or gguf, got {family!r}")
     if out_dir.exists() and not out_dir.is_dir():
         raise _usage(f"OUT_DIR {out_dir} is a file, not a folder; give a new or empty folder")
+    if family == "gguf":
+        return _synth_gguf(out_dir, quant, size_bytes, layers, seed, as_json)
+    if family in ("mxfp4", "nvfp4"):
+        return _synth_fp4(out_dir, family, size_bytes, shards, sparse, layers, experts, seed, as_json)
     try:
         res = write_checkpoint(out_dir, family, size_bytes=size_bytes, shards=shards, sparse=sparse, seed=seed,
-                               layers=layers, experts=experts, dtype=dtype)
+                               layers=layers, experts=experts, dtype=dtype, force=force)
     except ValueError as e:  # bad --shards, a folder holding another checkpoint, ...
         raise _usage(str(e)) from None
     except OSError as e:  # a parent that is a file, no permission, a full disk
@@ -180,6 +198,41 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         _emit_json(doc)
     else:
         out.print(f"wrote {res.tensors} tensors, {fmt_bytes(res.total_bytes)} in {len(res.files)} file(s): {res.path}")
+
+
+def _synth_fp4(out_dir, family, size_bytes, shards, sparse, layers, experts, seed, as_json) -> None:
+    from .synth_fp4 import write_fp4_checkpoint
+
+    if shards != 1 or sparse:
+        raise _usage(f"--family {family} writes one file with data: no --shards, no --sparse")
+    try:
+        path, _, n, total = write_fp4_checkpoint(out_dir, family, layers=layers, size_bytes=size_bytes,
+                                                 experts=experts, seed=seed)
+    except ValueError as e:
+        raise _usage(str(e)) from None
+    except OSError as e:
+        raise _usage(f"OUT_DIR {out_dir}: cannot write the checkpoint ({e.strerror or e})") from None
+    if as_json:
+        _emit_json({"path": path, "files": [path], "tensors": n, "total_bytes": total})
+    else:
+        out.print(f"wrote {n} tensors, {fmt_bytes(total)} in 1 file(s): {path}")
+
+
+def _synth_gguf(out_dir: Path, quant: str, size_bytes, layers, seed: int, as_json: bool) -> None:
+    from .synth_gguf import write_gguf
+
+    try:
+        res = write_gguf(out_dir, quant=quant, size_bytes=size_bytes, layers=layers, seed=seed)
+    except ValueError as e:
+        raise _usage(str(e)) from None
+    except OSError as e:
+        raise _usage(f"OUT_DIR {out_dir}: cannot write the checkpoint ({e.strerror or e})") from None
+    doc = {"path": res.path, "files": [res.path], "tensors": res.tensors, "total_bytes": res.total_bytes,
+           "quant": res.quant, "layers": res.layers}
+    if as_json:
+        _emit_json(doc)
+    else:
+        out.print(f"wrote {res.tensors} tensors ({res.quant}), {fmt_bytes(res.total_bytes)}: {res.path}")
 
 
 @app.command()
@@ -193,6 +246,7 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
                                                 readable=False),
           as_json: bool = typer.Option(False, "--json")):
     """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
+    from . import outputs
     from .costmodel import probe_path
     from .probe import is_probe_file, measure, save
 
@@ -327,11 +381,11 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
             if e.code != "plan-kind" or not _looks_like_spec(path):
                 raise
             # a JSON spec whose key looks like a plan's (a typo): read below as the spec it is
-    from .compile import compile_spec  # a spec: only now the spec models and the compiler are imported
+    from .plancache import cached_compile  # a spec: only now the spec models and the compiler are imported
     from .spec import load_spec
 
-    size = load_spec(path).spec.tensor_parallel.size
-    return compile_spec(path, _rank(rank, size))
+    loaded = load_spec(path)
+    return cached_compile(path, _rank(rank, loaded.spec.tensor_parallel.size), loaded)
 
 
 def _writable_file(path: Path, flag: str) -> None:
@@ -343,6 +397,20 @@ def _writable_file(path: Path, flag: str) -> None:
         raise _usage(f"{flag} {path}: folder {parent} does not exist")
     if not os.access(path if path.exists() else parent, os.W_OK):
         raise _usage(f"{flag} {path}: not writable")
+
+
+def _inputs(plan, *paths) -> list:
+    """What a command read: the paths given (its spec or plan) and the plan's checkpoint files.
+    No output may be one of them (`planc.outputs`)."""
+    root = Path(plan.checkpoint.root)
+    return [p for p in paths if p is not None] + [root / f.path for f in plan.checkpoint.files]
+
+
+def _write_output(path: Path, data, flag: str, inputs) -> None:
+    """Write an output file through `planc.outputs` (atomic; never a device, a FIFO or an input)."""
+    from . import outputs
+
+    outputs.write(path, data, flag, inputs=inputs)
 
 
 def _write(path: Path, flag: str, write) -> None:
@@ -367,7 +435,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     """Compile a spec into a plan; exit 0 when admitted, 3 when refused (with the reason)."""
     from .compile import compile_spec
     from .explain import explain_doc, render
-    from .plan import save_plan
+    from .plan import encode_bytes
     from .spec import load_spec
 
     size = load_spec(spec).spec.tensor_parallel.size
@@ -379,24 +447,38 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
             _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
         plans = _all_ranks(spec)
         for k, plan in enumerate(plans if output is not None else ()):
-            save_plan(plan, output / f"rank-{k}.json", inputs=(spec,))
+            _write_output(output / f"rank-{k}.json", encode_bytes(plan), "-o", _inputs(plan, spec))
         refused = [p for p in plans if not p.fits]
+        nodes = _nodes(spec, plans)
+        node_refused = _first_refused(nodes)
         if as_json:
-            _emit_json({"ranks": [explain_doc(p) for p in plans]})
+            _emit_json(_ranks_doc(plans, nodes))
         else:
-            _rank_table(plans, err if refused else out)  # a refusal leaves stdout clean, as for one rank
+            console = err if refused or node_refused else out  # a refusal leaves stdout clean, as for one rank
+            _rank_table(plans, console)
+            if size > 1:
+                from .explain import render_nodes
+
+                render_nodes(nodes, console)
         if refused:
             ref = refused[0].refusal
             k = refused[0].tensor_parallel.rank
             _say(f"planc: rank {k}: {ref.message} [{ref.code}]")
             raise typer.Exit(3)
+        if node_refused:
+            from .node import refusal_message
+
+            _say(f"planc: {refusal_message(node_refused)} [node-budget]")
+            raise typer.Exit(3)
         return
     if output is not None:
+        from . import outputs
+
         _writable_file(output, "-o")
-        outputs.target(output, "-o", inputs=(spec,))
+        outputs.target(output, "-o", inputs=[spec])  # before the compile: never the spec itself
     plan = compile_spec(spec, r)
     if output:
-        save_plan(plan, output, inputs=(spec,))
+        _write_output(output, encode_bytes(plan), "-o", _inputs(plan, spec))
     if as_json:
         _emit_json(explain_doc(plan))
     elif not plan.fits:
@@ -410,6 +492,29 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     if not plan.fits:
         _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)
+
+
+def _nodes(spec: Path, plans, complete: bool = False):
+    from .compile import node_checks
+
+    return node_checks(spec, plans, complete)
+
+
+def _first_refused(nodes):
+    from .node import first_refused
+
+    return first_refused(nodes)
+
+
+def _ranks_doc(plans, nodes) -> dict:
+    """`--rank all --json`: each rank's explanation (with its node's check) and the nodes."""
+    from .explain import explain_doc
+    from .node import node_of
+
+    by_node = {n.node: n for n in nodes}
+    per = len(nodes[0].ranks) if nodes else 1
+    return {"ranks": [explain_doc(p, by_node.get(node_of(p.tensor_parallel.rank, per))) for p in plans],
+            "nodes": [n.as_dict() for n in nodes]}
 
 
 def _rank_table(plans, console) -> None:
@@ -439,21 +544,32 @@ def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON writ
     budgets = _budgets(host, device_budget)
     if rank == "all" and not _is_plan(target):
         plans = [_rebudget(p, budgets) for p in _all_ranks(target)]
+        nodes = _nodes(target, plans)
         if as_json:
-            _emit_json({"ranks": [explain_doc(p) for p in plans]})
+            _emit_json(_ranks_doc(plans, nodes))
         else:
+            from .explain import render_nodes
+            from .node import node_of
+
+            by_node = {n.node: n for n in nodes}
+            per = len(nodes[0].ranks) if nodes else 1
             for p in plans:
                 out.rule(f"rank {p.tensor_parallel.rank} of {p.tensor_parallel.size}")
-                render(p, out)
+                render(p, out, by_node.get(node_of(p.tensor_parallel.rank, per)))
             _rank_table(plans, out)
+            if plans and plans[0].tensor_parallel.size > 1:
+                render_nodes(nodes, out)
         if budgets and any(not p.fits for p in plans):
             raise typer.Exit(3)
         return
     plan = _rebudget(_load_plan_or_spec(target, rank), budgets)
+    node = None
+    if plan.tensor_parallel.size > 1 and not _is_plan(target):  # a spec: its node mates are compiled too
+        node = next(iter(_nodes(target, [plan], complete=True)), None)
     if as_json:
-        _emit_json(explain_doc(plan))
+        _emit_json(explain_doc(plan, node))
     else:
-        render(plan, out)
+        render(plan, out, node)
     if budgets and not plan.fits:
         _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)
@@ -516,11 +632,11 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         device = f"cuda:{local}"
     report_path = None
     if report:
-        from .plan import plan_inputs
-
         report_path = Path(report.replace("{rank}", str(_report_rank(plan))))
         _writable_file(report_path, "--report")
-        outputs.target(report_path, "--report", inputs=(target, *plan_inputs(plan)))
+        from . import outputs
+
+        outputs.target(report_path, "--report", inputs=_inputs(plan, target))  # before the load
     progress = not as_json and sys.stderr.isatty()
     with _SigintSeen() as sigint:
         model = execute(plan, progress=progress, verify=verify, device=device)
@@ -529,10 +645,10 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         raise Interrupted("interrupted during the load; everything allocated was released")
     try:
         if report_path is not None:
-            text = json.dumps(model.report, indent=2, sort_keys=True)
-            outputs.write(report_path, text + "\n", "--report", inputs=(target, *plan_inputs(plan)))
+            text = json.dumps(model.report.as_json(), indent=2, sort_keys=True)
+            _write_output(report_path, text, "--report", _inputs(plan, target))
         if as_json:
-            _emit_json(model.report)
+            _emit_json(model.report.as_json())
         else:
             from .execute.report import render_report
 

@@ -35,17 +35,48 @@ def compile_all_ranks(spec_path: str | Path) -> list[Plan]:
     return [compile_loaded(loaded, manifest, r) for r in range(loaded.spec.tensor_parallel.size)]
 
 
-@gc_paused()
-def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0) -> Plan:
+def _refuse_quantized(loaded: LoadedSpec, manifest: Manifest) -> None:
+    """Block-quantized GGUF tensors (Q8_0, Q4_K, ...) are not yet plan dtypes: a plan loads a GGUF's
+    F32 / F16 / BF16 / integer tensors; its quantized ones are refused here, by name, with the type."""
+    from .dtypes import DTYPES
+
+    for t in manifest.tensors:
+        if t.dtype not in DTYPES:
+            raise BindError(f"{loaded.path}: {t.name} of {manifest.source} is {t.dtype}: plans do not yet load "
+                            "block-quantized GGUF tensors (planc.gguf_dequant and planc.execute.gguf_kernels "
+                            "dequantize them)", code="gguf-quantized")
+
+
+def device_budget(loaded: LoadedSpec, capacity=None) -> tuple[int | None, str]:
+    """(`budget.device` in bytes or None, how it was found): a size as written, `auto` the named
+    device's capacity (`device.capacity`, or the `capacity(device) -> (bytes | None, why)` given)."""
     spec = loaded.spec
+    b = spec.budget.device
+    if b is None:
+        return None, "unset"
+    if b != "auto":
+        return b, "spec"
+    if capacity is None:
+        from .device import capacity
+    return capacity(spec.device)
+
+
+@gc_paused()
+def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0, capacity=None) -> Plan:
+    spec = loaded.spec
+    if manifest.format == "gguf":
+        _refuse_quantized(loaded, manifest)
     try:
         binding = bind(spec, manifest, rank)
     except BindError as e:  # rules and checkpoint disagree: name the spec the rules came from
         raise BindError(f"{loaded.path}: {e.message}", code=e.code) from None
     graph = build_graph(binding)
     sched = schedule(graph, spec.io, load_costs())
-    undecided = plan_of(loaded, manifest, graph, sched, rank)
-    return undecided.with_decision(admit(undecided))
+    dev_bytes, how = device_budget(loaded, capacity)
+    undecided = plan_of(loaded, manifest, graph, sched, rank).with_budget(device_bytes=dev_bytes)
+    from .plan import trust
+
+    return trust(undecided.with_decision(admit(undecided)).with_notes(device_budget=how, source="compiled"))
 
 
 def plan_of(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedule, rank: int = 0) -> Plan:
@@ -59,7 +90,7 @@ def plan_of(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedul
                               tuple(FileEntry(s.path, s.size_bytes, s.mtime_ns) for s in manifest.shards)),
         device=spec.device,
         tensor_parallel=TensorParallel(rank, spec.tensor_parallel.size),
-        budget=Budget(spec.budget.host, spec.budget.device),
+        budget=Budget(spec.budget.host, spec.budget.device if isinstance(spec.budget.device, int) else None),
         io=IOSettings(io.workers, io.slot, io.slots, io.run, io.direct, io.merge_gap, io.strided, io.map_window,
                        io.map_lanes),
         layout=Layout(sched.arena_bytes, tuple(sched.landing_region_bytes), sched.staging_bytes,
@@ -78,3 +109,23 @@ def plan_of(loaded: LoadedSpec, manifest: Manifest, graph: Graph, sched: Schedul
 def _skipped(manifest: Manifest, graph: Graph):
     used = {i.tensor for n in graph.parts for i in n.inputs}
     return sorted(t.name for t in manifest.tensors if t.name not in used)
+
+
+def node_checks(spec_path: str | Path, plans: list[Plan], complete: bool = False):
+    """The `node.NodeCheck` of each node the `plans` (ranks of one tensor-parallel spec) fill.
+
+    With `complete`, the other ranks of the nodes the plans touch are compiled too (`explain` of
+    one rank states its node's total)."""
+    from .node import check_nodes, node_ranks
+
+    loaded = load_spec(spec_path)
+    tp, budget = loaded.spec.tensor_parallel, loaded.spec.budget
+    peaks = {p.tensor_parallel.rank: p.peak.host_bytes for p in plans}
+    if complete and tp.size > 1:
+        want = {r for ranks in node_ranks(tp.size, tp.per_node) if set(ranks) & set(peaks) for r in ranks}
+        missing = sorted(want - set(peaks))
+        if missing:
+            manifest = read_manifest(loaded.checkpoint_path)
+            for r in missing:
+                peaks[r] = compile_loaded(loaded, manifest, r).peak.host_bytes
+    return check_nodes(peaks, tp.size, tp.per_node, budget.node_host)

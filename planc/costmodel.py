@@ -23,6 +23,8 @@ import heapq
 import json
 import math
 import mmap
+import os
+import stat
 from functools import lru_cache
 from pathlib import Path
 
@@ -85,8 +87,6 @@ def load_costs(path: Path | None = None) -> Costs:
     p = path or settings.probe_file()
     if p is None:
         return DEFAULTS
-    from .probe import read_doc
-
     doc = read_doc(p)  # never blocks on a FIFO, never reads /dev/zero
     try:
         vals = [float(doc[k]) for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")]
@@ -131,3 +131,32 @@ def choose(c: Costs, seg: int, stride: int, count: int, slot: int, mode: str = "
     if mode in ("mapped", "rows"):
         return mode, mapped, rows
     return ("rows" if rows * ROWS_MARGIN < mapped else "mapped"), mapped, rows
+
+
+MAX_PROBE_BYTES = 1 << 20  # a probe file is about 1 KiB; a larger one is not read
+
+
+def read_doc(path: Path) -> dict | None:
+    """The probe document at `path`, or None when there is none that can be read: the file is opened
+    without blocking (a FIFO has no writer to wait for), must be a regular file (not `/dev/zero`)
+    and at most `MAX_PROBE_BYTES`; only then is it read, and at most that many bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PROBE_BYTES:
+            return None
+        data = os.read(fd, MAX_PROBE_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PROBE_BYTES:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -38,12 +38,13 @@ def _write_unless_same(folder: Path, family: str):
     import shutil
     import tempfile
 
-    from .synth import refuse_other_checkpoint, write_checkpoint
+    from .synth import refuse_other_checkpoint, refuse_overwrite, write_checkpoint
 
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".planc-demo-") as tmp:
         res = write_checkpoint(Path(tmp), family, seed=0)
         refuse_other_checkpoint(folder, {p.name for p in Path(tmp).iterdir()})
+        refuse_overwrite(folder, {p.name for p in Path(tmp).iterdir()})
         for f in sorted(Path(tmp).iterdir()):
             dst = folder / f.name
             if dst.is_file() and not dst.is_symlink() and dst.read_bytes() == f.read_bytes():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -12,10 +13,23 @@ def main() -> None:
 
             start_run(sys.argv[2:])
         except KeyboardInterrupt:
-            sys.stderr.write("planc: interrupted\n")
-            sys.exit(130)
+            _interrupted()
         except Exception:  # noqa: BLE001 - only a head start: the command checks and reports everything itself
             pass
-    from .cli import entry
-
+    try:
+        from .cli import entry
+    except KeyboardInterrupt:  # Ctrl-C while the command line's modules are still importing
+        _interrupted()
     entry()
+
+
+def _interrupted() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the exit
+    try:
+        sys.stderr.write("planc: interrupted\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):  # stderr closed
+        pass
+    os._exit(130)

@@ -12,13 +12,15 @@ from rich.table import Table
 from .costmodel import DEFAULTS, ROWS_MARGIN, choose
 from .errors import printable
 from .ir import Plan
+from .predict import predict
 from .units import fmt_bytes
 
 TOP = 10
 
 
-def explain_doc(plan: Plan) -> dict:
-    """The explanation as plain JSON-ready values (the `explain --json` contract)."""
+def explain_doc(plan: Plan, node=None) -> dict:
+    """The explanation as plain JSON-ready values (the `explain --json` contract). `node`: the
+    `node.NodeCheck` of this rank's node, when the plan is one rank of a tensor-parallel spec."""
     windows = {w.run: w for w in plan.timeline}
     parts, lay, budget, peak = plan.parts, plan.layout, plan.budget, plan.peak
     runs = []
@@ -38,7 +40,7 @@ def explain_doc(plan: Plan) -> dict:
             "landing_bytes": r.landing_bytes,
             "dominant_step": _dominant(r, parts, lay.ring_bytes),
         })
-    return {
+    doc = {
         "fits": plan.fits,
         "spec": plan.spec.path,
         "checkpoint": plan.checkpoint.source,
@@ -63,7 +65,52 @@ def explain_doc(plan: Plan) -> dict:
         "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
                     for t in plan.tensors],
         "refusal": plan.refusal._asdict() if plan.refusal else None,
+        "predicted_time": predict(plan),
+        "checks": _checks(plan, node),
+        "source": plan.note("source", "plan file"),
+        "cache_entry": plan.note("cache_entry") or None,
     }
+    if node is not None and not node.fits:
+        from .node import refusal_message
+
+        doc["fits"] = False
+        if doc["refusal"] is None:
+            doc["refusal"] = {"code": "node-budget", "run": None, "step": "node", "needed_bytes": node.total_bytes,
+                              "allowed_bytes": node.budget_bytes, "message": refusal_message(node)}
+    return doc
+
+
+def _checks(plan: Plan, node=None) -> dict:
+    """What the verdict rests on: each memory, checked against its budget or not (and why not)."""
+    b, pk = plan.budget, plan.peak
+    dev_how = plan.note("device_budget", "spec" if b.device_bytes is not None else "unset")
+    return {
+        "host": {"checked": True, "peak_bytes": pk.host_bytes, "budget_bytes": b.host_bytes,
+                 "fits": pk.host_bytes <= b.host_bytes},
+        "device": {"checked": b.device_bytes is not None, "peak_bytes": pk.device_bytes,
+                   "budget_bytes": b.device_bytes,
+                   "fits": None if b.device_bytes is None else pk.device_bytes <= b.device_bytes,
+                   "budget_from": dev_how},
+        "node": None if node is None else {**node.as_dict(), "peak_bytes": node.total_bytes},
+    }
+
+
+def verdict_text(e: dict) -> str:
+    """`FITS` / `REFUSED` and what was and was not checked (plain text, no markup)."""
+    c = e["checks"]
+    said = ["host checked"]
+    d = c["device"]
+    if d["checked"]:
+        said.append("device checked" + (" (budget.device auto)" if d["budget_from"].startswith("auto") else ""))
+    else:
+        why = "no budget.device" if d["budget_from"] == "unset" else d["budget_from"]
+        said.append(f"device NOT CHECKED: peak {fmt_bytes(d['peak_bytes'])}, {why}")
+    n = c.get("node")
+    if n is not None:
+        said.append(f"node {n['node']} (ranks {n['ranks'][0]}..{n['ranks'][-1]}) "
+                    + (f"checked: {fmt_bytes(n['total_bytes'])} of {fmt_bytes(n['budget_bytes'])}" if n["checked"] else
+                       f"not checked: {fmt_bytes(n['total_bytes'])} together, no budget.node_host"))
+    return ("FITS" if e["fits"] else "REFUSED") + " (" + "; ".join(said) + ")"
 
 
 def _dominant(r, parts, ring: int) -> str:
@@ -128,19 +175,23 @@ def _top(plan: Plan) -> list:
     return [i for i in items if i["bytes"]][:TOP]
 
 
-def render(plan: Plan, console: Console) -> None:
-    e = explain_doc(plan)
+def render(plan: Plan, console: Console, node=None) -> None:
+    e = explain_doc(plan, node)
     b, pk, t = e["budget"], e["peak"], e["totals"]
-    verdict = "[green]FITS[/green]" if e["fits"] else "[red]REFUSED[/red]"
+    v = verdict_text(e)
+    rest = v.split(" ", 1)[1]
+    verdict = ("[green]FITS[/green] " if e["fits"] else "[red]REFUSED[/red] ") + escape(rest)
     tp = e["tensor_parallel"]
     rank = f" (rank {tp['rank']} of {tp['size']})" if tp["size"] > 1 else ""
     console.print(f"[bold]planc explain[/bold]{rank}  {escape(e['spec'])}  ->  {escape(e['checkpoint'])}  on "
                   f"{escape(e['device'])}: {verdict}")
+    if e["source"] == "cache":
+        console.print("plan: from the plan cache, " + escape(printable(e["cache_entry"])))
     tb = Table(title="budget", show_edge=False)
     for c in ("", "budget", "predicted peak", "headroom"):
         tb.add_column(c, justify="right" if c else "left")
     tb.add_row("host", fmt_bytes(b["host_bytes"]), fmt_bytes(pk["host_bytes"]), fmt_bytes(e["headroom"]["host_bytes"]))
-    tb.add_row("device", fmt_bytes(b["device_bytes"]) if b["device_bytes"] is not None else "unset",
+    tb.add_row("device", fmt_bytes(b["device_bytes"]) if b["device_bytes"] is not None else "not checked",
                fmt_bytes(pk["device_bytes"]), fmt_bytes(e["headroom"]["device_bytes"]))
     console.print(tb)
     lay = e["layout"]
@@ -152,6 +203,10 @@ def render(plan: Plan, console: Console) -> None:
                   f"({fmt_bytes(t['payload_bytes'])} payload) in {t['runs']} runs; requests {t['requests']} "
                   f"(uncoalesced {t['requests_uncoalesced']}), copies {t['copies']} (uncoalesced {t['copies_uncoalesced']}), "
                   f"kernels {t['kernels']}, skipped {e['skipped']}")
+    pt = e["predicted_time"]
+    console.print(f"predicted wall: {pt['warm_seconds']:.3f} s warm, {pt['cold_seconds']:.3f} s cold (fixed "
+                  f"{pt['terms']['fixed_seconds']:.3f} s, reads {pt['terms']['read_warm_seconds']:.3f} s warm, link "
+                  f"{pt['terms']['link_seconds']:.3f} s); " + escape(printable(pt["note"])))
     tp = Table(title="paths", show_edge=False)
     for c in ("path and reason", "parts", "bytes"):
         tp.add_column(c, justify="left" if c.startswith("path") else "right")
@@ -192,4 +247,17 @@ def render(plan: Plan, console: Console) -> None:
     console.print(tt)
     if e["refusal"]:
         r = e["refusal"]
-        console.print("[red]refusal[/red] " + escape(f"[{r['code']}] run {r['run']}, step {r['step']}: {r['message']}"))
+        where = f"run {r['run']}, step {r['step']}" if r["run"] is not None else "the node"
+        console.print("[red]refusal[/red] " + escape(f"[{r['code']}] {where}: {r['message']}"))
+
+
+def render_nodes(nodes, console: Console) -> None:
+    """The node table: each node's ranks, their host peaks together, the budget and the verdict."""
+    t = Table(title="nodes: the ranks' host peaks together", show_edge=False)
+    for c in ("node", "ranks", "host total", "budget.node_host", "fits"):
+        t.add_column(c, justify="right")
+    for n in nodes:
+        t.add_row(str(n.node), f"{n.ranks[0]}..{n.ranks[-1]}", fmt_bytes(n.total_bytes),
+                  fmt_bytes(n.budget_bytes) if n.budget_bytes is not None else "not checked",
+                  ("yes" if n.fits else "REFUSED") if n.budget_bytes is not None else "-")
+    console.print(t)

@@ -57,6 +57,8 @@ def _inputs(part: BoundPart) -> tuple[Input, ...]:
     w = _input("weight", part.source, part.src_slice)
     if part.scale is None:
         return (w,)
+    if len(part) > 7 and part.scale2 is not None:
+        return (w, _input("scale", part.scale, part.scale_slice), _input("scale2", part.scale2, None))
     return (w, _input("scale", part.scale, part.scale_slice))
 
 

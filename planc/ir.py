@@ -27,8 +27,9 @@ from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 SPACES = ("arena", "landing")
-OPS = ("copy", "convert", "dequantize", "transpose")
-KERNEL_OPS = ("convert", "dequantize", "transpose")
+OPS = ("copy", "convert", "dequantize", "transpose", "dequantize_t")
+KERNEL_OPS = ("convert", "dequantize", "transpose", "dequantize_t")
+DEQUANTIZE_OPS = ("dequantize", "dequantize_t")  # dequantize_t: an FP4 weight, its last two dims swapped
 PATHS = ("direct", "host")
 DIRECT_MODES = ("auto", "on", "off")
 
@@ -136,7 +137,7 @@ class Input(NamedTuple):
     shape of what is read (the slice).
     """
 
-    role: str  # weight | scale
+    role: str  # weight | scale | scale2 (NVFP4's per-tensor scale)
     tensor: str  # source tensor name
     file: str
     start: int
@@ -392,6 +393,9 @@ class Plan:
     refusal: Refusal | None
     timeline: tuple[Window, ...] = field(default=())
     costs: Costs | None = None  # the figures the read methods were chosen by
+    # Where this value came from, for `explain` (not in the plan file): ("device_budget", how
+    # `budget.device` was found), ("source", "compiled" | "cache: PATH" | "file: PATH").
+    notes: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
     def fits(self) -> bool:
@@ -432,6 +436,12 @@ class Plan:
             g.add_node(s.id, kind=s.kind, part=s.part, host_bytes=s.host_bytes, device_bytes=s.device_bytes)
             g.add_edges_from((d, s.id) for d in s.deps)
         return g
+
+    def note(self, key: str, default: str | None = None) -> str | None:
+        return next((v for k, v in self.notes if k == key), default)
+
+    def with_notes(self, **notes: str) -> "Plan":
+        return replace(self, notes=tuple((k, v) for k, v in self.notes if k not in notes) + tuple(notes.items()))
 
     def with_decision(self, tl: Timeline) -> "Plan":
         return replace(self, peak=tl.peak, refusal=tl.refusal, timeline=tl.windows)
@@ -476,7 +486,7 @@ def part_steps(n: Part) -> list[Step]:
                   (ALLOC_RING,)) for i in n.inputs]
     out = list(reads)
     prev = tuple(sorted(s.id for s in reads))
-    transform = op in ("convert", "dequantize")
+    transform = op in ("convert", "dequantize", "dequantize_t")
     if host:
         if transform:
             out.append(Step(f"normalize:{p}", "normalize", pid, n.out_bytes, 0, f"{op} on host", prev))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from pathlib import Path
 
 import orjson
@@ -76,18 +77,13 @@ def encode_bytes(plan: Plan) -> bytes:
     return orjson.dumps(doc, default=tuple) + b"\n"
 
 
-def plan_inputs(plan: Plan) -> tuple[str, ...]:
-    """The files a plan was made from (its spec, its checkpoint files): never an output's place."""
-    root = plan.checkpoint.root
-    return (plan.spec.path, *(os.path.join(root, f.path) for f in plan.checkpoint.files))
-
-
-def save_plan(plan: Plan, path: str | Path, inputs=()) -> None:
-    """Write the plan file through `outputs.write`: a new or regular file, never one of the plan's
-    inputs (its spec, its checkpoint files) nor one of `inputs`, written atomically."""
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write `plan` to `path` atomically (`planc.outputs`: never over a device, a FIFO, a folder or
+    one of the plan's checkpoint files)."""
     from . import outputs
 
-    outputs.write(path, encode_bytes(plan), "plan output", inputs=(*plan_inputs(plan), *inputs))
+    root = Path(plan.checkpoint.root)
+    outputs.write(path, encode_bytes(plan), "plan file", inputs=[root / f.path for f in plan.checkpoint.files])
 
 
 # -- load -----------------------------------------------------------------------------------------
@@ -115,8 +111,43 @@ def load_plan(path: str | Path, *, max_bytes: int = MAX_PLAN_BYTES) -> Plan:
     return decode(data, str(p))
 
 
+# The Plan values this process made itself (compiled, or decoded through every check): any other
+# Plan value (built or edited by a caller: `with_budget`, `dataclasses.replace`) is checked at the
+# entry it comes through (`checked`).
+_TRUSTED: "weakref.WeakValueDictionary[int, Plan]" = weakref.WeakValueDictionary()
+
+
+def trust(plan: Plan) -> Plan:
+    """Mark `plan` as made by planc itself (the compiler, `decode`): `checked` then takes it as it is."""
+    _TRUSTED[id(plan)] = plan
+    return plan
+
+
+def checked(plan, where: str = "the Plan given") -> Plan:
+    """`plan` as the executor may run it: a Plan this process compiled or decoded is taken as it is;
+    any other value goes through the plan file's checks (encoded, then decoded: every field, every
+    offset, and the recorded decision against admission's replay), so an edited plan
+    (`plan.with_budget(host_bytes=1)`, a changed layout) is a `PlanFormatError` before anything is
+    allocated."""
+    if not isinstance(plan, Plan):
+        raise PlanFormatError(f"{where}: expected a planc Plan, got {type(plan).__name__}", code="plan-kind")
+    if _TRUSTED.get(id(plan)) is plan:
+        return plan
+    try:
+        data = encode_bytes(plan)
+    except PlanFormatError:
+        raise
+    except Exception as e:  # a field of the wrong type cannot be encoded
+        raise PlanFormatError(f"{where}: not a valid plan: {printable(str(e))[:200]}", code="plan-invalid") from None
+    return decode(data, where)
+
+
 @gc_paused()
 def decode(data: bytes | str, where: str = "<plan>") -> Plan:
+    return trust(_decode(data, where))
+
+
+def _decode(data: bytes | str, where: str) -> Plan:
     doc = _fast_parse(data)
     if doc is not None:
         try:

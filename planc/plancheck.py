@@ -22,7 +22,8 @@ from .errors import PlanFormatError, printable
 from . import costmodel
 from .costmodel import STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
 from .units import MAX_BYTES
-from .ir import (DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
+from . import fp4
+from .ir import (DEQUANTIZE_OPS, DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
 from .device import DIRECT_ALIGN, check_device
@@ -160,7 +161,7 @@ def _nbytes_of(dtype: str, shape: tuple, path: str) -> int:
 
 _MAX = MAX_BYTES  # any byte count or offset beyond this is not a real one (units.MAX_BYTES: 2**62)
 new = tuple.__new__  # a record built from checked fields, without its Python-level constructor
-_ROLES = ("weight", "scale")
+_ROLES = ("weight", "scale", "scale2")
 
 
 def check(doc, where: str) -> Plan:
@@ -324,7 +325,7 @@ class _Checker:
         for pid, p in enumerate(_list(v, "parts")):
             if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:]) and p[0] < n_t \
                     and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
-                    and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 2 \
+                    and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 3 \
                     and type(p[8]) is str and p[8] in DTYPES and p[11] <= 1 << 20:
                 ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
             else:  # the field-by-field check, which names what is wrong
@@ -335,8 +336,8 @@ class _Checker:
                 path = _one_of(p[3], f"parts[{pid}].path", PATHS)
                 ri = _int(p[4], f"parts[{pid}].reason_index", 0, len(reasons) - 1)
                 raw_inputs = _list(p[5], f"parts[{pid}].inputs")
-                if not 1 <= len(raw_inputs) <= 2:
-                    raise _bad(f"parts[{pid}].inputs", f"must list 1 or 2 inputs, got {len(raw_inputs)}")
+                if not 1 <= len(raw_inputs) <= 3:
+                    raise _bad(f"parts[{pid}].inputs", f"must list 1 to 3 inputs, got {len(raw_inputs)}")
                 off = _int(p[6], f"parts[{pid}].offset_bytes", 0, _MAX)
                 out_bytes = _int(p[7], f"parts[{pid}].out_bytes", 0, _MAX)
                 out_dtype = _dtype(p[8], f"parts[{pid}].out_dtype")
@@ -348,7 +349,7 @@ class _Checker:
             t, reason = tensors[ti], reasons[ri]
             name = t.name
             inputs = (self._input(raw_inputs[0], pid, 0, n_in, files),) if len(raw_inputs) == 1 else \
-                (self._input(raw_inputs[0], pid, 0, n_in, files), self._input(raw_inputs[1], pid, 1, n_in, files))
+                tuple(self._input(x, pid, k, n_in, files) for k, x in enumerate(raw_inputs))
             if out_dtype != t.dtype:
                 raise _bad(f"parts[{pid}].out_dtype", f"is {out_dtype}, its tensor {_shown(name)} is {t.dtype}")
             if dst != t.offset_bytes + off:
@@ -367,7 +368,7 @@ class _Checker:
             # Whether a part's sizes follow from its op depends on these fields only; parts that share
             # them (the experts of a layer, the layers of a model) are checked once.
             w = inputs[0]
-            sc = (inputs[1].role, inputs[1].dtype, inputs[1].nbytes) if len(inputs) == 2 else None
+            sc = tuple((x.role, x.dtype, x.shape, x.nbytes) for x in inputs[1:]) or None
             key = (op, path, out_dtype, out_bytes, landing, host, block, w.role, w.dtype, w.shape, w.nbytes, sc)
             if key not in semantics:
                 self._part_semantics(part, f"parts[{pid}]")
@@ -425,7 +426,9 @@ class _Checker:
     def _part_semantics(self, n: Part, at: str) -> None:
         """The sizes the executor allocates and converts by must follow from the part's inputs."""
         w = n.inputs[0]
-        if w.role != "weight" or (len(n.inputs) == 2) != (n.op == "dequantize") or (
+        if len(n.inputs) >= 2 and fp4.format_of(w.dtype, n.inputs[1].dtype) and n.op in DEQUANTIZE_OPS:
+            return self._fp4_semantics(n, at)
+        if w.role != "weight" or (len(n.inputs) == 2) != (n.op == "dequantize") or len(n.inputs) > 2 or (
                 len(n.inputs) == 2 and n.inputs[1].role != "scale"):
             raise _bad(f"{at}.inputs", f"a {n.op} part reads a weight" + (" and its scale" if n.op == "dequantize" else ""))
         numel = math.prod(w.shape)
@@ -641,6 +644,11 @@ class _Checker:
                          for m, v in enumerate(_list(x[12], at(".more"))))
         if more and op != "convert":
             raise _bad(at(".more"), f"only conversions of several parts share a kernel, not a {op}")
+        if op in DEQUANTIZE_OPS and pid in in_run and len(parts[pid].inputs) >= 2 and fp4.format_of(
+                parts[pid].inputs[0].dtype, parts[pid].inputs[1].dtype):
+            self._fp4_kernel(parts[pid], at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
+                             limits)
+            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, ()))
         if len(set(more)) != len(more) or pid in more:
             raise _bad(at(".more"), "lists a part twice")
         want_numel, want_dst = 0, dst
@@ -678,6 +686,65 @@ class _Checker:
         if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
             raise _bad(at(), "only a same-size conversion runs in place in the arena")
         return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more))
+
+    def _fp4_semantics(self, n: Part, at: str) -> None:
+        """An FP4 dequantization's sizes follow from its inputs (`planc.fp4`)."""
+        w, s = n.inputs[0], n.inputs[1]
+        fmt = fp4.format_of(w.dtype, s.dtype)
+        roles = ("weight", "scale", "scale2")[:len(n.inputs)]
+        if tuple(i.role for i in n.inputs) != roles or len(n.inputs) != (3 if fmt == "nvfp4" else 2):
+            raise _bad(f"{at}.inputs", f"a {fmt} dequantize reads a weight and its scale"
+                       + (" and its per-tensor scale" if fmt == "nvfp4" else ""))
+        why = fp4.weight_problem(fmt, w.shape, w.dtype, n.op == "dequantize_t")
+        if why:
+            raise _bad(f"{at}.inputs[0]", f"is not a {fmt} weight: {why}")
+        if s.shape != fp4.scale_shape(fmt, w.shape):
+            raise _bad(f"{at}.inputs[1].shape", f"a {fmt} weight {list(w.shape)} has scales "
+                                                f"{list(fp4.scale_shape(fmt, w.shape))}, got {list(s.shape)}")
+        if fmt == "nvfp4" and (n.inputs[2].dtype != fp4.SCALE2_DTYPE or not fp4.scale2_ok(n.inputs[2].shape)):
+            raise _bad(f"{at}.inputs[2]", "an nvfp4 per-tensor scale is one F32")
+        if n.block != fp4.BLOCK[fmt]:
+            raise _bad(f"{at}.block", f"a {fmt} block is {fp4.BLOCK[fmt]} values, got {n.block}")
+        if n.out_dtype not in ("BF16", "F16", "F32"):
+            raise _bad(f"{at}.out_dtype", f"a dequantize produces BF16, F16 or F32, got {n.out_dtype}")
+        batch, rows, cols = fp4.geometry(fmt, w.shape)
+        want = batch * rows * cols * DTYPES[n.out_dtype].itemsize
+        if n.out_bytes != want:
+            raise _bad(f"{at}.out_bytes", f"is {n.out_bytes:,}, but {batch * rows * cols:,} values of {n.out_dtype} "
+                                          f"are {want:,} bytes")
+        reads = sum(i.nbytes for i in n.inputs)
+        if n.path == "host":
+            if n.host_bytes != reads + n.out_bytes or n.landing_bytes:
+                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {reads + n.out_bytes:,} bytes (reads + "
+                                               f"output), got {n.host_bytes:,} (and landing {n.landing_bytes:,})")
+        elif n.host_bytes or n.landing_bytes != reads:
+            raise _bad(f"{at}.landing_bytes", f"a direct-path {n.op} lands its {reads:,} read bytes and holds no "
+                                              f"host bytes, got {n.landing_bytes:,} and {n.host_bytes:,}")
+
+    def _fp4_kernel(self, p: Part, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
+                    limits) -> None:
+        w, s = p.inputs[0], p.inputs[1]
+        fmt = fp4.format_of(w.dtype, s.dtype)
+        batch, want_rows, want_cols = fp4.geometry(fmt, w.shape)
+        if p.path != "direct":
+            raise _bad(at(".part"), f"part {p.id} takes the host path; its work is not a device kernel")
+        if (src_dtype, dst_dtype, dst, block) != (w.dtype, p.out_dtype, p.dst_offset, p.block):
+            raise _bad(at(), f"does not match part {p.id} ({fmt} {w.dtype} -> {p.out_dtype} at arena "
+                             f"{p.dst_offset:,}, block {p.block})")
+        if (rows, cols, numel) != (want_rows, want_cols, batch * want_rows * want_cols):
+            raise _bad(at(), f"geometry [{rows}, {cols}] x {numel:,} values does not match part {p.id}'s "
+                             f"{fmt} weight {list(w.shape)}")
+        if space != "landing" or scale is None:
+            raise _bad(at(".src_space"), f"a {fmt} dequantize reads its weight and scales from the landing region")
+        ends = [("src_offset", src, w.nbytes), ("scale_offset", scale, s.nbytes)]
+        if fmt == "nvfp4":
+            ends.append(("scale_offset", fp4.scale2_offset(scale, s.nbytes), 4))
+        for field, a, n in ends:
+            if a + n > limits["landing"]:
+                raise _bad(at(f".{field}"), f"[{a:,}, {a + n:,}) reaches past the landing region "
+                                            f"({limits['landing']:,} bytes)")
+        if dst + p.out_bytes > limits["arena"]:
+            raise _bad(at(".dst_offset"), f"[{dst:,}, {dst + p.out_bytes:,}) reaches past the arena")
 
     def _host_part(self, h, at, n_h, parts, in_run, io) -> HostPart:
         _list(h, at, n_h)

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .costmodel import PAGE, pages_touched, probe_path
+from .costmodel import PAGE, pages_touched, probe_path, read_doc
 
-MAX_PROBE_BYTES = 1 << 20  # a probe file is about 1 KiB; a larger one is not read
 
 
 def _scratch(folder: Path, size: int) -> Path:
@@ -141,32 +139,6 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
     return {"kind": "planc-probe", "folder": str(folder), "size_bytes": size, "workers": workers,
             "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "page_s": w["page_s"], "copy_byte_s": w["copy_byte_s"],
             "read_byte_s": w["read_byte_s"], "request_s": w["request_s"], "warm": w, "cold": doc["cold"]}
-
-
-def read_doc(path: Path) -> dict | None:
-    """The probe document at `path`, or None when there is none that can be read: the file is opened
-    without blocking (a FIFO has no writer to wait for), must be a regular file (not `/dev/zero`)
-    and at most `MAX_PROBE_BYTES`; only then is it read, and at most that many bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except (OSError, ValueError):
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PROBE_BYTES:
-            return None
-        data = os.read(fd, MAX_PROBE_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_PROBE_BYTES:
-        return None
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def is_probe_file(path: Path) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import itemgetter
 
-from . import costmodel
+from . import costmodel, fp4
 from .dtypes import DTYPES
 from .graph import Graph
 from .ir import Copy, Costs, HostPart, Kernel, Part, Request, Run, Tensor
@@ -177,7 +177,9 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO, costs: Costs = costmo
     # element size only, so that neighbours in the file stay neighbours in the landing region and
     # their copies coalesce.
     where = {}
-    order = sorted([(i.file, i.start, n, i) for n, _ in landed for i in n.inputs], key=_FILE_START)
+    # An NVFP4 part's per-tensor scale lands right after its block scales (`fp4.scale2_offset`).
+    order = sorted([(i.file, i.start, n, i) for n, _ in landed for i in n.inputs if i.role != "scale2"],
+                   key=_FILE_START)
     for _, _, n, inp in order:
         a = _ITEMSIZE[inp.dtype]
         landing = -(-landing // a) * a
@@ -187,6 +189,11 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO, costs: Costs = costmo
         else:
             strided.append((inp, "landing", landing))
         landing += inp.nbytes
+        if inp.role == "scale" and len(n.inputs) == 3:
+            s2 = n.inputs[2]
+            landing = fp4.scale2_offset(landing - inp.nbytes, inp.nbytes)
+            segs.append((s2.file, s2.start, s2.nbytes, "landing", landing))
+            landing += s2.nbytes
     for n, dst in landed:
         kernels.append(_kernel(n, "landing", where[(n.id, "weight")], where.get((n.id, "scale")), dst))
     requests, alone = _requests(segs, io)
@@ -275,6 +282,12 @@ def _merged(kernels: list) -> tuple[Kernel, ...]:
 
 def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kernel:
     w = n.inputs[0]
+    if scale is not None and fp4.format_of(w.dtype, n.inputs[1].dtype):
+        # An FP4 dequantization: rows and cols of the dequantized matrices (before a transpose),
+        # numel the values of all of them.
+        batch, rows, cols = fp4.geometry(fp4.format_of(w.dtype, n.inputs[1].dtype), w.shape)
+        return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, batch * rows * cols,
+                                   rows, cols, n.block, ()))
     shape = w.shape
     rows, cols = shape if len(shape) == 2 else (0, 0)
     numel = 1

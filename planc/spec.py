@@ -57,11 +57,25 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+def _bytes_or_auto(value):
+    return "auto" if isinstance(value, str) and value.strip().lower() == "auto" else parse_bytes(value)
+
+
+DeviceBytes = Annotated[int | Literal["auto"], BeforeValidator(_bytes_or_auto), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_BYTES}, {"type": "string", "pattern": _BYTES_TEXT},
+               {"const": "auto"}],
+     "$comment": "a byte size, or auto: the named device's capacity where the compiling host has it"})]
+
+
 class Budget(_Model):
     host: ByteSize
     """Host bytes planc may hold at once: pinned ring + read-ahead + host scratch (required)."""
-    device: ByteSize | None = None
-    """Device bytes planc may hold: resident tensors + landing buffers. Unset: not checked at compile."""
+    device: DeviceBytes | None = None
+    """Device bytes planc may hold: resident tensors + landing buffers. `auto`: the named device's capacity,
+    read from the CUDA driver of the compiling host (not checked where that host has no such device).
+    Unset: not checked at compile (explain says so)."""
+    node_host: ByteSize | None = None
+    """Host bytes the ranks of one node may hold together, at their peaks (tensor parallel; unset: not checked)."""
 
 
 class IO(_Model):
@@ -118,18 +132,70 @@ class Fuse(Group):
 
 
 class Dequantize(_Model):
-    scale: str = "{name}_scale_inv"
-    """Name of the block-scale tensor; `{name}` is the weight's name. Scale tensors are consumed, not loaded."""
+    format: Literal["fp8", "mxfp4", "nvfp4"] = "fp8"
+    """`fp8`: FP8 weights with square F32 block scales (DeepSeek-V3); `mxfp4`: `<name>_blocks` with
+    E8M0 `<name>_scales`, loaded as `<name>` (gpt-oss); `nvfp4`: a U8 weight with F8_E4M3
+    `weight_scale` and F32 `weight_scale_2` (ModelOpt). See docs/fp4.md."""
+    scale: str | None = None
+    """Name of the block-scale tensor; `{name}` is the loaded name (fp8, nvfp4: the weight's name;
+    mxfp4: the weight's name without `_blocks`). Default: `{name}_scale_inv`, `{name}_scales`,
+    `{name}_scale`. Scale tensors are consumed, not loaded."""
+    scale_2: str | None = None
+    """nvfp4: name of the per-tensor F32 scale (default `{name}_scale_2`)."""
+    consume: list[str] | None = None
+    """Companions consumed when present, unused by a weight-only dequantization (nvfp4 default:
+    `{module}.input_scale`, `{module}` being the name without its last component)."""
     block: StrictInt = Field(128, ge=1)
-    """Edge of the square scale block (128 for DeepSeek-V3 style checkpoints)."""
+    """fp8: edge of the square scale block (128 for DeepSeek-V3 style checkpoints). The FP4
+    formats fix theirs (32 for mxfp4, 16 for nvfp4)."""
 
-    @field_validator("scale")
+    @field_validator("scale", "scale_2")
     @classmethod
-    def _scale_template(cls, scale: str) -> str:
-        _check_template(scale, {"name"}, "dequantize.scale")
-        if "{name}" not in scale:
-            raise ValueError(f"dequantize.scale {scale!r} must use {{name}}, or every weight would share one scale")
+    def _scale_template(cls, scale: str | None, info) -> str | None:
+        if scale is None:
+            return None
+        _check_template(scale, {"name", "module"}, f"dequantize.{info.field_name}")
+        if "{name}" not in scale and "{module}" not in scale:
+            raise ValueError(f"dequantize.{info.field_name} {scale!r} must use {{name}}, or every weight would "
+                             f"share one scale")
         return scale
+
+    @field_validator("consume")
+    @classmethod
+    def _consume_templates(cls, names: list[str] | None) -> list[str] | None:
+        for n in names or ():
+            _check_template(n, {"name", "module"}, "dequantize.consume")
+            if "{name}" not in n and "{module}" not in n:
+                raise ValueError(f"dequantize.consume {n!r} must use {{name}} or {{module}}")
+        return names
+
+    @model_validator(mode="before")
+    @classmethod
+    def _by_format(cls, data: Any) -> Any:
+        """Fill the templates' defaults of the format (the model is frozen: before validation)."""
+        if not isinstance(data, dict):
+            return data
+        from .fp4 import DEFAULT_CONSUME, DEFAULT_SCALE, DEFAULT_SCALE2
+
+        fmt = data.get("format", "fp8")
+        if fmt not in DEFAULT_SCALE:
+            return data  # the field's own check names the choices
+        if fmt != "nvfp4" and data.get("scale_2") is not None:
+            raise ValueError("dequantize.scale_2 is for format nvfp4")
+        if fmt != "fp8" and "block" in data:
+            raise ValueError(f"dequantize.block is for format fp8; {fmt} fixes its block")
+        data = dict(data)
+        if data.get("scale") is None:
+            data["scale"] = DEFAULT_SCALE[fmt]
+        if fmt == "nvfp4" and data.get("scale_2") is None:
+            data["scale_2"] = DEFAULT_SCALE2
+        if data.get("consume") is None:
+            data["consume"] = list(DEFAULT_CONSUME.get(fmt, ()))
+        return data
+
+    @property
+    def fp4(self) -> bool:
+        return self.format != "fp8"
 
 
 class Split(_Model):
@@ -142,6 +208,13 @@ class Split(_Model):
 class TensorParallel(_Model):
     size: StrictInt = Field(1, ge=1, le=1024)
     """Number of ranks; each rank's plan reads only its own bytes."""
+    ranks_per_node: StrictInt | None = Field(None, ge=1, le=1024)
+    """Ranks that share one host (node): ranks 0..k-1 on the first, k..2k-1 on the next, ... Their host
+    peaks together are checked against `budget.node_host`. Unset: all ranks on one node."""
+
+    @property
+    def per_node(self) -> int:
+        return min(self.ranks_per_node or self.size, self.size)
 
 
 class Rule(_Model):
@@ -164,7 +237,8 @@ class Rule(_Model):
     stack: Group | None = None
     """Stack same-shaped matched tensors into one tensor with a new leading dim."""
     dequantize: Dequantize | None = None
-    """Dequantize FP8 weights with block scales to `dtype` (bfloat16 unless float16 is given)."""
+    """Dequantize block-scaled weights (FP8, MXFP4, NVFP4) to `dtype` (bfloat16 unless given);
+    with `transpose`, an FP4 weight's last two dims are swapped."""
     transpose: YesNo = False
     """Transpose 2-D tensors."""
     split: Split | Literal["replicate"] = "replicate"
@@ -192,10 +266,10 @@ class Rule(_Model):
             raise ValueError("rename is for single tensors; fuse and stack name their tensor with `into`")
         if self.transpose and self.fuse:
             raise ValueError("transpose with fuse is not supported (fused parts would not be contiguous)")
-        if self.dequantize and self.dtype == "float32":
-            raise ValueError("dequantize produces bfloat16 or float16")
-        if self.dequantize and self.transpose:
-            raise ValueError("dequantize with transpose is not supported")
+        if self.dequantize and not self.dequantize.fp4 and self.dtype == "float32":
+            raise ValueError("an fp8 dequantize produces bfloat16 or float16")
+        if self.dequantize and not self.dequantize.fp4 and self.transpose:
+            raise ValueError("an fp8 dequantize with transpose is not supported (mxfp4 and nvfp4 transpose)")
         if self.skip and self.split != "replicate":
             raise ValueError("a skip rule takes no split")
         _check_match(self.match)

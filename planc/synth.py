@@ -17,8 +17,9 @@ layer count and fit the MLP width to the size.
 
 Values come from a seeded ``normal(0, 0.02)`` pool per dtype (a few MB, generated once), read at a
 per-tensor rotation, so the bytes are deterministic for a seed and any size streams in bounded
-memory. Small shards go through ``safetensors.numpy.save_file``; large ones are streamed by
-`write_safetensors`, which writes the same bytes the safetensors package would. ``sparse=True``
+memory. Every shard is written by `write_safetensors`, which writes the bytes the safetensors package
+writes for the same tensors (tests/test_synth.py holds the two together), with its metadata keys
+sorted, so a file is the same bytes on every run (`METADATA` marks it as synth's: `synth_made`). ``sparse=True``
 writes only the headers and extends each file to its full length (the data is a hole that reads as
 zeros), so a 300 GB checkpoint takes seconds and no disk.
 """
@@ -37,7 +38,6 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from safetensors.numpy import save_file
 
 from planc.dtypes import DTYPES
 from planc.units import fmt_bytes, parse_bytes
@@ -49,7 +49,7 @@ FP8_DTYPE = "F8_E4M3"
 SCALE_DTYPE = "F32"
 DEFAULT_EXPERTS = 64
 TINY_LAYERS = 2
-METADATA = {"format": "pt"}
+METADATA = {"format": "pt", "writer": "planc synth"}  # the mark of a file synth wrote (`synth_made`)
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 STREAM_THRESHOLD = 64 * 2**20  # shards with more data than this are streamed, not built in memory
@@ -456,6 +456,40 @@ def _nearest(prefix: Sequence[int], target: float) -> int:
     return lo
 
 
+def synth_made(path: Path) -> bool:
+    """Whether `path` is a regular file that `write_checkpoint` wrote: a safetensors file whose header
+    metadata is `METADATA`, or an index whose metadata carries its writer. Only the header is read
+    (at most 1 MiB); anything else (another program's checkpoint, a link, a device) is not ours."""
+    import stat
+
+    try:
+        if path.is_symlink() or not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            if path.name.endswith(".json"):
+                data = f.read(1 << 20)
+                doc = json.loads(data)
+                return isinstance(doc, dict) and isinstance(doc.get("metadata"), dict) and \
+                    doc["metadata"].get("writer") == METADATA["writer"]
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= 1 << 20:
+                return False
+            head = json.loads(f.read(n))
+        return isinstance(head, dict) and head.get("__metadata__") == METADATA
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
+def refuse_overwrite(folder: Path, names) -> None:
+    """ValueError when a file `write_checkpoint` would write into `folder` already exists and is not
+    one it wrote before (`synth_made`): someone's checkpoint is never replaced."""
+    for name in sorted(names):
+        p = folder / name
+        if os.path.lexists(p) and not synth_made(p):
+            raise ValueError(f"{p} already exists and was not written by planc synth; planc never replaces it: "
+                             "use an empty folder (or --force to replace it)")
+
+
 def refuse_other_checkpoint(folder: Path, ours: set[str]) -> None:
     """ValueError when `folder` holds checkpoint files (shards, an index) other than `ours`: a reader
     of the folder would take them for part of the checkpoint written there."""
@@ -470,11 +504,14 @@ def refuse_other_checkpoint(folder: Path, ours: set[str]) -> None:
 def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int | None = None,
                      layers: int | None = None, shards: int = 1, sparse: bool = False,
                      seed: int = 0, dtype: str = "BF16", experts: int | None = None,
-                     stream: bool | None = None) -> SynthResult:
+                     stream: bool | None = None, force: bool = False) -> SynthResult:
     """Write a synthetic checkpoint into `out_dir` (created if missing).
 
+    A file of the checkpoint that already exists is replaced only when synth wrote it (`synth_made`),
+    or with `force`; otherwise ValueError before anything is written.
+
     `stream` forces (True) or forbids (False) the streamed writer; by default shards over
-    `STREAM_THRESHOLD` bytes stream and smaller ones go through ``safetensors.numpy.save_file``.
+    `STREAM_THRESHOLD` bytes stream and smaller ones are built in memory; the same writer writes both.
     Both give identical bytes.
     """
     if shards < 1:
@@ -487,6 +524,8 @@ def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     refuse_other_checkpoint(out, set(names) | ({INDEX_NAME} if shards > 1 else set()))
+    if not force:
+        refuse_overwrite(out, set(names) | ({INDEX_NAME} if shards > 1 else set()))
 
     files, total, weight_map = [], 0, {}
     for k, fname in enumerate(names):
@@ -499,7 +538,9 @@ def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int
             write_safetensors(tmp, ((t.name, t.dtype, t.shape, _chunks(t, seed)) for t in group),
                               METADATA, sparse=sparse)
         else:
-            save_file({t.name: tensor_data(t, seed) for t in group}, str(tmp), metadata=METADATA)
+            # The arrays built in memory, written by the same writer: its header is the same bytes on every
+            # run (safetensors writes two metadata keys in hash order).
+            write_safetensors(tmp, ((t.name, t.dtype, t.shape, tensor_data(t, seed)) for t in group), METADATA)
         os.chmod(tmp, _file_mode())  # the safetensors writer makes 0600 files whatever the umask
         os.replace(tmp, final)
         files.append(str(final))
@@ -507,7 +548,7 @@ def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int
         weight_map.update({t.name: fname for t in group})
 
     if shards > 1:
-        index = {"metadata": {"total_size": lay.data_bytes}, "weight_map": weight_map}
+        index = {"metadata": {"total_size": lay.data_bytes, "writer": METADATA["writer"]}, "weight_map": weight_map}
         path = out / INDEX_NAME
         path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     else:

@@ -76,7 +76,7 @@ def to_torch(t, simulated: bool):
 
 
 def state_dict(model) -> dict:
-    simulated = bool(model.report.get("simulator"))
+    simulated = model.simulated
     return {name: to_torch(t, simulated) for name, t in sorted(model.items())}
 
 

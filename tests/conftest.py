@@ -8,12 +8,31 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from safetensors.numpy import save_file
 
 # Plans choose read methods by measured I/O costs: the tests use the built-in figures, whatever a
 # `planc probe` on this machine measured.
 os.environ.setdefault("PLANC_PROBE", "off")
+# Compiled plans go to a folder of the test session (and of each test: `_plan_cache`), never to the
+# user's cache; module-scoped fixtures that compile run before any test's fixture.
+if "PLANC_PLAN_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="planc-plan-cache-")
+    os.environ["PLANC_PLAN_CACHE"] = _SESSION_CACHE
+    atexit.register(shutil.rmtree, _SESSION_CACHE, True)
+
+
+@pytest.fixture(autouse=True)
+def _plan_cache(tmp_path_factory, monkeypatch):
+    """Every test keeps compiled plans in a folder of its own (PLANC_PLAN_CACHE), never in the user's
+    cache; processes a test starts inherit it."""
+    if os.environ.get("PLANC_PLAN_CACHE") != "off":
+        monkeypatch.setenv("PLANC_PLAN_CACHE", str(tmp_path_factory.mktemp("plan-cache")))
 
 
 def write_st(path, tensors: dict[str, np.ndarray]) -> Path:

@@ -184,7 +184,19 @@ def refuse_direct_open(monkeypatch) -> None:
         return real_open(p, flags, *a, **k)
 
     monkeypatch.setattr(os, "open", fake_open)
-    monkeypatch.setattr("planc.execute.reader.page_cache_fraction", lambda path, size: 0.0)
+    cold_page_cache(monkeypatch)
+
+
+def cold_page_cache(monkeypatch) -> None:
+    """Every load from now reads through a reader that sees the page cache as cold (io.direct: auto
+    then chooses O_DIRECT)."""
+    from planc.execute.reader import Reader
+
+    class ColdCache(Reader):
+        def cache_fraction(self, path, size):
+            return 0.0
+
+    use_parts(monkeypatch, reader=reader_of(ColdCache))
 
 
 # ------------------------------------------------------------------------------------------
@@ -205,19 +217,90 @@ def fail_read_at(monkeypatch, n: int) -> list:
     return calls
 
 
+def use_parts(monkeypatch, **fields):
+    """Every load from now (the command line's and the API's included) composed of these parts
+    (`planc.execute.parts.Parts` fields) over the ones in use; an `observer` joins those in use."""
+    import dataclasses
+
+    from planc.execute import parts as parts_mod
+    from planc.execute.events import fanout
+
+    now = parts_mod.DEFAULT
+    if "observer" in fields:
+        fields["observer"] = fanout(now.observer, fields["observer"])
+    new = dataclasses.replace(now, **fields)
+    monkeypatch.setattr(parts_mod, "DEFAULT", new)
+    return new
+
+
 def live_room_by_call(monkeypatch, rooms) -> list:
-    """The loader's per-run live room: `rooms(call number)` bytes; returns the list of calls."""
-    import planc.execute.loader as loader_mod
+    """The loader's per-run live room: `rooms(call number)` bytes (the first call is admission's,
+    before anything is allocated); returns the list of calls."""
+    from planc.execute.memory import LiveRoom
+    from planc.execute.memory import live_room as real
 
     calls = []
 
-    def live_room():
+    def live_room(reserve=None, run=None):
+        if run is None:  # the plan's admission, before anything is allocated: the machine's room
+            return real(reserve)
         calls.append(1)
         n = rooms(len(calls))
-        return {"available_bytes": n, "cgroup_room_bytes": None, "reserve_bytes": 0, "room_bytes": n}
+        return LiveRoom(n, None, 0, n)
 
-    monkeypatch.setattr(loader_mod, "live_room", live_room)
+    use_parts(monkeypatch, live_room=live_room)
     return calls
+
+
+def watch_regions(monkeypatch) -> list:
+    """Record, for each load from now, weak references to what its regions allocated: a dict with
+    `regions` (the `Regions` value), `ring` (the pinned ring's owners) and `arena` (once allocated)."""
+    import weakref
+
+    from planc.execute.allocation import Regions
+    from planc.execute import parts as parts_mod
+
+    seen = []
+    base = parts_mod.DEFAULT.regions
+
+    class Watched(Regions):
+        def __init__(self, *a, **k):
+            self._seen = {}
+            seen.append(self._seen)
+            self._seen["regions"] = weakref.ref(self)
+            super().__init__(*a, **k)
+
+        def pin_ring(self):
+            super().pin_ring()
+            self._seen["ring"] = weakref.ref(self.ring_owner)
+
+        def _allocate_device(self):
+            super()._allocate_device()
+            self._seen["arena"] = weakref.ref(self.arena)
+
+    assert base == Regions.start, "watch_regions stacks on the real regions only"
+    use_parts(monkeypatch, regions=Watched.start)
+    return seen
+
+
+def gone(rec: dict, key: str) -> bool:
+    """Whether what `watch_regions` recorded under `key` was freed (or never allocated)."""
+    ref = rec.get(key)
+    return ref is None or ref() is None
+
+
+def reader_of(cls):
+    """The reader part that opens a `cls` (a subclass of `planc.execute.reader.Reader`)."""
+    from planc.execute.allocation import open_reader
+
+    return lambda plan: open_reader(plan, cls)
+
+
+def record_events(monkeypatch) -> list:
+    """Every event of every load from now, in the order the observer is told of them."""
+    got = []
+    use_parts(monkeypatch, observer=got.append)
+    return got
 
 
 def holds_open(pid: int, paths) -> bool:
@@ -256,17 +339,18 @@ def cli_run(capsys, *args) -> tuple[int, str, str]:
 
 
 def interrupt_at(monkeypatch, n: int) -> list:
-    """The loader's n-th `_complete` (a read sent on to the device) from now raises KeyboardInterrupt
-    (Ctrl-C in the middle of the pipeline); returns the list of calls (clear it to re-arm)."""
-    import planc.execute.loader as loader_mod
+    """Ctrl-C in the middle of the pipeline: the n-th read sent on to the device from now (its copy
+    issued) raises KeyboardInterrupt on the pipeline's thread; returns the list of calls (clear it to
+    re-arm)."""
+    from planc.execute.events import CopyIssued
 
-    real, calls = loader_mod.Loader._complete, []
+    calls = []
 
-    def complete(self, entry):
-        calls.append(1)
-        if len(calls) == n:
-            raise KeyboardInterrupt
-        return real(self, entry)
+    def observe(event):
+        if isinstance(event, CopyIssued) and event.request is not None:
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
 
-    monkeypatch.setattr(loader_mod.Loader, "_complete", complete)
+    use_parts(monkeypatch, observer=observe)
     return calls

@@ -10,6 +10,7 @@ import os
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+import dataclasses  # noqa: E402
 import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -435,3 +436,160 @@ def test_bad_arguments_are_typed_errors_before_anything_is_loaded(tmp_path, monk
     with pytest.raises(HandoffError, match="needs a torch.nn.Module") as info:
         planc.load_into(object(), plan)
     assert info.value.code == "not-a-module" and torch.__name__ == "torch"
+
+
+def test_two_loads_at_once_each_see_their_own_settings(tmp_path):
+    """Settings are a value resolved once per load and passed down it, never a process-global: two
+    loads in two threads, both in flight at once, each see their own host_reserve and pin (in the
+    load's own threads too), and the one that ends first takes nothing from the other."""
+    import threading
+
+    from planc import settings
+    from planc.execute import execute
+    from planc.execute.allocation import Regions
+    from planc.execute.events import RunStarted
+    from planc.execute.memory import live_room
+    from planc.execute.parts import Parts
+
+    plan = compile_spec(shipped(tmp_path, "transformers-llama", families.llama()))
+    both_in_flight = threading.Barrier(2, timeout=60)
+    a_done = threading.Event()
+    seen = {"a": [], "b": []}
+
+    def view(who, where):
+        seen[who].append((where, settings.host_reserve_bytes(), settings.pin()))
+
+    def parts_of(who):
+        class Watched(Regions):
+            def _allocate_device(self):  # on the load's allocation thread
+                view(who, "alloc-thread")
+                super()._allocate_device()
+
+        def room(reserve, run=None):
+            if run is None:
+                seen[who].append(("admission", reserve, None))
+            return live_room(reserve, run)
+
+        return Parts(regions=Watched.start, live_room=room)
+
+    def observer_of(who):
+        def observe(event):
+            if isinstance(event, RunStarted) and event.run == 0:
+                both_in_flight.wait()
+                view(who, "in flight")
+                if who == "b":  # still loading when A's load has ended
+                    assert a_done.wait(60)
+                    view(who, "after a")
+        return observe
+
+    wanted = {"a": {"host_reserve": "3MiB", "pin": "alloc"}, "b": settings.Settings.resolve({"host_reserve": 5 << 20})}
+    errors, models = [], {}
+
+    def run(who):
+        try:
+            models[who] = execute(plan, settings=wanted[who], parts=parts_of(who), observer=observer_of(who))
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+            both_in_flight.abort()
+        finally:
+            if who == "a":
+                a_done.set()
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    try:
+        assert sorted(seen["a"], key=str) == sorted([("admission", 3 << 20, None), ("alloc-thread", 3 << 20, "alloc"),
+                                                     ("in flight", 3 << 20, "alloc")], key=str), seen["a"]
+        assert sorted(seen["b"], key=str) == sorted([("admission", 5 << 20, None), ("alloc-thread", 5 << 20, "register"),
+                                                     ("in flight", 5 << 20, "register"),
+                                                     ("after a", 5 << 20, "register")], key=str), seen["b"]
+        room_a, room_b = (models[w].report["host"]["live_room_bytes"] for w in ("a", "b"))
+        assert room_a > 0 and room_b > 0
+    finally:
+        for m in models.values():
+            m.free()
+    assert settings.host_reserve_bytes() == settings.Settings.from_env().host_reserve  # nothing left in force
+
+
+def test_settings_are_checked_strictly(tmp_path):
+    """What a caller may pass as `settings=`: a mapping of known names to values of their type, or a
+    Settings; anything else is a SettingError before anything is read."""
+    from planc import settings
+
+    plan = compile_spec(shipped(tmp_path, "transformers-llama", families.llama()))
+    for bad, match in ((["pin"], "expected a mapping"), ({"host_reserve": True}, "expected a byte size"),
+                       ({"host_reserve": -1}, "cannot be negative"), ({"debug": "yes"}, "expected a bool"),
+                       ({"pin": 3}, "expected one of register, alloc"), ({"nope": 1}, "unknown setting 'nope'"),
+                       ({"kernel_dir": 7}, "expected a path")):
+        with pytest.raises(settings.SettingError, match=match):
+            planc.load(plan, settings=bad)
+    s = settings.Settings.resolve({"debug": False, "raw_launch": "0", "host_reserve": "2MiB", "probe": "off"})
+    assert s.debug is False and s.raw_launch is False and s.host_reserve == 2 << 20 and s.probe is None
+    assert settings.Settings.resolve({"debug": True}).debug is True
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.debug = True
+
+
+def test_a_plan_value_edited_by_the_caller_is_checked_before_anything_is_allocated(tmp_path):
+    """`planc.load(Plan)` and `execute(Plan)` hold a Plan value to the plan file's checks: an edited
+    budget is refused by admission's replay, an edited layout by the field checks."""
+    import dataclasses
+
+    import planc
+    from planc.compile import compile_spec
+    from planc.errors import PlanFormatError
+    from planc.execute import execute
+
+    from conftest import write_spec, write_st
+
+    write_st(tmp_path / "m.safetensors", {"a": np.ones((8, 64), np.float32), "b": np.ones(64, np.float16)})
+    plan = compile_spec(write_spec(tmp_path, {"checkpoint": "m.safetensors", "budget": {"host": "1MiB"},
+                                              "io": {"slot": 4096, "slots": 2, "run": 2048}, "rules": [{"match": "*"}]}))
+    with pytest.raises(PlanFormatError) as e:
+        planc.load(plan.with_budget(host_bytes=1, device_bytes=1))
+    assert "replay" in str(e.value)
+    lay = plan.layout
+    edited = dataclasses.replace(plan, layout=lay._replace(arena_bytes=lay.arena_bytes // 2))
+    with pytest.raises(PlanFormatError):
+        execute(edited)
+    with pytest.raises(PlanFormatError):
+        execute("not a plan")
+    model = planc.load(plan)  # the compiled value itself is taken as it is
+    assert len(model) == len(plan.tensors)
+    model.free()
+
+
+def test_a_plan_whose_offsets_disagree_with_the_headers_is_refused(tmp_path):
+    """Two tensors' source offsets swapped in a plan file pass the plan's own checks, but not the
+    checkpoint's headers: refused before anything is allocated, naming the tensor."""
+    from conftest import write_spec, write_st
+
+    from planc.compile import compile_spec
+    from planc.errors import PlanFormatError
+    from planc.plan import encode_bytes, load_plan
+
+    write_st(tmp_path / "m.safetensors", {"a": np.full((4, 16), 1, np.float16), "b": np.full((4, 16), 2, np.float16)})
+    plan = compile_spec(write_spec(tmp_path, {"checkpoint": "m.safetensors", "budget": {"host": "1MiB"},
+                                              "io": {"slot": 4096, "slots": 2, "merge_gap": 0},
+                                              "rules": [{"match": "*"}]}))
+    pa, pb = plan.parts
+    ia, ib = pa.inputs[0], pb.inputs[0]
+    # Each part now names the other tensor as its source while reading its own bytes: every field is in
+    # range and the requests still match the parts, so only the checkpoint's headers can tell.
+    swapped = dataclasses.replace(plan, parts=(pa._replace(inputs=(ia._replace(tensor=ib.tensor),)),
+                                               pb._replace(inputs=(ib._replace(tensor=ia.tensor),))))
+    (tmp_path / "swapped.json").write_bytes(encode_bytes(swapped))
+    edited = load_plan(tmp_path / "swapped.json")  # every field in range: the plan alone cannot tell
+    with pytest.raises(PlanFormatError) as e:
+        planc.load(edited)
+    assert e.value.code == "plan-header-mismatch" and "reads 'b'" in str(e.value)
+    import subprocess
+    import sys
+
+    rc = subprocess.run([sys.executable, "-m", "planc", "run", str(tmp_path / "swapped.json")], capture_output=True,
+                        text=True, env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"})
+    assert rc.returncode == 2 and "[plan-header-mismatch]" in rc.stderr and len(rc.stderr.strip().splitlines()) == 1

@@ -206,7 +206,7 @@ def _console_folder():
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m planc "$@"\n')
         shim.chmod(0o755)
         env = dict(os.environ, PATH=f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", COLUMNS="110",
-                   NUMBA_ENABLE_CUDASIM="1", PLANC_PROBE="off", PYTHONPATH=str(ROOT))
+                   NUMBA_ENABLE_CUDASIM="1", PLANC_PROBE="off", PLANC_PLAN_CACHE="off", PYTHONPATH=str(ROOT))
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(k, None)
         subprocess.run(["planc", "demo", "--no-run"], cwd=home, env=env, check=True, capture_output=True)

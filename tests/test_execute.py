@@ -32,14 +32,17 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
     pytest.skip("numba was imported before the CUDA simulator could be switched on, and no GPU is present",
                 allow_module_level=True)
 
-import planc.execute.loader as loader_mod  # noqa: E402
+import planc.execute.parts as parts_mod  # noqa: E402
 from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, assert_model, cast, refuse_direct_open,  # noqa: E402
-                             convert_source, dequantized, fp8_rules, fused, handmade, live_room_by_call,
+                             cold_page_cache, convert_source, dequantized, fp8_rules, fused, gone, handmade, live_room_by_call, reader_of,
+                             use_parts, watch_regions,
                              load_checked, spec_file, stacked, synth)
 from planc import cli  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import AdmissionError, FingerprintError, PlancError, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
+from planc.execute.events import CopyIssued  # noqa: E402
+from planc.execute.parts import Parts  # noqa: E402
 from planc.execute.reader import Reader  # noqa: E402
 from planc.execute.verify import verify_model  # noqa: E402
 from planc.plan import encode, load_plan, save_plan  # noqa: E402
@@ -61,17 +64,12 @@ def dense(tmp_path):
 
 
 def _no_allocation(monkeypatch):
+    """Every part that allocates (regions: device memory and the pinned ring; the reader; the pool;
+    the warmer) refuses to be built: a load that gets past admission fails the test."""
     def refuse(*a, **k):
         raise AssertionError("allocated although the plan was refused")
 
-    from planc.execute import seam
-
-    monkeypatch.setattr(type(seam.device()), "device_bytes", refuse)
-    monkeypatch.setattr(type(seam.device()), "pinned_bytes", refuse)
-    from planc.execute import ring
-
-    monkeypatch.setattr(ring, "pinned_ring", refuse)
-    monkeypatch.setattr(loader_mod.Loader, "allocate", refuse)
+    use_parts(monkeypatch, regions=refuse, reader=refuse, pool=refuse, warmer=refuse)
 
 
 # ------------------------------------------------------------------------------------------
@@ -300,22 +298,25 @@ def test_a_slow_read_does_not_hold_up_the_reads_after_it_but_runs_stay_in_order(
     firsts = {(r.index, 0) for r in plan.runs if len(r.requests) > 2}
     slow = {(r.requests[0].file, r.requests[0].offset) for r in plan.runs if len(r.requests) > 2}
     assert len(firsts) >= 2
-    real_read, real_complete = loader_mod.Loader._read, loader_mod.Loader._complete
     order, lock = [], threading.Lock()
 
-    def slow_read(self, req, slot):
-        if (req.file, req.offset) in slow:  # the same plan compiled again: requests are equal, not the same
-            _time.sleep(0.3)
-        return real_read(self, req, slot)
+    class SlowReader(Reader):
+        def read_into(self, rel, offset, length, buf, needed):
+            if (rel, offset) in slow:  # the same plan compiled again: requests are equal, not the same
+                _time.sleep(0.3)
+            return super().read_into(rel, offset, length, buf, needed)
 
-    def complete(self, entry):
-        with lock:
-            order.append((entry[0].index, entry[1]))
-        return real_complete(self, entry)
+        def read_strided(self, rel, offset, *a):
+            if (rel, offset) in slow:
+                _time.sleep(0.3)
+            return super().read_strided(rel, offset, *a)
 
-    monkeypatch.setattr(loader_mod.Loader, "_read", slow_read)
-    monkeypatch.setattr(loader_mod.Loader, "_complete", complete)
-    _, model = load(spec)
+    def observe(event):  # each request sent on to the device, in the order the pipeline sends them
+        if isinstance(event, CopyIssued) and event.request is not None:
+            with lock:
+                order.append((event.run, event.request))
+
+    _, model = load(spec, parts=Parts(reader=reader_of(SlowReader)), observer=observe)
     assert sorted(order) == sorted((r.index, qi) for r in plan.runs for qi in range(len(r.requests)))
     assert any(order.index((run, 0)) > order.index((run, 1)) for run, _ in firsts)  # overtaken
     runs = [run for run, _ in order]
@@ -449,8 +450,8 @@ def test_run_refused_by_live_room_mid_load(tmp_path, dense, monkeypatch):
     assert ei.value.refusal == {"run": first["index"], "needed_bytes": first["host_bytes"], "allowed_bytes": 0}
     assert f"run {first['index']}" in ei.value.message
     gc.collect()
-    (_, ring_ref, arena_ref), = seen
-    assert ring_ref() is None and arena_ref() is None
+    rec, = seen
+    assert gone(rec, "ring") and gone(rec, "arena")
 
 
 @pytest.mark.parametrize("change", ["mtime", "append", "remove"])
@@ -475,16 +476,8 @@ def test_changed_file_after_compile(tmp_path, dense, monkeypatch, change):
 
 
 def _watch_allocations(monkeypatch) -> list:
-    """Record the loader of each execute() and weak references to what it allocated."""
-    seen = []
-    real = loader_mod.Loader.allocate
-
-    def allocate(self):
-        real(self)
-        seen.append((weakref.ref(self), weakref.ref(self.ring_owner), weakref.ref(self.arena)))
-
-    monkeypatch.setattr(loader_mod.Loader, "allocate", allocate)
-    return seen
+    """Weak references to what each execute() allocated (`execute_support.watch_regions`)."""
+    return watch_regions(monkeypatch)
 
 
 def test_read_failing_mid_load_releases_everything(tmp_path, dense, load, monkeypatch):
@@ -494,37 +487,43 @@ def test_read_failing_mid_load_releases_everything(tmp_path, dense, load, monkey
     plan = compile_spec(spec)
     assert plan.totals.requests > 4
     seen = _watch_allocations(monkeypatch)
-    real_read, calls = Reader.read_into, []
+    calls, readers = [], []
 
-    def read_into(self, rel, offset, length, buf, needed):
-        calls.append(offset)
-        if len(calls) == 2:
-            raise ReadError(f"{rel}: injected failure at offset {offset}", code="read-failed")
-        return real_read(self, rel, offset, length, buf, needed)
+    class FailingReader(Reader):  # fails on its 2nd planned read
+        def __post_init__(self):
+            super().__post_init__()
+            readers.append(weakref.ref(self))
 
-    monkeypatch.setattr(Reader, "read_into", read_into)
+        def read_into(self, rel, offset, length, buf, needed):
+            calls.append(offset)
+            if len(calls) == 2:
+                raise ReadError(f"{rel}: injected failure at offset {offset}", code="read-failed")
+            return super().read_into(rel, offset, length, buf, needed)
+
     with pytest.raises(ReadError) as ei:
-        execute(plan)
+        execute(plan, parts=Parts(regions=parts_mod.DEFAULT.regions, reader=reader_of(FailingReader)))
     assert isinstance(ei.value, PlancError) and ei.value.code == "read-failed" and ei.value.exit_code == 2
     gc.collect()
-    (loader_ref, ring_ref, arena_ref), = seen
-    loader = loader_ref()
-    if loader is not None:  # still reachable from the traceback: it must hold nothing
-        assert loader.ring is None and loader.arena is None and loader.landing is None and loader.pool is None
-        assert all(f.fd < 0 for f in loader.reader.files.values())
-        del loader
+    rec, = seen
+    regions = rec["regions"]()
+    if regions is not None:  # still reachable from the traceback: it must hold nothing
+        assert regions.ring is None and regions.arena is None and regions.landing is None
+        del regions
+    reader = readers[0]()
+    if reader is not None:
+        assert all(f.fd < 0 for f in reader.files.values())
+        del reader
     # Released while the error is still held (a caller may keep it, or retry with a smaller plan).
-    assert ring_ref() is None, "the pinned ring outlived the failed load"
-    assert arena_ref() is None, "the device arena outlived the failed load"
+    assert gone(rec, "ring"), "the pinned ring outlived the failed load"
+    assert gone(rec, "arena"), "the device arena outlived the failed load"
     del ei
 
-    monkeypatch.setattr(Reader, "read_into", real_read)
     _, model = load(spec)
     want["model.norm.weight"] = cast(want["model.norm.weight"], "F32")
     assert_model(model, want)
 
 
-def test_short_file_is_a_typed_read_error(tmp_path, dense, monkeypatch):
+def test_short_file_is_refused_before_the_load(tmp_path, dense, monkeypatch):
     """A file cut short behind the fingerprint's back (size and mtime faked) fails as a ReadError."""
     path, _ = dense
     plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
@@ -533,14 +532,24 @@ def test_short_file_is_a_typed_read_error(tmp_path, dense, monkeypatch):
     with open(path, "r+b") as f:
         f.truncate(size - 5000)
 
-    class Faked:
+    class Faked:  # the file's stat, with the size and mtime the plan recorded
         def __init__(self, st):
+            self._st = st
             self.st_size, self.st_mtime_ns = size, plan.to_dict()["checkpoint"]["files"][0]["mtime_ns"]
 
-    monkeypatch.setattr(os, "stat", lambda p, *a, **k: Faked(None) if str(p) == path else real_stat(p, *a, **k))
-    with pytest.raises(ReadError) as ei:
+        def __getattr__(self, name):
+            return getattr(self._st, name)
+
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: Faked(real_stat(p, *a, **k)) if str(p) == path
+                        else real_stat(p, *a, **k))
+    # The checkpoint's header, read again before the load (check_against_headers), finds the data
+    # region short: refused before anything is allocated (a read that comes back short during the
+    # load is a ReadError: tests/test_reader.py).
+    from planc.errors import ManifestError
+
+    with pytest.raises(ManifestError) as ei:
         execute(plan)
-    assert ei.value.code == "read-short" and path in ei.value.message
+    assert ei.value.code == "data-short" and path in ei.value.message
 
 
 # ------------------------------------------------------------------------------------------
@@ -604,7 +613,7 @@ def _refuse_direct_reads(monkeypatch):
         return real_preadv(fd, bufs, offset, *a)
 
     monkeypatch.setattr(os, "preadv", fake_preadv)
-    monkeypatch.setattr("planc.execute.reader.page_cache_fraction", lambda path, size: 0.0)
+    cold_page_cache(monkeypatch)
 
 
 def test_direct_auto_falls_back_when_a_direct_read_is_refused(tmp_path, load, dense, monkeypatch):
@@ -652,7 +661,7 @@ def test_loaded_model_matches_the_plan(tmp_path, load, dense):
     assert h["rss_after_bytes"] > 0 and h["live_room_bytes"] > 0
     assert rep["device_memory"]["arena_bytes"] == plan.layout.arena_bytes
     assert rep["verify"]["bytes"] == plan.totals.resident_bytes
-    json.dumps(rep)  # the report is plain data
+    json.dumps(rep.as_json())  # the report's JSON is plain data
     model.free()
     assert len(model) == 0 and model._arena is None
     model.free()  # twice is harmless
@@ -713,10 +722,8 @@ class _CompilingWarmer:
 def test_kernels_deferred_while_the_warmer_compiles(tmp_path, load, dense, monkeypatch, case):
     """Kernels of runs loaded while the warmer still compiles are launched later, on the same stream;
     a run that reuses a landing region its deferred kernels read launches them first."""
-    from planc.execute import kernelruns
-
     warmers = []
-    monkeypatch.setattr(kernelruns, "warm_kernels", lambda plan: warmers.append(_CompilingWarmer()) or warmers[-1])
+    use_parts(monkeypatch, warmer=lambda plan: warmers.append(_CompilingWarmer()) or warmers[-1])
     if case == "convert":
         path, want = dense
         rules = [{"match": "model.layers.0.self_attn.*", "dtype": "float32"},
@@ -781,3 +788,33 @@ def test_simulated_arena_larger_than_host_memory_is_refused_before_allocating(tm
         execute(plan)
     assert ei.value.exit_code == 3 and ei.value.code == "live-room"
     assert "simulated device regions" in ei.value.message
+
+
+@pytest.mark.parametrize("how", ["symlink-loop", "folder", "name-too-long"])
+def test_a_checkpoint_file_that_cannot_be_stat_ed_is_a_typed_fingerprint_error(tmp_path, dense, how):
+    """A shard that became a symlink loop or a folder, or a root whose names grew too long: exit 2
+    with the file named, never an 'unexpected error'."""
+    import dataclasses
+    import shutil
+
+    from planc.errors import FingerprintError
+    from planc.plan import decode, encode_bytes
+
+    path, _ = dense
+    plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))
+    if how == "name-too-long":
+        ck = plan.checkpoint
+        plan = decode(encode_bytes(dataclasses.replace(plan, checkpoint=ck._replace(root=ck.root + "/" + "x" * 300))))
+    else:
+        os.remove(path)
+        if how == "symlink-loop":
+            os.symlink(path, path)
+        else:
+            os.mkdir(path)
+    try:
+        with pytest.raises(FingerprintError) as ei:
+            execute(plan)
+        assert ei.value.exit_code == 2 and ei.value.code in ("file-unreadable", "file-changed", "file-removed")
+    finally:
+        if how == "folder":
+            shutil.rmtree(path)

@@ -29,9 +29,10 @@ import json  # noqa: E402
 
 import numpy as np  # noqa: E402
 from execute_support import (CONVERSIONS, QKV, STACK, TARGET, assert_model, cast, convert_source,  # noqa: E402
-                             dequantized, fp8_rules, fused, load_checked, spec_file, stacked, synth)
+                             dequantized, fp8_rules, fused, load_checked, reader_of, spec_file, stacked, synth,
+                             use_parts)
 
-import planc.execute.loader as loader_mod  # noqa: E402
+from planc.execute.parts import Parts  # noqa: E402
 from planc import cli  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import AdmissionError, ReadError  # noqa: E402
@@ -70,7 +71,7 @@ def _no_allocation(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("allocated although the plan was refused")
 
-    monkeypatch.setattr(loader_mod.Loader, "allocate", refuse)
+    use_parts(monkeypatch, regions=refuse, reader=refuse, pool=refuse, warmer=refuse)
 
 
 # ------------------------------------------------------------------------------------------
@@ -207,20 +208,19 @@ def test_failed_read_gives_the_memory_back(tmp_path, load, dense32, monkeypatch)
     plan = compile_spec(spec)
     execute(plan).free()
     before = _free_bytes()
-    real, calls = Reader.read_into, []
+    calls = []
 
-    def read_into(self, *a):
-        calls.append(1)
-        if len(calls) == 5:
-            raise ReadError("injected failure", code="read-failed")
-        return real(self, *a)
+    class FailingReader(Reader):  # fails on its 5th planned read
+        def read_into(self, *a):
+            calls.append(1)
+            if len(calls) == 5:
+                raise ReadError("injected failure", code="read-failed")
+            return super().read_into(*a)
 
-    monkeypatch.setattr(Reader, "read_into", read_into)
     with pytest.raises(ReadError) as ei:
-        execute(plan)
+        execute(plan, parts=Parts(reader=reader_of(FailingReader)))
     assert _free_bytes() >= before - 4 * MIB, "device memory held after the failed load"
     del ei
-    monkeypatch.setattr(Reader, "read_into", real)
     _, model = load(spec)
     assert_model(model, {k: cast(v, "F32") if ".mlp." in k else v for k, v in want.items()})
 

@@ -62,11 +62,11 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 from execute_support import (QKV, STACK, assert_model, cast, cli_run, fail_read_at, fused, holds_open,  # noqa: E402
                              interrupt_at, one_line,
-                             live_room_by_call, load_checked, refuse_direct_open, spec_file, stacked, synth)
+                             gone, live_room_by_call, load_checked, refuse_direct_open, spec_file, stacked, synth,
+                             use_parts, watch_regions)
 
-import planc.execute as planc_execute  # noqa: E402
+from planc.execute.events import RunStarted  # noqa: E402
 from planc import settings  # noqa: E402
-import planc.execute.loader as loader_mod  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import AdmissionError, FingerprintError, Interrupted, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
@@ -300,33 +300,14 @@ class Watch:
 
     def __init__(self, monkeypatch, test: str, folder: Path):
         self.test, self.folder = test, str(folder)
-        self.seen: list = []
-        real = loader_mod.Loader.allocate
-
-        def allocate(loader):
-            try:
-                real(loader)
-            finally:  # also when allocation itself fails part way (io.direct: on, refused at open)
-                self.seen.append((_ref(loader.ring_owner), _ref(loader.arena)))
-
-        monkeypatch.setattr(loader_mod.Loader, "allocate", allocate)
-        real_device = loader_mod.Loader._allocate_device
-
-        def allocate_device(loader):  # the arena is allocated by a thread of its own
-            try:
-                real_device(loader)
-            finally:
-                self.arenas.append(_ref(loader.arena))
-
-        self.arenas: list = []
-        monkeypatch.setattr(loader_mod.Loader, "_allocate_device", allocate_device)
+        # each load's regions: the ring and the arena, weakly (also when allocation fails part way)
+        self.seen: list = watch_regions(monkeypatch)
 
     def start(self, plan) -> dict:
         # The first load creates the context and compiles and loads the kernels (their modules stay
         # in device memory): the baseline is taken after one good load of the same plan.
         execute(plan).free()
         self.seen.clear()
-        self.arenas.clear()
         self.threads = threading.active_count()
         self.allocs = LEDGER.allocs
         self.before = snapshot()
@@ -339,13 +320,10 @@ class Watch:
         record(self.test, what=what, before=self.before, after=after, delta=d,
                pinned_allocs=LEDGER.allocs - self.allocs)
         assert bool(self.seen) == allocated, "a load allocated although it should have been refused first"
-        for ring, arena in self.seen:
-            assert ring() is None, "the pinned ring outlived the failed load"
-            assert arena() is None, "the device arena outlived the failed load"
-        for arena in self.arenas:
-            assert arena() is None, "the device arena outlived the failed load"
+        for rec in self.seen:
+            assert gone(rec, "ring"), "the pinned ring outlived the failed load"
+            assert gone(rec, "arena"), "the device arena outlived the failed load"
         self.seen.clear()
-        self.arenas.clear()
         if pinned_used:  # the ledger saw the ring being pinned: what it says below is about real memory
             assert LEDGER.allocs > self.allocs, "the load pinned nothing the ledger saw"
         self.allocs = LEDGER.allocs
@@ -438,14 +416,12 @@ def test_shard_changed_after_compile(tmp_path, capsys, dense16, watch, monkeypat
     elif change == "remove":
         os.remove(shard)
     else:  # the fingerprints pass, then the shard loses its second half while the load runs
-        real = planc_execute.check_fingerprints
+        def truncate_once_started(event):  # after the fingerprints and admission, before the first read
+            if isinstance(event, RunStarted) and os.path.getsize(shard) == size:
+                with open(shard, "r+b") as f:
+                    f.truncate(size // 2)
 
-        def check_then_truncate(p):
-            real(p)
-            with open(shard, "r+b") as f:
-                f.truncate(size // 2)
-
-        monkeypatch.setattr(planc_execute, "check_fingerprints", check_then_truncate)
+        use_parts(monkeypatch, observer=truncate_once_started)
     during = change == "truncate-during-load"
     error, code = (ReadError, "read-short") if during else \
         (FingerprintError, "file-removed" if change == "remove" else "file-changed")

@@ -40,9 +40,9 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
     pytest.skip("numba was imported before the CUDA simulator could be switched on, and no GPU is present",
                 allow_module_level=True)
 
-import planc.execute.loader as loader_mod  # noqa: E402
+from planc.execute.events import CopyIssued  # noqa: E402
 from execute_support import (SMALL_IO, cli_run, fail_read_at, handmade, holds_open, interrupt_at,  # noqa: E402
-                             live_room_by_call, one_line, refuse_direct_open, spec_file, synth)
+                             gone, live_room_by_call, one_line, use_parts, watch_regions, refuse_direct_open, spec_file, synth)
 from hostile.corpus import CHECKPOINTS, SPECS, VALID, Case, ent, st_bytes, table, u8_shard  # noqa: E402
 from planc.compile import compile_spec  # noqa: E402
 from planc.errors import (AdmissionError, FingerprintError, Interrupted, PlancError, ReadError,  # noqa: E402
@@ -278,21 +278,14 @@ def released(monkeypatch):
     """Watch what each load allocates; `check()` asserts that all of it is gone (while the error may
     still be held), and that no file descriptor or thread outlived the load."""
     fds, threads = _fds(), threading.active_count()
-    seen = []
-    real = loader_mod.Loader.allocate
-
-    def allocate(self):
-        real(self)
-        seen.append((weakref.ref(self.ring_owner), weakref.ref(self.arena)))
-
-    monkeypatch.setattr(loader_mod.Loader, "allocate", allocate)
+    seen = watch_regions(monkeypatch)
 
     def check(allocated: bool = True):
         gc.collect()
         assert bool(seen) == allocated, "a load allocated although it should have been refused first"
-        for ring, arena in seen:
-            assert ring() is None, "the pinned ring outlived the failed load"
-            assert arena() is None, "the device arena outlived the failed load"
+        for rec in seen:
+            assert gone(rec, "ring"), "the pinned ring outlived the failed load"
+            assert gone(rec, "arena"), "the device arena outlived the failed load"
         assert _fds() <= fds, f"file descriptors left open: {sorted(_fds() - fds)}"
         assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
 
@@ -421,7 +414,7 @@ def test_interrupt_before_the_load(tmp_path, capsys, dense, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("planc.compile.compile_spec", interrupted)
+    monkeypatch.setattr("planc.compile.compile_loaded", interrupted)  # the compile `run` makes of a spec
     rc, out, err = cli_run(capsys, "run", spec, "--json")
     assert rc == 130 and out == "" and one_line(err) == "planc: interrupted"
 
@@ -431,18 +424,18 @@ def test_interrupt_dropped_by_python_still_ends_the_run(tmp_path, capsys, dense,
     goes on; `planc run` remembers the SIGINT and ends as interrupted, the loaded model freed."""
     path, _ = dense
     plan_path, _ = _plan_file(tmp_path, path, io={"slot": 4096, "slots": 2, "workers": 2, "direct": "off"})
-    real, calls = loader_mod.Loader._complete, []
+    calls = []
 
-    def complete(self, entry):
-        calls.append(1)
-        if len(calls) == 3:
-            try:
-                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
-            except KeyboardInterrupt:
-                pass  # what Python does with it in a weakref callback
-        return real(self, entry)
+    def observe(event):  # the 3rd read sent on to the device: a SIGINT that Python drops
+        if isinstance(event, CopyIssued) and event.request is not None:
+            calls.append(1)
+            if len(calls) == 3:
+                try:
+                    signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+                except KeyboardInterrupt:
+                    pass  # what Python does with it in a weakref callback
 
-    monkeypatch.setattr(loader_mod.Loader, "_complete", complete)
+    use_parts(monkeypatch, observer=observe)
     rc, out, err = cli_run(capsys, "run", plan_path, "--json")
     assert rc == 130 and out == "" and "interrupted during the load" in one_line(err)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -105,7 +105,9 @@ def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_pat
     """The ring of a load that returned is given back by the unpinning thread; the next load waits for
     it first thing, so its baseline and admission see the memory free."""
     from planc.compile import compile_spec
-    from planc.execute import execute, loader as loader_mod
+    from planc.execute import execute
+    from planc.execute.allocation import Regions
+    from planc.execute.parts import Parts
     from planc.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0)
@@ -114,23 +116,24 @@ def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_pat
                     "  - match: '*'\n")
     plan = compile_spec(spec)
     rings, freed_on = [], []
-    real_allocate = loader_mod.Loader.allocate
 
-    def allocate(self):
-        assert seam._unpinning == [] or all(not t.is_alive() for t in seam._unpinning), \
-            "a load allocated while an earlier ring was still being unpinned"
-        real_allocate(self)
-        rings.append(weakref.ref(self.ring_owner))
-        weakref.finalize(self.ring_owner, lambda: freed_on.append(threading.current_thread().name))
-        gc.collect()  # what a long load's own collections do: the loader and its ring reach the old generation
+    class Watched(Regions):
+        def __init__(self, *a, **k):
+            assert seam._unpinning == [] or all(not t.is_alive() for t in seam._unpinning), \
+                "a load allocated while an earlier ring was still being unpinned"
+            super().__init__(*a, **k)
 
-    loader_mod.Loader.allocate = allocate
+        def pin_ring(self):
+            super().pin_ring()
+            rings.append(weakref.ref(self.ring_owner))
+            weakref.finalize(self.ring_owner, lambda: freed_on.append(threading.current_thread().name))
+            gc.collect()  # what a long load's own collections do: the regions and their ring reach the old generation
+
     gc.disable()  # nothing but reference counts may free the ring: no cycle may hold it
-    try:
-        models = [execute(plan) for _ in range(2)]  # the models are kept: the rings must go all the same
+    try:  # the models are kept: the rings must go all the same
+        models = [execute(plan, parts=Parts(regions=Watched.start)) for _ in range(2)]
     finally:
         gc.enable()
-        loader_mod.Loader.allocate = real_allocate
     seam.settle_released()
     assert len(rings) == 2 and all(r() is None for r in rings), "a finished load's ring outlived it"
     assert freed_on == ["planc-unpin", "planc-unpin"], freed_on
@@ -143,6 +146,7 @@ def test_the_lanes_start_after_the_files_are_open_and_the_readers_threads_exist(
     the caller's steps come first, and the lanes start last."""
     from planc.compile import compile_spec
     from planc.execute import allocation, execute
+    from planc.execute.parts import Parts
     from planc.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0, shards=2)
@@ -151,19 +155,23 @@ def test_the_lanes_start_after_the_files_are_open_and_the_readers_threads_exist(
                     "  - match: '*'\n")
     plan = compile_spec(spec)
     assert len(plan.checkpoint.files) == 2 and sum(len(r.requests) for r in plan.runs) >= 3
-    seen = []
-    real = allocation.Pinner
+    seen, built = [], {}
 
-    class Watched(real):
-        def __init__(self, *a, **k):
-            me = threading.current_thread()
-            loader = next(f.f_locals["self"] for f in _frames() if type(f.f_locals.get("self")).__name__ == "Loader")
-            seen.append((sorted(getattr(loader.reader, "files", {})), len(getattr(loader.pool, "_threads", ())),
-                         me.name))
-            super().__init__(*a, **k)
+    def reader(plan):
+        built["reader"] = allocation.open_reader(plan)
+        return built["reader"]
 
-    monkeypatch.setattr(allocation, "Pinner", Watched)
-    execute(plan).free()
+    def pool(plan):
+        built["pool"] = allocation.open_pool(plan)
+        return built["pool"]
+
+    class Watched(allocation.Regions):
+        def pin_ring(self):  # the lanes start here: what is open and started by then
+            seen.append((sorted(getattr(built.get("reader"), "files", {})),
+                         len(getattr(built.get("pool"), "_threads", ())), threading.current_thread().name))
+            super().pin_ring()
+
+    execute(plan, parts=Parts(regions=Watched.start, reader=reader, pool=pool)).free()
     assert seen == [(sorted(f.path for f in plan.checkpoint.files), 3, threading.current_thread().name)], seen
 
 
@@ -198,13 +206,6 @@ def test_a_thread_that_cannot_start_leaves_no_thread_waiting():
     finally:
         threading.Thread.start = real_start
     assert all(not t.is_alive() for t in started)  # the lanes that started were stopped
-
-
-def _frames():
-    f = sys._getframe(1)
-    while f is not None:
-        yield f
-        f = f.f_back
 
 
 # -- planc run's head start -------------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_tiny_model_reads_back(tmp_path, family):
     assert (h, kv, v) == (64, 16, 256) and kv == h // 4
 
     with safe_open(res.path, framework="numpy") as f:
-        assert f.metadata() == {"format": "pt"}
+        assert f.metadata() == {"format": "pt", "writer": "planc synth"}  # transformers reads the format; the writer marks it as synth's
         keys = set(f.keys())
         assert keys == {t.name for t in lay.tensors} and len(keys) == res.tensors
         for t in lay.tensors:

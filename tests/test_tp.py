@@ -209,15 +209,17 @@ def test_mapped_windows_are_what_the_plan_counts(ckpt, monkeypatch, window):
 
     monkeypatch.setattr(reader_mod.mmap, "mmap", Watched)
     by_request = {}
-    real_read = reader_mod.Reader.read_strided
 
-    def read_strided(self, rel, offset, length, stride, count, buf):
-        before = len(maps)
-        n = real_read(self, rel, offset, length, stride, count, buf)
-        by_request[(offset, count)] = maps[before:]
-        return n
+    class Recording(reader_mod.Reader):  # the windows each strided read mapped
+        def read_strided(self, rel, offset, length, stride, count, buf):
+            before = len(maps)
+            n = super().read_strided(rel, offset, length, stride, count, buf)
+            by_request[(offset, count)] = maps[before:]
+            return n
 
-    monkeypatch.setattr(reader_mod.Reader, "read_strided", read_strided)
+    from execute_support import reader_of, use_parts
+
+    use_parts(monkeypatch, reader=reader_of(Recording))
     _load(plan)
     monkeypatch.undo()
     assert set(by_request) == set(wins)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError
+from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError, printable
 from ..ir import Plan
 from ..units import gib
 
@@ -31,28 +31,63 @@ def check_fingerprints(plan) -> None:
         except FileNotFoundError:
             raise FingerprintError(f"{path}: checkpoint file removed since the plan was compiled; compile again",
                                    code="file-removed") from None
+        except (OSError, ValueError) as e:  # a symlink loop, a folder now a file, a name too long, a NUL
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise FingerprintError(f"{printable(path)}: checkpoint file cannot be read since the plan was compiled "
+                                   f"({why}); compile again", code="file-unreadable") from None
         if st.st_size != f.size_bytes or st.st_mtime_ns != f.mtime_ns:
             raise FingerprintError(
                 f"{path}: changed since the plan was compiled (size {f.size_bytes:,} -> {st.st_size:,} bytes, "
                 f"mtime_ns {f.mtime_ns} -> {st.st_mtime_ns}); compile again", code="file-changed")
 
 
-def admit_live(plan) -> dict:
-    from .memory import live_room
+def check_against_headers(plan) -> None:
+    """Every byte range the plan reads is where the checkpoint's own headers put the tensor it names:
+    the same file, the same dtype, inside that tensor's bytes (a whole read: exactly them, with its
+    shape). A plan file edited to read one tensor's bytes as another's is a `PlanFormatError` (exit 2)
+    before anything is allocated, and `--verify` (which reads at the plan's offsets) then compares
+    against the checkpoint as its headers describe it. Only the headers are read."""
+    from ..errors import PlanFormatError
+    from ..manifest import read_manifest
+
+    root = plan.checkpoint.root
+    headers = {}
+    for f in plan.checkpoint.files:
+        m = read_manifest(os.path.join(root, f.path))
+        headers[f.path] = {t.name: t for t in m.tensors}
+    for part in plan.parts:
+        for i in part.inputs:
+            entry = headers.get(i.file, {}).get(i.tensor)
+            where = f"plan part {part.tensor}#{part.index} reads {i.tensor!r} from {os.path.join(root, i.file)}"
+            if entry is None:
+                raise PlanFormatError(f"{where}, whose header has no such tensor; compile again",
+                                      code="plan-header-mismatch")
+            last = i.start + ((i.count - 1) * i.stride + i.seg if i.count > 1 else i.nbytes)
+            whole = i.count == 1 and i.nbytes == entry.nbytes
+            if (i.dtype != entry.dtype or i.start < entry.start or last > entry.start + entry.nbytes
+                    or (whole and (i.start != entry.start or tuple(i.shape) != tuple(entry.shape)))):
+                raise PlanFormatError(
+                    f"{where} at bytes [{i.start:,}, {last:,}) as {i.dtype} {list(i.shape)}, but the file's header puts "
+                    f"it at [{entry.start:,}, {entry.start + entry.nbytes:,}) as {entry.dtype} {list(entry.shape)}; "
+                    f"the plan does not match its checkpoint: compile again", code="plan-header-mismatch")
+
+
+def admit_live(plan, room) -> tuple:
+    """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory;
+    returns (room, the device's (free, total) bytes or None)."""
     from .seam import memory_info, simulated
 
-    room = live_room()
     need = plan.peak.host_bytes
     what = "the plan's host peak"
     if simulated():  # the simulator's device memory is host memory: the regions count against the room
         need += plan.layout.device_bytes
         what = "the plan's host peak plus its simulated device regions"
-    if need > room["room_bytes"]:
+    if need > room.room_bytes:
         raise AdmissionError(
             f"refused before allocating: {what} is {need:,} bytes ({gib(need)}), the live room is "
-            f"{room['room_bytes']:,} bytes ({gib(room['room_bytes'])}) (available {room['available_bytes']}, cgroup "
-            f"room {room['cgroup_room_bytes']}, reserve {room['reserve_bytes']}); lower io.slots/io.slot or io.run",
-            code="live-room", refusal={"run": 0, "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
+            f"{room.room_bytes:,} bytes ({gib(room.room_bytes)}) (available {room.available_bytes}, cgroup "
+            f"room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}); lower io.slots/io.slot or io.run",
+            code="live-room", refusal={"run": 0, "needed_bytes": need, "allowed_bytes": room.room_bytes})
     info = memory_info()
     dev_need = plan.peak.device_bytes
     if info is not None and dev_need > info[0]:
@@ -60,100 +95,182 @@ def admit_live(plan) -> dict:
             f"refused before allocating: the plan needs {dev_need:,} bytes ({gib(dev_need)}) of device memory, "
             f"{plan.device} has {info[0]:,} bytes ({gib(info[0])}) free; skip tensors or load a smaller dtype",
             code="device-room", refusal={"run": 0, "needed_bytes": dev_need, "allowed_bytes": info[0]})
-    return {"host": room, "device_free_bytes": None if info is None else info[0],
-            "device_total_bytes": None if info is None else info[1]}
+    return room, info
+
+
+def resolve_settings(settings):
+    """The load's `Settings`: the environment's with `settings` over them (a bad variable in the
+    environment: SpecError `bad-env`; a bad argument: SettingError)."""
+    from ..errors import SpecError
+    from ..settings import SettingError, Settings
+
+    try:
+        return Settings.resolve(settings)
+    except SettingError as e:
+        if e.from_env:
+            raise SpecError(str(e), code="bad-env") from None
+        raise
 
 
 def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device: str | None = None,
-            settings: dict | None = None):
+            settings=None, observer=None, parts=None, timings=None):
     """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure.
 
-    `settings` (name -> value, `planc.settings.NAMES`) are in force over the environment for this
-    call: `{"host_reserve": "1GiB", "raw_launch": False, "kernel_dir": "/tmp/k"}`."""
+    `settings`: a `planc.settings.Settings`, or name -> value over the environment's
+    (`{"host_reserve": "1GiB", "raw_launch": False, "kernel_dir": "/tmp/k"}`), resolved once here and
+    in force for this call only (this thread, and the threads the load starts). `observer`: called
+    with each `events` record of the load. `parts`: the `parts.Parts` the pipeline is composed of
+    (default: the real ones). `timings`: phases timed before this call (the API's compile), put
+    in the report as they are."""
     from .. import settings as _settings
+    from ..plan import checked
 
-    with _settings.overridden(settings):
-        return _execute(plan, progress=progress, verify=verify, device=device)
+    plan = checked(plan)  # a Plan edited or built by the caller goes through the plan file's checks
+    s = resolve_settings(settings)
+    with _settings.using(s):
+        return _execute(plan, progress=progress, verify=verify, device=device, settings=s, observer=observer,
+                        parts=parts, before=timings or {})
 
 
-def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None):
+def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, settings, observer, parts, before):
     from . import launch
-    from .loader import Loader
-    from .memory import hwm_bytes, pin_method, reset_hwm, rss_bytes
+    from .events import LoadEnded, Step, fanout
+    from .loader import Pipeline, new_counters, new_timings
+    from .memory import hwm_bytes, reset_hwm, rss_bytes
     from .model import DeviceTensor, LoadedModel
-    from .seam import memory_info, release, select, settle_released, simulated
+    from .records import build_report
+    from .seam import device as the_device, memory_info, release, select, settle_released, simulated
 
+    t_call = time.perf_counter()
     if not plan.fits:
         r = plan.refusal
         raise AdmissionError(r.message, code=r.code, refusal=r._asdict())
+    from . import parts as _parts
+
+    parts = parts or _parts.DEFAULT
     t_prep = time.perf_counter()
     settle_released()  # an earlier load's ring is unpinned before this one measures and admits
-    pin_method()  # a bad PLANC_PIN is refused before anything is allocated
     check_fingerprints(plan)
-    dev = plan.device if device is None else _device_arg(device)
-    idx = select(dev)  # attaches to the device's primary context (made here if no one made it yet)
-    live = admit_live(plan)
+    check_against_headers(plan)
+    dev_name = plan.device if device is None else _device_arg(device)
+    idx = select(dev_name)  # attaches to the device's primary context (made here if no one made it yet)
+    room, _ = admit_live(plan, parts.live_room(settings.host_reserve))
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()
     free_before = memory_info()
     kernel_code = launch.stats()
-    loader = Loader(plan)
-    loader.device = dev
-    loader.timings["prepare"] = time.perf_counter() - t_prep
+    dev = the_device()
+    counters, timings = new_counters(), new_timings()
+    timings["prepare"] = time.perf_counter() - t_prep
     bar = _progress(plan) if progress else None
+    observer = fanout(bar[2] if bar else None, parts.observer, observer)
+    # The pipeline's parts, built here, in this order (each started as soon as it can be: `Regions`)
+    stream = regions = warmer = reader = pool = kernels = pipeline = None
     t0 = time.perf_counter()
     try:
         try:
-            loader.allocate()
+            stream = dev.stream()
+            regions = parts.regions(plan, dev, stream, counters, timings, observer)
+            warmer = parts.warmer(plan)
+            reader = parts.reader(plan)
+            pool = parts.pool(plan)
+            regions.pin_ring()
+            kernels = parts.kernels(plan, dev, stream, regions, warmer, counters, timings, observer)
+            host = parts.host(plan, dev, stream, regions, reader, counters, observer)
+            pipeline = Pipeline(plan, dev=dev, stream=stream, regions=regions, reader=reader, submit=pool.submit,
+                                kernels=kernels, host=host, live_room=lambda run: parts.live_room(settings.host_reserve, run=run),
+                               
+                                observer=observer, counters=counters, timings=timings)
+            timings["allocate"] = time.perf_counter() - t0
+            observer(Step("allocate", start=t0))
             if bar:
                 bar[0].start()
-                loader.progress = bar[2]
-            loader.run()
+            pipeline.run()
             free_alloc = memory_info()  # arena, landing and staging all still held
         finally:
             if bar:
                 bar[0].stop()
         wall = time.perf_counter() - t0
-        arena = loader.arena
-        loader.arena = None
+        arena = regions.take_arena()
         t_free = time.perf_counter()
-        loader.free(full=False)
-        loader.timings["free"] = time.perf_counter() - t_free
+        _close(regions, warmer, kernels, pool, reader, stream, pipeline, full=False)
+        timings["free"] = time.perf_counter() - t_free
+        observer(Step("free", start=t_free))
     except PlancError as e:
         _drop_frames(e)
-        loader.free()
-        loader.drop_arena()
+        _close(regions, warmer, kernels, pool, reader, stream, pipeline)
+        observer(LoadEnded(False, type(e).__name__, start=t0))
         raise
     except KeyboardInterrupt as e:
         _drop_frames(e)
-        loader.free()
-        loader.drop_arena()
+        _close(regions, warmer, kernels, pool, reader, stream, pipeline)
+        observer(LoadEnded(False, "Interrupted", start=t0))
         raise Interrupted("interrupted during the load; everything allocated was released") from None
     except Exception as e:  # noqa: BLE001 - any device or runtime failure: release, then a typed error
         _drop_frames(e)
-        loader.free()
-        loader.drop_arena()
+        _close(regions, warmer, kernels, pool, reader, stream, pipeline)
+        observer(LoadEnded(False, "ExecuteError", start=t0))
         raise ExecuteError(f"load failed: {type(e).__name__}: {e}; everything allocated was released",
                            code="load-failed") from e
     hwm = hwm_bytes()
     tensors = {t.name: DeviceTensor(t.name, t.dtype, t.shape, t.offset_bytes, t.nbytes, arena, idx)
                for t in plan.tensors}
-    report = _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, simulated())
-    report["kernel_code"] = launch.since(kernel_code)  # where this load's kernels came from (launch.stats)
-    model = LoadedModel(tensors, report, arena)
     t_rel = time.perf_counter()
     release(full=False, settle=False)
-    report["timings"]["release"] = round(time.perf_counter() - t_rel, 6)
-    report["host"]["rss_after_bytes"] = rss_bytes()
+    timings["release"] = time.perf_counter() - t_rel
+    rss_after = rss_bytes()
+    checked = None
     if verify:
         from .verify import verify_model
 
+        unchecked = LoadedModel(tensors, None, arena, simulated())
         try:
-            report["verify"] = verify_model(plan, model)
+            checked = verify_model(plan, unchecked)
         except BaseException:
-            model.free()
+            del tensors, arena
+            unchecked.free()
             raise
-    return model
+        del unchecked
+    if before:  # the phases before this call, and this call's own time next to them
+        timings.update(before)
+        timings["execute"] = time.perf_counter() - t_call
+    report = build_report(plan, device=dev_name, simulator=simulated(), counters=counters, timings=timings,
+                          wall=wall, reader=reader, pinned_by=dev.pin_method(), base_rss=base_rss, hwm=hwm,
+                          hwm_reset=hwm_reset, rss_after=rss_after, free_before=free_before, free_alloc=free_alloc,
+                          live_room_bytes=room.room_bytes, kernel_code=launch.since(kernel_code), verify=checked)
+    observer(LoadEnded(True, start=t0))
+    return LoadedModel(tensors, report, arena, report.simulator)
+
+
+def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool = True) -> None:
+    """Stop and release every part of a load that was built (None: not built), also after a failure;
+    a failed load (`full`) drops its arena too. A finished load keeps its arena: `take_arena` has
+    handed it over."""
+    if regions is not None:
+        regions.stop()
+    if kernels is not None:
+        kernels.join_warmer()
+    elif warmer is not None:
+        warmer.join()
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if reader is not None:
+        reader.close()
+    try:
+        if stream is not None:
+            stream.synchronize()
+    except Exception:  # noqa: BLE001 - the device may already be in error; still drop what we hold
+        pass
+    if pipeline is not None:
+        pipeline.close()
+    if regions is not None:
+        regions.free(full)
+        if full:
+            regions.drop_arena()
+    elif full:
+        from .seam import release
+
+        release()
 
 
 def _drop_frames(e: BaseException) -> None:
@@ -184,54 +301,16 @@ def _progress(plan):
     task = p.add_task("load", total=plan.totals.payload_bytes, parts=0)
     done = [0]
 
-    def advance(nbytes: int, parts: int = 0) -> None:
-        done[0] += parts
-        p.update(task, advance=nbytes, parts=done[0])
+    def observe(event) -> None:  # the load's observer: bytes as they are copied, parts as they are done
+        from .events import CopyIssued, HostPartDone, KernelsLaunched
 
-    return p, task, advance
+        if isinstance(event, CopyIssued) and event.request is not None:
+            p.update(task, advance=event.nbytes)
+        elif isinstance(event, (KernelsLaunched, HostPartDone)):
+            done[0] += 1 if isinstance(event, HostPartDone) else event.parts
+            p.update(task, advance=event.nbytes if isinstance(event, HostPartDone) else 0, parts=done[0])
 
-
-def _report(plan, loader, wall, base_rss, hwm, hwm_reset, free_before, free_alloc, live, sim) -> dict:
-    t = plan.totals
-    c = loader.counters
-    lay = plan.layout
-    payload = t.payload_bytes
-    dev_used = None
-    if free_before is not None and free_alloc is not None:
-        dev_used = free_before[0] - free_alloc[0]
-    return {
-        "simulator": sim,
-        "device": loader.device,
-        "tensor_parallel": plan.tensor_parallel._asdict(),
-        "wall_seconds": wall,
-        "gb_per_s": payload / wall / 1e9 if wall > 0 else None,
-        "payload_bytes": payload,
-        "bytes_read": {"predicted": t.read_bytes, "measured": loader.reader.bytes_read if loader.reader else None},
-        "requests": {"predicted": t.requests, "issued": c["requests"]},
-        "copies": {"predicted": t.copies, "issued": c["copies"]},
-        "kernels": {"predicted": t.kernels, "issued": c["kernels"]},
-        "run_waits": c["run_waits"],
-        "timings": {k: round(v, 6) for k, v in loader.timings.items()},
-        "host": {
-            "predicted_peak_bytes": plan.peak.host_bytes,
-            "pinned_bytes": lay.ring_bytes,
-            "pinned_by": loader.dev.pin_method(),
-            "baseline_rss_bytes": base_rss,
-            "hwm_bytes": hwm,
-            "hwm_reset": hwm_reset,
-            "growth_bytes": hwm - base_rss,
-            "live_room_bytes": live["host"]["room_bytes"],
-        },
-        "device_memory": {
-            "predicted_peak_bytes": plan.peak.device_bytes,
-            "arena_bytes": lay.arena_bytes,
-            "landing_bytes": lay.landing_bytes,
-            "measured_allocated_bytes": dev_used,
-            "free_before_bytes": None if free_before is None else free_before[0],
-        },
-        "files": loader.reader.modes() if loader.reader else {},
-        "retries": loader.reader.retries if loader.reader else 0,
-    }
+    return p, task, observe
 
 
 def _device_arg(device) -> str:

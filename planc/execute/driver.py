@@ -36,6 +36,7 @@ _SIGNATURES = {
     "cuDeviceGet": [_P(_int), _int],
     "cuDeviceGetCount": [_P(_int)],
     "cuDeviceGetAttribute": [_P(_int), _int, _int],
+    "cuDeviceTotalMem_v2": [_P(_sz), _int],
     "cuDevicePrimaryCtxRetain": [_P(_vp), _int],
     "cuCtxSetCurrent": [_vp],
     "cuCtxGetCurrent": [_P(_vp)],
@@ -202,6 +203,14 @@ def attribute(attr: int, idx: int) -> int:
     v = _int()
     check(lib().cuDeviceGetAttribute(ctypes.byref(v), attr, idx), "cuDeviceGetAttribute")
     return v.value
+
+
+def total_memory(idx: int) -> int:
+    """Device `idx`'s memory in bytes (cuDeviceTotalMem: no context is made, so compile can ask)."""
+    dev, total = _int(), _sz()
+    check(lib().cuDeviceGet(ctypes.byref(dev), idx), "cuDeviceGet")
+    check(lib().cuDeviceTotalMem_v2(ctypes.byref(total), dev), "cuDeviceTotalMem")
+    return int(total.value)
 
 
 def memory_info() -> tuple[int, int]:

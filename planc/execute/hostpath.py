@@ -1,19 +1,47 @@
 """The host path: a part whose transform runs on the host, read into its own buffer, transformed
 into host scratch, then staged through the ring slot by slot.
+
+`HostPath` is a part of the pipeline: given the plan, the device, the stream, the load's regions,
+its reader, tallies and observer; the pipeline hands it the ring's `acquire` and `fence` for each
+part (`run`).
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from . import fp4ref
+from .events import HostPartDone
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 
 
 class HostPath:
-    """The host-path half of `Loader` (a mixin: the loader's state is one object)."""
+    """Runs the plan's host-path parts (`run`)."""
 
-    def _host_part(self, h) -> None:
-        self._device()
+    def __init__(self, plan, dev, stream, regions, reader, counters: dict, observer):
+        self.plan, self.dev, self.stream, self.regions, self.reader = plan, dev, stream, regions, reader
+        self.counters, self.observer = counters, observer
+        self.slot = plan.io.slot_bytes
+
+    def run(self, r, h, acquire, fence) -> None:
+        """Host part `h` of run `r`: read, transformed, staged through ring slots from `acquire()`,
+        each `fence(slot)`ed after its copy."""
+        t0 = time.perf_counter()
+        self.regions.ready()
+        self._host_part(h, acquire, fence)
+        self.observer(HostPartDone(r.index, h.part, self.plan.parts[h.part].out_bytes, start=t0))
+
+    @property
+    def ring(self):
+        return self.regions.ring
+
+    @property
+    def arena(self):
+        return self.regions.arena
+
+    def _host_part(self, h, acquire, fence) -> None:
         p = self.plan.parts[h.part]
         bufs = []
         for inp in p.inputs:
@@ -28,22 +56,22 @@ class HostPath:
         off = 0
         while off < len(out):
             n = min(self.slot, len(out) - off)
-            slot = self._acquire_slot()
+            slot = acquire()
             buf = self.ring[slot]
             buf[:n] = out[off:off + n]
             self.dev.stage(buf, ((self.arena, h.dst_offset + off, 0, n, 1, 0),), self.stream)
             self.counters["copies"] += 1
-            self._fence(slot)
+            fence(slot)
             off += n
         self.counters["host_parts"] += 1
-        if self.progress:
-            self.progress(p.out_bytes, 1)
 
 
 def _host_transform(p, bufs: list) -> np.ndarray:
     w = p.inputs[0]
     if p.op == "convert":
         return convert_host(bufs[0], w.dtype, p.out_dtype)
+    if p.op in ("dequantize", "dequantize_t") and fp4ref.is_fp4(p):
+        return fp4ref.host_dequantize(p, bufs)
     if p.op == "dequantize":
         rows, cols = w.shape
         return dequantize_fp8_host(bufs[0], bufs[1], w.dtype, p.out_dtype, rows, cols, p.block)

@@ -1,5 +1,8 @@
 """A run's kernels: launched after the run's copies, on the same stream, or deferred while the
 kernels are still being loaded; and the warmer that loads them while the first reads run.
+
+`KernelRuns` is a part of the pipeline: given the plan, the device, the stream, the load's regions,
+the warmer (a thread, or None), its tallies and its observer.
 """
 
 from __future__ import annotations
@@ -9,12 +12,20 @@ import time
 import numpy as np
 
 from . import dispatch, seam
+from .events import KernelsLaunched
 
 
 class KernelRuns:
-    """The kernel half of `Loader` (a mixin: the loader's state is one object)."""
+    """Launches each run's kernels on the load's stream (`launch`), deferring them while the warmer
+    still loads the kernels (`flush_deferred` launches those deferred)."""
 
-    def _join_warmer(self) -> None:
+    def __init__(self, plan, dev, stream, regions, warmer, counters: dict, timings: dict, observer):
+        self.plan, self.dev, self.stream, self.regions = plan, dev, stream, regions
+        self.warmer = warmer
+        self.counters, self.timings, self.observer = counters, timings, observer
+        self.deferred: list = []  # runs whose kernels wait for the kernel warmer
+
+    def join_warmer(self) -> None:
         """Wait for the kernel-warming thread before the first launch.
 
         Two threads loading the same kernel's module at once (the warmer and the first real launch)
@@ -26,48 +37,48 @@ class KernelRuns:
             self.warmer = None
             self.timings["wait_warm"] = time.perf_counter() - t0
 
-    def _launch_kernels(self, r) -> None:
+    def launch(self, r) -> None:
         """Launch run r's kernels, or defer them while the kernel warmer is still compiling.
 
         Deferred kernels are launched later on the same stream, so they still follow their run's
         copies; the arena ranges they touch are the run's own. A run that reuses a landing region
-        flushes the deferred kernels first (`_admit_run`), since they may still read it.
+        flushes the deferred kernels first (`Pipeline._admit_run`), since they may still read it.
         """
-        self._device()
+        self.regions.ready()
         if r.kernels:
             if self.warmer is not None and self.warmer.is_alive():
                 self.deferred.append(r)
                 return
-            self._flush_deferred()
+            self.flush_deferred()
         self._kernels_of(r)
 
-    def _flush_deferred(self) -> None:
+    def flush_deferred(self) -> None:
         if self.deferred or self.warmer is not None:
-            self._join_warmer()
+            self.join_warmer()
         runs, self.deferred = self.deferred, []
         for r in runs:
             self._kernels_of(r)
 
     def _kernels_of(self, r) -> None:
+        t0 = time.perf_counter()
         for k in r.kernels:
             self._kernel(r, k)
             self.counters["kernels"] += 1
-        if self.progress:
-            self.progress(0, len(r.parts) - len(r.host_parts))
+        self.observer(KernelsLaunched(r.index, len(r.kernels), len(r.parts) - len(r.host_parts), start=t0))
 
     def _kernel(self, r, k) -> None:
         from ..dtypes import DTYPES
 
         s_size, d_size = DTYPES[k.src_dtype].bits // 8, DTYPES[k.dst_dtype].bits // 8
         numel = k.numel
-        src = self._dst(k.src_space, r, k.src_offset, max(1, numel * max(1, s_size)))
-        dst = self.arena[k.dst_offset:k.dst_offset + numel * d_size]
+        src = self.regions.dst(k.src_space, r, k.src_offset, max(1, numel * max(1, s_size)))
+        dst = self.regions.arena[k.dst_offset:k.dst_offset + numel * d_size]
         if k.op == "convert":
             dispatch.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.stream)
         elif k.op == "dequantize":
             rows, cols, b = k.rows, k.cols, k.block
             n_scale = -(-rows // b) * -(-cols // b)
-            scale = self._dst("landing", r, k.scale_offset, n_scale * 4)
+            scale = self.regions.dst("landing", r, k.scale_offset, n_scale * 4)
             dispatch.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.stream)
         else:  # transpose (the codec admits no other op)
             dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream)
@@ -98,11 +109,14 @@ def warm_kernels(plan):
         need.add(("zero", None, None))
     if not need:
         return None
+    import contextvars
     import threading
 
-    # The thread selects the load's device itself, whatever a new thread would default to.
-    t = threading.Thread(target=_warm, args=(seam.current_device(), sorted(need, key=str)), name="planc-warm",
-                         daemon=True)
+    # The thread selects the load's device itself, whatever a new thread would default to; the
+    # caller's context (the load's settings) goes with it.
+    t = threading.Thread(target=contextvars.copy_context().run, args=(_warm, seam.current_device(),
+                                                                       sorted(need, key=str)),
+                         name="planc-warm", daemon=True)
     t.start()
     return t
 

@@ -7,118 +7,131 @@ a landing region is reused only after the kernels that read it, and an in-place 
 only after its bytes arrived. A slot is refilled only after the event recorded after its copies
 has completed (fence and swap).
 
-`Loader` is this pipeline; its other concerns live beside it, one module each: allocation and
-release (`allocation.py`), the pinned ring and the background threads (`ring.py`), a run's kernels
-and their warmer (`kernelruns.py`), the host path (`hostpath.py`). The device itself is reached
-only through `seam.device()`.
+`Pipeline` is this loop, composed of the parts it is given (`execute` builds them, in one place):
+the load's regions (`allocation.Regions`: arena, landing, staging, the pinned ring), the reader
+(`reader.Reader`), the pool its reads are submitted to, the kernel runs (`kernelruns.KernelRuns`),
+the host path (`hostpath.HostPath`), the live-room check (`memory.live_room`) and the observer of
+its events (`events`). The device itself is reached only through the device object it is given.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import AdmissionError, ExecuteError
 from ..units import gib
-from . import dispatch, seam
-from .allocation import Allocation
-from .hostpath import HostPath
-from .kernelruns import KernelRuns, reads_landing
-from .memory import live_room
-from .reader import Reader
-from .ring import Background, Pinner
+from . import dispatch
+from .events import CopyIssued, ReadDone, RunDone, RunStarted, Step
+from .kernelruns import reads_landing
 
 
-class Loader(Allocation, KernelRuns, HostPath):
-    def __init__(self, plan, progress=None):
-        self.plan = plan
-        self.io = plan.io
-        self.slot = self.io.slot_bytes
-        self.progress = progress
-        self.counters = {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
-        self.timings = {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "wait_pin": 0.0, "issue": 0.0,
-                        "admit": 0.0, "final_sync": 0.0}
-        self.staging = self.table = self.stream = None
-        self.warmer = None
-        self.pinner: Pinner | None = None
-        self.device_job: Background | None = None
-        self.deferred: list = []  # runs whose kernels wait for the kernel warmer
-        self.free_slots: deque = deque()
+def new_counters() -> dict:
+    """The load's issued counts, added to by each part."""
+    return {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
+
+
+def new_timings() -> dict:
+    return {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "wait_pin": 0.0, "issue": 0.0,
+            "admit": 0.0, "final_sync": 0.0}
+
+
+class Pipeline:
+    """One load's loop over the plan's runs (`run`), composed of the parts it is given."""
+
+    def __init__(self, plan, *, dev, stream, regions, reader, submit, kernels, host, live_room, observer,
+                 counters: dict, timings: dict):
+        self.plan, self.dev, self.stream = plan, dev, stream
+        self.regions, self.reader, self.submit = regions, reader, submit
+        self.kernels, self.host, self.live_room, self.observer = kernels, host, live_room, observer
+        self.counters, self.timings = counters, timings
+        self.slot = plan.io.slot_bytes
+        self.free_slots: deque = deque(range(plan.layout.ring_bytes // self.slot))
         self.copying: deque = deque()  # (slot, event)
         self.pending: deque = deque()  # (run, request index, request, slot, future)
-        self.arena = self.landing = self.ring_owner = self.ring = None
-        self.reader: Reader | None = None
-        self.pool: ThreadPoolExecutor | None = None
-        self.events: list = []
-        self.dev = seam.device()
+        self.remaining = [len(r.requests) for r in plan.runs]
 
     # -- the pipeline -----------------------------------------------------------------------
     def run(self) -> None:
+        t_run = time.perf_counter()
         runs = self.plan.runs
-        self.remaining = [len(r.requests) for r in runs]
         for r in runs:
             self._admit_run(r)
+            self.observer(RunStarted(r.index))
             for qi, req in enumerate(r.requests):
                 slot = self._acquire_slot()
-                fut = self.pool.submit(self._read, req, slot)
+                fut = self.submit(self._read, r, qi, req, slot)
                 self.pending.append((r, qi, req, slot, fut))
                 self._complete_ready()
             if r.host_parts:
                 self._drain()
                 for h in r.host_parts:
-                    self._host_part(h)
+                    self.host.run(r, h, self._acquire_slot, self._fence)
             if not r.requests:
                 self._launch_kernels(r)
         self._drain()
-        self._device()
-        self._flush_deferred()
+        self.regions.ready()
+        self.kernels.flush_deferred()
         t0 = time.perf_counter()
         self.stream.synchronize()
         self.timings["final_sync"] = time.perf_counter() - t0
+        self.observer(Step("final_sync", start=t0))
+        self.observer(Step("run", start=t_run))
+
+    def _launch_kernels(self, r) -> None:
+        self.kernels.launch(r)
+        self.observer(RunDone(r.index))
 
     def _admit_run(self, r) -> None:
         region = r.landing_region
-        if any(d.landing_region == region and reads_landing(d) for d in self.deferred):
-            self._flush_deferred()
+        if any(d.landing_region == region and reads_landing(d) for d in self.kernels.deferred):
+            self.kernels.flush_deferred()
         need = r.host_bytes
         if not need:
             return
         t0 = time.perf_counter()
-        room = live_room()
+        room = self.live_room(r.index)
         self.timings["admit"] += time.perf_counter() - t0
-        if need <= room["room_bytes"]:
+        if need <= room.room_bytes:
             return
         self.counters["run_waits"] += 1
         self._drain()
         self.stream.synchronize()
-        room = live_room()
-        if need <= room["room_bytes"]:
+        room = self.live_room(r.index)
+        if need <= room.room_bytes:
             return
         raise AdmissionError(
             f"refused at run {r.index}: it needs {need:,} bytes ({gib(need)}) of host memory for host-path "
-            f"buffers, the live room is {room['room_bytes']:,} bytes ({gib(room['room_bytes'])}: available "
-            f"{room['available_bytes']}, cgroup room {room['cgroup_room_bytes']}, reserve {room['reserve_bytes']}) "
+            f"buffers, the live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}: available "
+            f"{room.available_bytes}, cgroup room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}) "
             f"with nothing else in flight; free memory, or move the rule to on: device",
-            code="live-room", refusal={"run": r.index, "needed_bytes": need, "allowed_bytes": room["room_bytes"]})
+            code="live-room", refusal={"run": r.index, "needed_bytes": need, "allowed_bytes": room.room_bytes})
 
-    def _read(self, req, slot: int) -> int:
+    def _read(self, r, qi: int, req, slot: int) -> int:
+        """On a reader's thread: request `qi` of run `r` into its ring slot."""
+        t0 = time.perf_counter()
+        ring = self.regions.ring
         if req.stride:
-            return self.reader.read_strided(req.file, req.offset, req.length, req.stride, req.count, self.ring[slot])
-        return self.reader.read_into(req.file, req.offset, req.length, self.ring[slot], req.needed)
+            n = self.reader.read_strided(req.file, req.offset, req.length, req.stride, req.count, ring[slot])
+        else:
+            n = self.reader.read_into(req.file, req.offset, req.length, ring[slot], req.needed)
+        self.observer(ReadDone(r.index, qi, req.length * req.count if req.stride else req.length, bool(req.stride),
+                               start=t0))
+        return n
 
     def _slot(self, k: int) -> int:
-        if self.ring[k] is None:
+        if self.regions.ring[k] is None:
             t0 = time.perf_counter()
-            self.pinner.wait(k)
+            self.regions.pinner.wait(k)
             self.timings["wait_pin"] += time.perf_counter() - t0
         return k
 
     def _fence(self, slot: int) -> None:
         """Record the slot's event after its copies; the slot is refilled only once the event completes."""
-        ev = self.events[slot]
+        events = self.regions.events
+        ev = events[slot]
         if ev is None:
-            ev = self.events[slot] = self.dev.event()
+            ev = events[slot] = self.dev.event()
         ev.record(self.stream)
         self.copying.append((slot, ev))
 
@@ -133,6 +146,7 @@ class Loader(Allocation, KernelRuns, HostPath):
                 t0 = time.perf_counter()
                 ev.synchronize()
                 self.timings["wait_slots"] += time.perf_counter() - t0
+                self.observer(Step("slot_wait", start=t0))
                 self.free_slots.append(slot)
             else:
                 raise ExecuteError("the ring has no slot to give and nothing in flight", code="ring-stuck")
@@ -173,42 +187,44 @@ class Loader(Allocation, KernelRuns, HostPath):
         r, qi, req, slot, fut = entry
         t0 = time.perf_counter()
         fut.result()  # re-raises the reader's typed error
-        self._device()
+        self.regions.ready()
         t1 = time.perf_counter()
         self.timings["wait_reads"] += t1 - t0
         self.counters["requests"] += 1
-        buf = self.ring[slot]
+        g = self.regions
+        buf = g.ring[slot]
         if req.scatter:
             needed = req.needed
             base = req.staging * self.slot
-            self.dev.stage(buf, ((self.staging, base, 0, needed, 1, 0),), self.stream)
-            first, last, longest = self.scatter_rows[(r.index, qi)]
-            self._join_warmer()
-            dispatch.scatter(self.staging[base:base + needed], self.arena, self.table, first, last, req.width,
+            self.dev.stage(buf, ((g.staging, base, 0, needed, 1, 0),), self.stream)
+            first, last, longest = g.scatter_rows[(r.index, qi)]
+            self.kernels.join_warmer()
+            dispatch.scatter(g.staging[base:base + needed], g.arena, g.table, first, last, req.width,
                              self.stream, longest)
             self.counters["copies"] += 1
             self.counters["kernels"] += 1
             moved = sum(c.nbytes for c in req.copies)
+            copies = 1
         else:
-            arena, landing = self.arena, self.landing
+            arena, landing = g.arena, g.landing
             moved = self.dev.stage(buf, [(arena if space == "arena" else landing[r.landing_region], dst, slot_off, n,
                                           rows, pitch)
                                          for slot_off, space, dst, n, rows, pitch in req.copies], self.stream)
             self.counters["copies"] += len(req.copies)
+            copies = len(req.copies)
         self.timings["issue"] += time.perf_counter() - t1
         self._fence(slot)
+        self.observer(CopyIssued(r.index, qi, copies, moved, start=t1))
         self.remaining[r.index] -= 1
         if self.remaining[r.index] == 0:
             self._launch_kernels(r)
-        if self.progress:
-            self.progress(moved)
 
     def _drain(self) -> None:
         while self.pending:
             if not self._complete_ready():
                 self._wait_read()
 
-    def _dst(self, space: str, r, off: int, n: int):
-        if space == "arena":
-            return self.arena[off:off + n]
-        return self.landing[r.landing_region][off:off + n]
+    def close(self) -> None:
+        """Forget what is in flight (after a failure, the pool shut down)."""
+        self.copying.clear()
+        self.pending.clear()

@@ -7,10 +7,12 @@ Live room = min(MemAvailable, cgroup limit - cgroup usage net of reclaimable fil
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 
 def reserve_bytes() -> int:
+    """The current settings' host reserve (a bad PLANC_HOST_RESERVE: SpecError `bad-env`, exit 2)."""
     from ..settings import SettingError, host_reserve_bytes
 
     try:
@@ -21,16 +23,15 @@ def reserve_bytes() -> int:
         raise SpecError(str(e), code="bad-env") from None
 
 
-def pin_method() -> str:
-    """PLANC_PIN, checked before anything is allocated (a bad value: SpecError `bad-env`, exit 2)."""
-    from ..settings import SettingError, pin
+@dataclass(frozen=True)
+class LiveRoom:
+    """Host memory a load may still take now: `room_bytes` = min(available, cgroup room) - reserve
+    (None: not known on this machine)."""
 
-    try:
-        return pin()
-    except SettingError as e:
-        from ..errors import SpecError
-
-        raise SpecError(str(e), code="bad-env") from None
+    available_bytes: int | None
+    cgroup_room_bytes: int | None
+    reserve_bytes: int
+    room_bytes: int
 
 
 def _meminfo(key: str) -> int | None:
@@ -95,13 +96,15 @@ def _inactive_file(p: Path, key: str = "inactive_file") -> int:
     return 0
 
 
-def live_room() -> dict:
+def live_room(reserve: int | None = None, run: int | None = None) -> LiveRoom:
+    """The live room now, keeping `reserve` bytes free (default: the current settings' host_reserve).
+    `run`: the run about to start that asks (None: the whole plan's admission)."""
     avail = _meminfo("MemAvailable")
     cg = cgroup_room()
     candidates = [x for x in (avail, cg) if x is not None]
     raw = min(candidates) if candidates else 2**62
-    res = reserve_bytes()
-    return {"available_bytes": avail, "cgroup_room_bytes": cg, "reserve_bytes": res, "room_bytes": max(0, raw - res)}
+    res = reserve_bytes() if reserve is None else reserve
+    return LiveRoom(avail, cg, res, max(0, raw - res))
 
 
 def _status(key: str) -> int:

@@ -79,11 +79,14 @@ class DeviceTensor:
 
 
 class LoadedModel:
-    """The loaded tensors (a mapping) and the measured report. `free()` releases the device memory."""
+    """The loaded tensors (a mapping) and the measured report (`records.Report`, typed and immutable).
+    `simulated`: whether the tensors live in the CUDA simulator (host memory standing in for the
+    device). `free()` releases the device memory."""
 
-    def __init__(self, tensors: dict, report: dict, arena):
+    def __init__(self, tensors: dict, report, arena, simulated: bool):
         self.tensors = tensors
         self.report = report
+        self.simulated = simulated
         self._arena = arena
 
     def __getitem__(self, name: str) -> DeviceTensor:

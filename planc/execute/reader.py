@@ -167,12 +167,17 @@ class Reader:
         self.files[rel] = f
         return f
 
+    def cache_fraction(self, path: str, size: int) -> float | None:
+        """How much of `path` is in the page cache (`page_cache_fraction`), which `io.direct: auto`
+        goes by."""
+        return page_cache_fraction(path, size)
+
     def _choose(self, path: str, size: int) -> tuple[bool, str]:
         if self.direct == "off" or not hasattr(os, "O_DIRECT"):
             return False, "io.direct is off" if self.direct == "off" else "no O_DIRECT on this system"
         if self.direct == "on":
             return True, "io.direct is on"
-        frac = page_cache_fraction(path, size)
+        frac = self.cache_fraction(path, size)
         if frac is not None and frac >= 0.5:
             return False, f"page cache warm ({frac:.0%} resident): buffered"
         return True, "page cache cold: O_DIRECT" if frac is not None else "O_DIRECT (cache state unknown)"

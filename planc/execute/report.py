@@ -17,6 +17,10 @@ def render_report(rep: dict, console: Console) -> None:
     for c in ("", "predicted", "measured"):
         t.add_column(c, justify="left" if not c else "right")
     h, d = rep["host"], rep["device_memory"]
+    pw = rep.get("predicted")
+    if pw:
+        t.add_row("wall (warm / cold)", f"{pw['wall_warm_seconds']:.3f} / {pw['wall_cold_seconds']:.3f} s"
+                  + (" (default costs)" if pw["default_costs"] else ""), f"{rep['wall_seconds']:.3f} s")
     t.add_row("host peak (planc buffers)", fmt_bytes(h["predicted_peak_bytes"]),
               f"{fmt_bytes(h['growth_bytes'])} RSS growth over {fmt_bytes(h['baseline_rss_bytes'])} baseline")
     t.add_row("pinned ring", fmt_bytes(h["pinned_bytes"]), fmt_bytes(h["pinned_bytes"]))

@@ -8,7 +8,10 @@ its own, on the caller's device.
 
 from __future__ import annotations
 
+import time
+
 from . import seam
+from .events import Step
 from .seam import pinned_ring
 
 
@@ -22,12 +25,15 @@ class Background:
     receives at once."""
 
     def __init__(self, fn, name: str, on_error=None):
+        import contextvars
         import threading
 
         self.fn, self.on_error = fn, on_error
         self.error: BaseException | None = None
         self.dev = None if seam.simulated() else seam.current_device()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # the caller's context goes with it: the load's settings (`settings.using`) hold in the thread
+        self.thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name=name,
+                                       daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
@@ -62,10 +68,11 @@ class Pinner:
 
     LANES = 4
 
-    def __init__(self, ring: list, owners: list, nbytes: int, lanes: int | None = None):
+    def __init__(self, ring: list, owners: list, nbytes: int, lanes: int | None = None, observer=None):
         import threading
 
         self.ring, self.owners, self.nbytes = ring, owners, nbytes
+        self.observer = observer  # told of each slot's pinning (`events.Step("pin")`)
         self.cond = threading.Condition()
         self.next = 0  # the next slot a lane takes
         self.error: BaseException | None = None
@@ -85,7 +92,10 @@ class Pinner:
                 if self.stopping or self.error is not None or k >= len(self.ring):
                     return
                 self.next = k + 1
+            t0 = time.perf_counter()
             owner, view = pinned_ring(self.nbytes)
+            if self.observer is not None:
+                self.observer(Step("pin", start=t0))
             with self.cond:
                 if self.stopping:
                     return

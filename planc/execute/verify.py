@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from ..dtypes import DTYPES
+from . import fp4ref
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 
 CHUNK = 16 * 2**20
@@ -70,6 +71,10 @@ def _verify_part(root: str, p, arena) -> tuple[bool, int]:
             if not np.array_equal(ref, _device(arena, dst + off // s_size * d_size, len(ref))):
                 return False, off
         return True, p.out_bytes
+    if op in ("dequantize", "dequantize_t") and fp4ref.is_fp4(p):
+        # Whole inputs: an FP4 part's read bytes are bounded by the plan like a transpose's source.
+        ref = fp4ref.host_dequantize(p, [_read(root, i, 0, i.nbytes) for i in p.inputs])
+        return bool(np.array_equal(ref, _device(arena, dst, len(ref)))), p.out_bytes
     if op == "dequantize":
         rows, cols = w.shape
         b = p.block

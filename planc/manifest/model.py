@@ -50,6 +50,7 @@ class Manifest:
     shards: tuple[ShardInfo, ...]
     tensors: tuple[TensorEntry, ...]
     _by_name: dict = field(default_factory=dict, compare=False, repr=False)
+    format: str = "safetensors"  # or "gguf": which reader made it
 
     def __post_init__(self):
         if not self._by_name:

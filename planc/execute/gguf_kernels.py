@@ -1,0 +1,138 @@
+"""Numba CUDA kernels that dequantize GGUF blocks: Q8_0, Q4_0, Q4_K and Q6_K -> F32, F16 or BF16.
+
+Each kernel reads a tensor's stored bytes (uint8, whole blocks in order) and writes one element per
+step of a grid-stride loop over the output, as bits (uint32 for F32, uint16 for F16 and BF16). The
+values are those of `planc.gguf_dequant` (and so of the `gguf` package's numpy): float32 products
+rounded once each, then rounded to the output type by the bit operations the other kernels use
+(`planc.execute.kernels`). Q4_K subtracts two products; on the GPU both go through
+`libdevice.fmul_rn`, which the compiler may not fuse into a multiply-add (NVVM contracts a plain
+`a * b - c` by default, which would round once instead of twice). The simulator has no fused
+multiply-add (and no libdevice), so there the products are plain.
+
+Element i of the output is element j = i % B of block b = i // B (B the type's block); a block's
+scale bytes are read by each of its elements' threads, from cache after the first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from planc.execute.kernels import CACHE, _ops, simulated
+
+if simulated():
+
+    @cuda.jit(device=True)
+    def _mul_rn(a, b):
+        return np.float32(a * b)
+else:  # pragma: no cover - compiled for the GPU only
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def _mul_rn(a, b):
+        return libdevice.fmul_rn(a, b)
+
+
+@cuda.jit(device=True)
+def _half(src, at):
+    """float32 of the little-endian float16 at src[at]."""
+    h = np.int64(src[at]) | (np.int64(src[at + 1]) << 8)
+    return np.uint32(_ops.f16_to_f32(h)).view(np.float32)
+
+
+@cuda.jit(device=True)
+def _signed(b):
+    return b - 256 if b >= 128 else b
+
+
+@cuda.jit(device=True)
+def _q8_0(src, i):
+    base = (i // 32) * 34
+    d = _half(src, base)
+    q = _signed(np.int64(src[base + 2 + i % 32]))
+    return np.float32(np.float32(q) * d)
+
+
+@cuda.jit(device=True)
+def _q4_0(src, i):
+    base = (i // 32) * 18
+    j = i % 32
+    d = _half(src, base)
+    b = np.int64(src[base + 2 + (j % 16)])
+    q = ((b >> 4) if j >= 16 else b) & 0xF
+    return np.float32(d * np.float32(q - 8))
+
+
+@cuda.jit(device=True)
+def _q4_k(src, i):
+    base = (i // 256) * 144
+    j = i % 256
+    d = _half(src, base)
+    dmin = _half(src, base + 2)
+    s = j // 32
+    sb = base + 4
+    if s < 4:
+        sc = np.int64(src[sb + s]) & 63
+        m = np.int64(src[sb + 4 + s]) & 63
+    else:
+        md = np.int64(src[sb + 8 + s - 4])
+        sc = (md & 0xF) | ((np.int64(src[sb + s - 4]) >> 2) & 0x30)
+        m = (md >> 4) | ((np.int64(src[sb + s]) >> 2) & 0x30)
+    b = np.int64(src[base + 16 + (s // 2) * 32 + j % 32])
+    q = (b >> (4 * (s % 2))) & 0xF
+    ds = np.float32(d * np.float32(sc))
+    dm = _mul_rn(dmin, np.float32(m))
+    return np.float32(_mul_rn(ds, np.float32(q)) - dm)
+
+
+@cuda.jit(device=True)
+def _q6_k(src, i):
+    base = (i // 256) * 210
+    j = i % 256
+    h = j // 128
+    lo = np.int64(src[base + h * 64 + j % 64])
+    lo = (lo >> (4 * ((j // 64) % 2))) & 0xF
+    hi = np.int64(src[base + 128 + h * 32 + j % 32])
+    hi = (hi >> (2 * ((j // 32) % 4))) & 3
+    q = (lo | (hi << 4)) - 32
+    sc = _signed(np.int64(src[base + 192 + j // 16]))
+    d = _half(src, base + 208)
+    ds = np.float32(d * np.float32(sc))
+    return np.float32(ds * np.float32(q))
+
+
+def _kernel(value, out_bits):
+    @cuda.jit(cache=CACHE)
+    def kernel(src, dst, n):
+        i = cuda.grid(1)
+        s = cuda.gridsize(1)
+        while i < n:
+            v = value(src, i)
+            dst[i] = out_bits(np.int64(v.view(np.uint32)))
+            i += s
+
+    return kernel
+
+
+_VALUES = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_K": _q4_k, "Q6_K": _q6_k}
+_BITS = {"F32": _ops.identity, "F16": _ops.f32_to_f16, "BF16": _ops.f32_to_bf16}
+
+# name -> kernel: "gguf_{type}_{out}", e.g. gguf_Q4_K_BF16
+GGUF_KERNELS = {f"gguf_{t}_{o}": _kernel(v, b) for t, v in _VALUES.items() for o, b in _BITS.items()}
+
+__all__ = ["GGUF_KERNELS"]
+
+
+def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0) -> None:
+    """Launch `gguf_{type_name}_{out_dtype}` over `numel` elements: `src_u8` the stored blocks (flat
+    uint8 device array), `dst` a flat uint32 (F32) or uint16 (F16, BF16) device array of `numel`."""
+    from planc.execute import launch
+    from planc.execute.dispatch import grid_1d
+
+    name = f"gguf_{type_name}_{out_dtype}"
+    if name not in GGUF_KERNELS:
+        raise ValueError(f"no GGUF dequantization kernel {name}")
+    if numel <= 0:
+        return
+    blocks, threads = grid_1d(numel)
+    launch.go(name, blocks, threads, stream, src_u8, dst, numel, kernel=GGUF_KERNELS[name])

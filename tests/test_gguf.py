@@ -1,0 +1,198 @@
+"""GGUF: the reader against files the gguf package writes, a hostile corpus, dequantization
+(host numpy and the device kernels under the simulator) against gguf's own numpy reference."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before numba is first imported, as tests/test_kernels.py
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from planc.errors import ManifestError  # noqa: E402
+from planc.gguf_dequant import dequantize  # noqa: E402
+from planc.manifest import read_manifest  # noqa: E402
+from planc.manifest.ggml_types import GGML_TYPES  # noqa: E402
+from planc.synth_gguf import write_gguf  # noqa: E402
+
+T = gguf.GGMLQuantizationType
+
+
+def test_type_table_matches_gguf():
+    for t in T:
+        ours = GGML_TYPES[t.value]
+        assert (ours.block, ours.block_bytes) == gguf.GGML_QUANT_SIZES[t], t.name
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M", "Q4_0", "Q6_K", "F16", "BF16", "F32"])
+def test_reader_matches_gguf_reader(tmp_path, quant):
+    r = write_gguf(tmp_path, quant=quant, layers=2)
+    m = read_manifest(r.path)
+    assert m.format == "gguf"
+    theirs = {t.name: t for t in gguf.GGUFReader(r.path).tensors}
+    assert len(theirs) == len(m.tensors)
+    for t in m.tensors:
+        g = theirs[t.name]
+        assert t.shape == tuple(int(d) for d in reversed(g.shape))
+        assert t.start == int(g.data_offset) and t.nbytes == int(g.n_bytes)
+    meta = dict(m.shards[0].metadata)
+    assert meta["general.architecture"] == "llama" and meta["llama.context_length"] == "4096"
+
+
+def _write(path, version=3, alignment=None, tensors=(("a", (64,), T.F32),)):
+    w = gguf.GGUFWriter(str(path), "llama")
+    if alignment:
+        w.add_custom_alignment(alignment)
+    for name, shape, t in tensors:
+        w.add_tensor(name, np.zeros(shape, np.float32) if t == T.F32 else
+                     gguf.quants.quantize(np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape), t),
+                     raw_dtype=None if t == T.F32 else t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if version != 3:
+        b = bytearray(path.read_bytes())
+        b[4:8] = struct.pack("<I", version)
+        path.write_bytes(bytes(b))
+    return path
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("alignment", [None, 64, 128])
+def test_versions_and_alignments(tmp_path, version, alignment):
+    p = _write(tmp_path / "m.gguf", version, alignment,
+               (("a", (3, 64), T.Q8_0), ("b", (5,), T.F32), ("c", (2, 32), T.Q4_0)))
+    m = read_manifest(p)
+    assert [t.name for t in m.tensors] == ["a", "b", "c"]
+    assert all((t.start - m.shards[0].data_start) % (alignment or 32) == 0 for t in m.tensors)
+    assert m.tensor("a").shape == (3, 64)
+
+
+def _hostile(tmp_path, mutate):
+    p = _write(tmp_path / "m.gguf", tensors=(("a", (2, 64), T.Q8_0), ("b", (64,), T.F32)))
+    b = bytearray(p.read_bytes())
+    b = mutate(b)
+    p.write_bytes(bytes(b))
+    with pytest.raises(ManifestError) as e:
+        read_manifest(p)
+    assert "m.gguf" in str(e.value)
+    return e.value.code
+
+
+def _find(b, s):
+    return bytes(b).index(s)
+
+
+def test_hostile_corpus(tmp_path):
+    assert _hostile(tmp_path, lambda b: b"GGUX" + b[4:]) == "gguf-bad-magic"
+    assert _hostile(tmp_path, lambda b: b[:4] + struct.pack("<I", 1) + b[8:]) == "gguf-bad-version"
+    assert _hostile(tmp_path, lambda b: b[:30]) in ("gguf-truncated", "gguf-count-past-eof")
+    assert _hostile(tmp_path, lambda b: b[:-40]) == "data-short"
+    assert _hostile(tmp_path, lambda b: b[:8] + struct.pack("<Q", 1 << 60) + b[16:]) == "gguf-count-past-eof"
+    assert _hostile(tmp_path, lambda b: b[:16] + struct.pack("<Q", 1 << 60) + b[24:]) == "gguf-count-past-eof"
+    # a string length past the file: the first key's length
+    assert _hostile(tmp_path, lambda b: b[:24] + struct.pack("<Q", 1 << 40) + b[32:]) in (
+        "gguf-truncated", "gguf-bad-string")
+
+    def tensor_field(b, name, field):
+        at = _find(b, b"\x01\x00\x00\x00\x00\x00\x00\x00" + name) + 9  # name's length, then name
+        n_dims = struct.unpack_from("<I", b, at)[0]
+        after = at + 4 + 8 * n_dims
+        return {"dims": at + 4, "type": after, "offset": after + 4}[field]
+
+    def set_u(b, at, fmt, v):
+        struct.pack_into(fmt, b, at, v)
+        return b
+
+    assert _hostile(tmp_path, lambda b: set_u(b, tensor_field(b, b"a", "type"), "<I", 4)) == "unknown-dtype"
+    assert _hostile(tmp_path, lambda b: set_u(b, tensor_field(b, b"b", "offset"), "<Q", 0)) == "overlap"
+    assert _hostile(tmp_path, lambda b: set_u(b, tensor_field(b, b"b", "offset"), "<Q", 1 << 20)) == "hole"
+    assert _hostile(tmp_path, lambda b: set_u(b, tensor_field(b, b"b", "dims"), "<Q", 1 << 40)) in (
+        "gguf-size-past-eof", "data-short")
+    assert _hostile(tmp_path, lambda b: set_u(b, tensor_field(b, b"a", "dims"), "<Q", 33)) == "gguf-bad-shape"
+    assert _hostile(tmp_path, lambda b: b + b"\x00" * 64) == "trailing-bytes"
+
+
+def test_hostile_exits_2_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1 << 50, 0))
+    r = subprocess.run([sys.executable, "-m", "planc", "inspect", str(p)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad.gguf" in r.stderr
+
+
+QTYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K"]
+
+
+def _blocks(tmp_path, qtype, rows=2, cols=256):
+    from planc.synth_gguf import GGUFTensor, tensor_bytes
+
+    return tensor_bytes(GGUFTensor(f"t.{qtype}", qtype, (rows, cols)))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("out", ["F32", "F16", "BF16"])
+def test_host_dequant_bit_exact(tmp_path, qtype, out):
+    raw = _blocks(tmp_path, qtype, rows=4)
+    ref = gguf.quants.dequantize(raw.reshape(4, -1), T[qtype])
+    got = dequantize(raw, qtype, (4, 256), out)
+    want = {"F32": ref, "F16": ref.astype(np.float16)}.get(out)
+    if want is None:
+        import ml_dtypes
+
+        want = ref.astype(ml_dtypes.bfloat16)
+    assert got.shape == (4, 256) and got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_device_dequant_bit_exact_under_simulator(qtype):
+    from numba import cuda
+
+    from planc.execute.kernels import simulated
+
+    if not simulated() and not cuda.is_available():
+        pytest.skip("no simulator and no GPU")
+    from planc.execute.gguf_kernels import dequantize_gguf
+    from planc.synth_gguf import GGUFTensor, tensor_bytes
+
+    raw = tensor_bytes(GGUFTensor(f"k.{qtype}", qtype, (1, 256)))
+    ref = gguf.quants.dequantize(raw.reshape(1, -1), T[qtype]).reshape(-1)
+    import ml_dtypes
+
+    for out, dt, want in (("F32", np.uint32, ref.view(np.uint32)),
+                          ("BF16", np.uint16, ref.astype(ml_dtypes.bfloat16).view(np.uint16)),
+                          ("F16", np.uint16, ref.astype(np.float16).view(np.uint16))):
+        src = cuda.to_device(raw)
+        dst = cuda.to_device(np.zeros(256, dt))
+        dequantize_gguf(src, dst, qtype, out, 256)
+        np.testing.assert_array_equal(dst.copy_to_host(), want, err_msg=f"{qtype}->{out}")
+
+
+def test_cli_synth_inspect_and_compile(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "planc", *a], capture_output=True, text=True)  # noqa: E731
+    r = run("synth", str(tmp_path / "q"), "--family", "gguf", "--quant", "Q4_K_M", "--json")
+    assert r.returncode == 0, r.stderr
+    path = json.loads(r.stdout)["path"]
+    d = json.loads(run("inspect", path, "--json").stdout)
+    assert d["gguf"]["architecture"] == "llama" and d["gguf"]["context_length"] == "4096"
+    assert set(d["by_dtype"]) == {"F32", "Q4_K", "Q6_K"}
+    # a plain F16 GGUF compiles like a safetensors file; a quantized one is refused by name
+    r = run("synth", str(tmp_path / "h"), "--family", "gguf", "--quant", "F16", "--json")
+    for ckpt, ok in ((json.loads(r.stdout)["path"], True), (path, False)):
+        spec = tmp_path / f"s{ok}.yaml"
+        spec.write_text(f"checkpoint: {ckpt}\nbudget: {{host: 1GiB}}\nrules:\n  - match: '*'\n")
+        r = run("compile", str(spec), "-o", str(tmp_path / f"p{ok}.json"))
+        assert (r.returncode == 0) == ok, r.stderr
+        if not ok:
+            assert r.returncode == 2 and "gguf-quantized" in r.stderr and r.stderr.count("\n") == 1

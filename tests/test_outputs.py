@@ -1,0 +1,154 @@
+"""Every file planc writes could be someone's only copy: outputs onto devices, FIFOs, symlinks,
+inputs and files planc did not make are refused, and nothing is replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import write_st
+from planc import outputs
+from planc.costmodel import DEFAULTS, load_costs
+from planc.plan import load_plan, save_plan
+from planc.probe import read_doc
+from planc.synth import synth_made, write_checkpoint
+from test_cli import ckpt, one_line_error, run, spec  # noqa: F401  (the fixture and helpers)
+
+
+def _is_char_device(path) -> bool:
+    return stat.S_ISCHR(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("dev", ["/dev/null", "/dev/full"])
+def test_an_output_on_a_device_node_is_refused_and_the_node_kept(dev, tmp_path):
+    assert _is_char_device(dev)
+    with pytest.raises(outputs.OutputError) as e:
+        outputs.write(dev, b"x", "probe output")
+    assert e.value.code == "output-not-file" and dev in str(e.value)
+    assert _is_char_device(dev)
+
+
+def test_probe_output_on_dev_null_is_refused_before_measuring(capsys, tmp_path):
+    rc, o, e = run(capsys, "probe", tmp_path, "-o", "/dev/null")
+    assert rc == 2 and "/dev/null" in one_line_error(e) and "[output-not-file]" in e
+    assert _is_char_device("/dev/null")
+    assert not list(tmp_path.iterdir())  # nothing measured, no scratch file left
+
+
+def test_an_output_on_a_fifo_is_refused_and_never_opened(capsys, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    rc, _, e = run(capsys, "probe", tmp_path, "-o", fifo)
+    assert rc == 2 and "FIFO" in one_line_error(e)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_symlink_is_written_through_not_replaced(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps({"kind": "planc-probe"}))
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    outputs.write(link, json.dumps({"kind": "planc-probe", "v": 2}), "probe output",
+                  ours=lambda p: read_doc(p) is not None)
+    assert link.is_symlink() and json.loads(real.read_text())["v"] == 2
+
+
+def test_a_file_planc_did_not_write_is_not_replaced(tmp_path):
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": true}')
+    from planc.probe import is_probe_file, save
+
+    assert not is_probe_file(other)
+    with pytest.raises(outputs.OutputError) as e:
+        save({"kind": "planc-probe"}, other)
+    assert e.value.code == "output-not-ours"
+    assert other.read_text() == '{"mine": true}'
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "huge"])
+def test_a_probe_file_that_is_not_a_small_regular_file_is_not_read(kind, tmp_path):
+    if kind == "fifo":
+        p = tmp_path / "fifo"
+        os.mkfifo(p)
+    elif kind == "zero":
+        p = "/dev/zero"
+    else:
+        p = tmp_path / "huge.json"
+        p.write_text(" " * (2 << 20) + "{}")
+    done = []
+    t = threading.Thread(target=lambda: done.append(load_costs(p)), daemon=True)
+    t.start()
+    t.join(10)
+    assert done == [DEFAULTS]  # returned at once, with the built-in figures
+
+
+def test_compile_onto_its_own_spec_is_refused(capsys, ckpt):  # noqa: F811
+    s = spec(ckpt)
+    before = s.read_bytes()
+    rc, o, e = run(capsys, "compile", s, "-o", s)
+    assert rc == 2 and "[output-is-input]" in one_line_error(e)
+    assert s.read_bytes() == before
+
+
+def test_compile_onto_a_checkpoint_file_is_refused(capsys, ckpt):  # noqa: F811
+    s = spec(ckpt)
+    shard = ckpt / "m.safetensors"
+    before = shard.read_bytes()
+    rc, _, e = run(capsys, "compile", s, "-o", shard)
+    assert rc == 2 and "[output-is-input]" in one_line_error(e)
+    assert shard.read_bytes() == before
+
+
+def test_compile_onto_a_hard_link_of_the_spec_is_refused(capsys, ckpt):  # noqa: F811
+    s = spec(ckpt)
+    os.link(s, ckpt / "alias.json")
+    rc, _, e = run(capsys, "compile", s, "-o", ckpt / "alias.json")
+    assert rc == 2 and "[output-is-input]" in one_line_error(e)
+
+
+def test_run_report_onto_its_plan_is_refused(capsys, ckpt):  # noqa: F811
+    s = spec(ckpt)
+    plan = ckpt / "p.json"
+    assert run(capsys, "compile", s, "-o", plan)[0] == 0
+    before = plan.read_bytes()
+    rc, _, e = run(capsys, "run", plan, "--report", plan)
+    assert rc == 2 and "[output-is-input]" in one_line_error(e)
+    assert plan.read_bytes() == before and load_plan(plan) is not None
+
+
+def test_save_plan_onto_a_device_is_refused(ckpt):  # noqa: F811
+    from planc.compile import compile_spec
+
+    plan = compile_spec(spec(ckpt))
+    with pytest.raises(outputs.OutputError):
+        save_plan(plan, "/dev/null")
+    assert _is_char_device("/dev/null")
+    with pytest.raises(outputs.OutputError):
+        save_plan(plan, ckpt / "m.safetensors")
+
+
+def test_synth_never_replaces_a_checkpoint_it_did_not_write(capsys, tmp_path):
+    theirs = tmp_path / "model.safetensors"
+    write_st(theirs, {"w": np.arange(4, dtype=np.float32)})
+    before = theirs.read_bytes()
+    assert not synth_made(theirs)
+    rc, _, e = run(capsys, "synth", tmp_path)
+    assert rc == 2 and "not written by planc synth" in one_line_error(e)
+    assert theirs.read_bytes() == before
+    # Its own files it replaces (a second synth into the same folder), and --force replaces theirs.
+    assert run(capsys, "synth", tmp_path, "--force")[0] == 0
+    assert synth_made(theirs)
+    assert run(capsys, "synth", tmp_path, "--seed", "1")[0] == 0
+
+
+def test_synth_shards_and_index_are_marked_as_its_own(tmp_path):
+    res = write_checkpoint(tmp_path, "dense", shards=2)
+    assert all(synth_made(tmp_path / os.path.basename(f)) for f in res.files)
+    assert synth_made(tmp_path / "model.safetensors.index.json")
+    write_checkpoint(tmp_path, "dense", shards=2, seed=3)  # over its own files: allowed
+
