@@ -87,21 +87,14 @@ def test_a_probe_file_that_is_not_a_small_regular_file_is_not_read(kind, tmp_pat
     assert done == [DEFAULTS]  # returned at once, with the built-in figures
 
 
-def test_compile_onto_its_own_spec_is_refused(capsys, ckpt):  # noqa: F811
+@pytest.mark.parametrize("onto", ["the spec", "a checkpoint file"])
+def test_compile_onto_its_own_input_is_refused(capsys, ckpt, onto):  # noqa: F811
     s = spec(ckpt)
-    before = s.read_bytes()
-    rc, o, e = run(capsys, "compile", s, "-o", s)
+    target = s if onto == "the spec" else ckpt / "m.safetensors"
+    before = target.read_bytes()
+    rc, _, e = run(capsys, "compile", s, "-o", target)
     assert rc == 2 and "[output-is-input]" in one_line_error(e)
-    assert s.read_bytes() == before
-
-
-def test_compile_onto_a_checkpoint_file_is_refused(capsys, ckpt):  # noqa: F811
-    s = spec(ckpt)
-    shard = ckpt / "m.safetensors"
-    before = shard.read_bytes()
-    rc, _, e = run(capsys, "compile", s, "-o", shard)
-    assert rc == 2 and "[output-is-input]" in one_line_error(e)
-    assert shard.read_bytes() == before
+    assert target.read_bytes() == before
 
 
 def test_compile_onto_a_hard_link_of_the_spec_is_refused(capsys, ckpt):  # noqa: F811
