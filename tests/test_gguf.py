@@ -175,6 +175,32 @@ def test_device_dequant_bit_exact_under_simulator(qtype):
         np.testing.assert_array_equal(dst.copy_to_host(), want, err_msg=f"{qtype}->{out}")
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_kernel_values_typed_by_numba_match_gguf(qtype):
+    """The kernels' per-element functions compiled by numba's CPU target, whose typing is the GPU's:
+    the simulator runs any Python, so code numba cannot type (a device function reached through a
+    namespace object) or integer widths it types otherwise pass there and fail on the GPU."""
+    import numba
+
+    from planc.execute.gguf_kernels import _value_fns
+    from planc.execute.kernels import _scalar_ops
+    from planc.synth_gguf import GGUFTensor, tensor_bytes
+
+    ops = _scalar_ops(numba.njit)
+    fn = _value_fns(numba.njit, ops.f16_to_f32, lambda a, b: np.float32(a * b))[qtype]
+
+    @numba.njit
+    def run(src, dst):
+        for i in range(dst.size):
+            dst[i] = fn(src, i)
+
+    raw = tensor_bytes(GGUFTensor(f"n.{qtype}", qtype, (2, 256)))
+    ref = gguf.quants.dequantize(raw.reshape(2, -1), T[qtype]).reshape(-1)
+    got = np.zeros(512, np.float32)
+    run(raw, got)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
 def test_cli_synth_inspect_and_compile(tmp_path):
     import json
     import subprocess
