@@ -222,3 +222,42 @@ def test_cli_synth_inspect_and_compile(tmp_path):
         assert (r.returncode == 0) == ok, r.stderr
         if not ok:
             assert r.returncode == 2 and "gguf-quantized" in r.stderr and r.stderr.count("\n") == 1
+
+
+def _read(path, r):
+    with open(path, "rb") as f:
+        parts = []
+        for k in range(r.count):
+            f.seek(r.start + k * r.stride)
+            parts.append(f.read(r.seg))
+    return np.frombuffer(b"".join(parts), np.uint8)
+
+
+@pytest.mark.parametrize("name,dim,world", [("blk.0.ffn_gate.weight", 0, 4), ("blk.0.attn_k.weight", 0, 2),
+                                            ("blk.0.ffn_down.weight", 1, 2), ("blk.0.ffn_down.weight", 0, 2)])
+def test_rank_slices_of_quantized_tensors_are_whole_blocks(tmp_path, name, dim, world):
+    """A rank's rows (or whole-block columns) of a Q4_K / Q6_K tensor, read from the file by the
+    ranges `planc.split` computes, dequantize to that rank's slice of the whole tensor."""
+    from planc.split import Slice, rank_range, ranged
+
+    res = write_gguf(tmp_path, quant="Q4_K_M", layers=1)
+    t = {x.name: x for x in read_manifest(res.path).tensors}[name]
+    whole = dequantize(_read(res.path, ranged(t.start, t.shape, t.dtype, None)), t.dtype, t.shape)
+    for rank in range(world):
+        a, b, _ = rank_range(t.shape[dim], world, rank, False, name, dim)
+        r = ranged(t.start, t.shape, t.dtype, Slice(dim, a, b))
+        got = dequantize(_read(res.path, r), t.dtype, r.shape)
+        want = whole[a:b] if dim == 0 else whole[:, a:b]
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes(), (name, dim, rank)
+
+
+def test_a_split_cutting_a_quantization_block_is_refused_with_the_reason(tmp_path):
+    from planc.errors import BindError
+    from planc.split import Slice, ranged
+
+    res = write_gguf(tmp_path, quant="Q4_K_M", layers=1)
+    t = {x.name: x for x in read_manifest(res.path).tensors}["blk.0.ffn_down.weight"]  # Q6_K [256, 512]
+    with pytest.raises(BindError) as e:
+        ranged(t.start, t.shape, t.dtype, Slice(1, 128, 256))  # 4 ranks: 128 columns each, half a block
+    assert e.value.code == "split-gguf-block"
+    assert "Q6_K block (256 elements" in str(e.value) and "divides 2" in str(e.value)
