@@ -115,8 +115,8 @@ def test_the_device_is_chosen_as_numba_chooses_before_numba_is_imported(value, s
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     if value is not None:
         env["NUMBA_ENABLE_CUDASIM"] = value
-    probe = ("import sys; from planc.execute import seam; "
-             "print(seam.simulated(), type(seam.device()).__name__ if seam.simulated() else 'Gpu', 'numba' in sys.modules)")
+    probe = ("import sys; from planc.execute import seam; d = seam.default_device(); "
+             "print(d.simulated, type(d).__name__, 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     got_sim, kind, numba_loaded = out.stdout.split()
