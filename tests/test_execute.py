@@ -112,6 +112,25 @@ def test_tensor_larger_than_a_slot(tmp_path, load):
     assert_model(model, want)
 
 
+def test_a_load_goes_through_the_device_it_is_given(tmp_path, load):
+    """`execute(plan, device=...)` takes a device object: every kernel of the load is launched
+    through it, one launch per kernel the plan predicts, on the grids its geometry chooses (here
+    the simulator's, recorded on the way), and the model is bit-exact."""
+    from planc.execute.geometry import SimGrid
+    from planc.execute.seam import default_device
+
+    path, want = _odd_sizes(tmp_path)
+    rules = [{"match": "b.big", "dtype": "bfloat16"}, {"match": "d.big16", "dtype": "bfloat16"}, {"match": "*"}]
+    rec = RecordingDevice(default_device())
+    plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2, "workers": 2}), device=rec)
+    assert_model(model, dict(want, **{"b.big": cast(want["b.big"], "BF16"), "d.big16": cast(want["d.big16"], "BF16")}))
+    assert len(rec.launches) == plan.totals.kernels == model.report["kernels"]["issued"] >= 2
+    sim = SimGrid()
+    for name, grid, block, args in rec.launches:
+        assert name in ("f32_to_bf16", "f16_to_bf16") and (grid, block) == sim.map(args[-1])
+    assert model.simulated == default_device().simulated
+
+
 def test_landing_regions_are_aligned_for_any_element_type(tmp_path, load):
     """Run 0 lands 10 bytes of F16, run 1 lands F32 in the other region, which must start 4-byte aligned."""
     a, b = np.arange(5, dtype=np.float16) / 3, np.arange(7, dtype=np.float32) / 3

@@ -85,10 +85,11 @@ class Gpu:
     loads_kernels = True
     views_empty = True
 
-    def __init__(self, launcher=None):
+    def __init__(self, launcher=None, cu=None):
         from . import driver
 
         self.d = driver
+        self.cu = cu  # the driver library its pinned memory comes from (None: libcuda; a test's stand-in)
         self.register_refused = False
         self._launcher = launcher  # `launch.Launcher` (None: the process's, `launch.LAUNCHER`)
         self._grid = None
@@ -154,12 +155,12 @@ class Gpu:
         cuMemHostAlloc (PLANC_PIN=alloc, and wherever the driver refuses a registration)."""
         if self.pin_method() == "register":
             try:
-                return self.d.pinned_array(nbytes, "register")
+                return self.d.pinned_array(nbytes, "register", self.cu)
             except Exception as e:
                 if getattr(e, "code", None) != "pin-refused":
                     raise  # no memory to be had: the load fails, typed, as cuMemHostAlloc's would
                 self.register_refused = True  # a driver or VM that registers no host memory: alloc from now on
-        return self.d.pinned_array(nbytes, "alloc")
+        return self.d.pinned_array(nbytes, "alloc", self.cu)
 
     def pin_method(self) -> str:
         """How this process pins a ring slot now: PLANC_PIN, or `alloc` once registration was refused."""
