@@ -224,10 +224,12 @@ class DriverCalls:
 class Launcher:
     """A GPU's kernel launches by name: the loaded functions, what fell back to numba and why, and
     the counts of each kind of module load (`stats`). `LAUNCHER` is the process's; `calls` are the
-    driver calls it makes (`DriverCalls`)."""
+    driver calls it makes (`DriverCalls`); `index`: a callable giving the shipped PTX's table as
+    `ptxindex.usable()` does (None: that)."""
 
-    def __init__(self, calls=None):
+    def __init__(self, calls=None, index=None):
         self.calls = DriverCalls() if calls is None else calls
+        self.index = ptxindex.usable if index is None else index
         self.lock = threading.Lock()
         self.functions: dict = {}  # (name, signature, context) -> CUfunction handle (int)
         self.modules: list = []  # loaded modules stay for the process (a few KiB each)
@@ -251,7 +253,7 @@ class Launcher:
         bad = self.bad_ptx.get((name, sig, cc))
         if bad:
             return None, bad
-        e, why = ptxindex.choose(name, sig, cc)
+        e, why = ptxindex.choose(name, sig, cc, self.index())
         if e is None:
             return None, why
         cubin = ptxindex.cubin_for(e, cc)
