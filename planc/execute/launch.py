@@ -275,7 +275,8 @@ class Launcher:
                 self.counts["kernels_from_ptx"] += 1
                 return fn, None
             why = (f"{name} {e.file}: the driver refused PTX {e.ptx_version} for sm_{cc[0]}{cc[1]}: "
-                   f"{self.calls.error_text(rc)}" + (" (the driver is older than the NVVM that built it)" if rc == 222 else ""))
+                   f"{self.calls.error_text(rc)}"
+                   + (" (the driver is older than the NVVM that built it)" if rc == 222 else ""))
         self.bad_ptx[(name, sig, cc)] = why
         return None, why
 
