@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 
-from planc.execute import launch  # noqa: E402
+from planc.execute import launch, seam  # noqa: E402
 from planc.execute.gguf_kernels import dequantize_gguf  # noqa: E402
 from planc.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
 
@@ -52,15 +52,16 @@ def test_dequant_bit_exact_on_the_gpu(qtype, raw_launch, monkeypatch):
     monkeypatch.setenv("PLANC_RAW_LAUNCH", raw_launch)
     raw = tensor_bytes(GGUFTensor(f"gpu.{qtype}", qtype, (ROWS, COLS)))
     src = cuda.to_device(raw)
-    before = launch.stats()
+    dev = seam.device()
+    before = dev.kernel_stats()
     for out in ("F32", "F16", "BF16"):
         dst = cuda.device_array(ROWS * COLS, np.uint32 if out == "F32" else np.uint16)
-        dequantize_gguf(src, dst, qtype, out, ROWS * COLS)
+        dequantize_gguf(src, dst, qtype, out, ROWS * COLS, dev=dev)
         got = dst.copy_to_host()
         want = _want(raw, qtype, out)
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, (f"{qtype}->{out}: {bad.size} elements differ, first at {bad[:4].tolist()}: "
                                f"{got[bad[:4]].tolist()} != {want[bad[:4]].tolist()}")
-    used = launch.since(before)
+    used = launch.since(before, dev.kernel_stats())
     if raw_launch == "1":
         assert used["kernels_compiled"] == 0, used["fallbacks"]
