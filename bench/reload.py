@@ -45,6 +45,7 @@ def _args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--llama", default="llama-2GB", help="bench/handoff.py model name for part 3")
+    p.add_argument("--only", default=None, type=lambda v: set(v.split(",")), help="only these parts: dense,digest,transformers")
     return p.parse_args(argv)
 
 
@@ -177,6 +178,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     res = {"size_bytes": args.size, "shards": args.shards, "repeats": args.repeats}
     parts = [("dense", dense), ("digest", digest)] + ([("transformers", transformers_inplace)] if args.transformers else [])
+    parts = [(n, f) for n, f in parts if args.only is None or n in args.only]
     for name, fn in parts:
         t0 = time.perf_counter()
         try:

@@ -574,7 +574,8 @@ def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON writ
         _emit_json({**explain_doc(plan, node), "verification": verification})
     else:
         render(plan, out, node)
-        out.print(_verification_line(verification), markup=False, highlight=False)
+        if verify_digest is not None:
+            out.print(_verification_line(verification), markup=False, highlight=False)
     if budgets and not plan.fits:
         _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)

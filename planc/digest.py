@@ -384,7 +384,10 @@ class Verifier:
         mv = memoryview(data).cast("B")
         end = offset + len(mv)
         E = self.digest.extent_bytes
-        for k in range(offset // E, (end - 1) // E + 1 if end > offset else 0):
+        # Highest extent first: only a read's first extent can wait for an earlier read (the others
+        # start at this read's own bytes), so a read feeds what the next read will wait for before
+        # it waits itself, and the reads of a file are hashed in parallel, not in a chain.
+        for k in reversed(range(offset // E, (end - 1) // E + 1 if end > offset else 0)):
             st = exts.get(k)
             if st is None or st.reread:
                 continue
