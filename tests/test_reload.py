@@ -21,7 +21,7 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
                 allow_module_level=True)
 
 import planc  # noqa: E402
-from execute_support import (SMALL_IO, assert_model, cli_run, fail_read_at, handmade, one_line,  # noqa: E402
+from execute_support import (SMALL_IO, assert_model, cast, cli_run, fail_read_at, handmade, one_line,  # noqa: E402
                              record_events, spec_file, synth)
 from planc import digest as dg  # noqa: E402
 from planc.errors import DigestError, FingerprintError, ReadError, ReloadError, TornModelError  # noqa: E402
@@ -132,6 +132,20 @@ def test_reload_refused_by_a_changed_file_leaves_the_model_intact(tmp_path, mode
         model.reload(plan_b)
     assert model.torn is None
     assert_model(model, want_a)
+
+
+def test_reload_through_device_conversions(tmp_path, models):
+    """A plan whose kernels convert on the device (bf16 -> fp16) reloads into the same arena."""
+    a, want_a = synth(tmp_path / "a", "dense", layers=1, seed=0)
+    b, want_b = synth(tmp_path / "b", "dense", layers=1, seed=1)
+    rules = [{"match": "*.mlp.*", "dtype": "float16"}, {"match": "*"}]
+    model = planc.load(spec_file(tmp_path / "a", a, rules, io=SMALL_IO))
+    models.append(model)
+    arena = model._arena
+    rep = model.reload(spec_file(tmp_path / "b", b, rules, io=SMALL_IO), verify=True)
+    assert rep["verify"]["ok"] and rep["kernels"]["issued"] == rep["kernels"]["predicted"] > 0
+    assert model._arena is arena
+    assert_model(model, {k: cast(v, "F16") if ".mlp." in k else v for k, v in want_b.items()})
 
 
 # -- digests ---------------------------------------------------------------------------------------
