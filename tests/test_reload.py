@@ -148,6 +148,26 @@ def test_reload_through_device_conversions(tmp_path, models):
     assert_model(model, {k: cast(v, "F16") if ".mlp." in k else v for k, v in want_b.items()})
 
 
+def test_a_freed_model_is_not_reloaded(tmp_path):
+    sa, _, sb, _ = _two(tmp_path, shards=1, size=50_000)
+    model = planc.load(sa)
+    model.free()
+    with pytest.raises(ReloadError) as e:
+        model.reload(sb)
+    assert e.value.code == "reload-freed"
+
+
+def test_module_arena_splits_copies_at_tensor_boundaries():
+    from planc.execute.reload import ModuleArena, split_copies
+
+    arena = ModuleArena([(0, 10, "a"), (16, 8, "b"), (24, 4, "c")], 32)  # 6 bytes of padding after a
+    assert arena.pieces(4, 24) == [("a", 4, 0, 6), ("b", 0, 12, 8), ("c", 0, 20, 4)]
+    assert arena.pieces(10, 6) == []  # padding only
+    assert arena.pieces(17, 2) == [("b", 1, 0, 2)]
+    got = split_copies([(arena, 8, 100, 20, 1, 0), ("landing", 0, 5, 7, 1, 0)])
+    assert got == [("a", 8, 100, 2, 1, 0), ("b", 0, 108, 8, 1, 0), ("c", 0, 116, 4, 1, 0), ("landing", 0, 5, 7, 1, 0)]
+
+
 # -- digests ---------------------------------------------------------------------------------------
 
 

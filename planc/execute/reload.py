@@ -90,19 +90,15 @@ def check_layout(tensors: dict, arena_bytes: int, zero, plan) -> None:
                           f"nothing was written", code="reload-layout")
 
 
-def _plan_of(target, rank, device):
-    from ..api import _plan
-
-    return _plan(target, rank)
-
-
 def reload_model(model, target, *, rank=None, device=None, verify=False, digest=None, settings=None):
     """`LoadedModel.reload`: see the module's docstring. Returns the new report."""
     from . import execute
 
     if model._arena is None:
         raise ReloadError("the model was freed: there is no memory to reload into; load it again", code="reload-freed")
-    plan = _plan_of(target, rank, device)
+    from ..api import _plan
+
+    plan = _plan(target, rank)
     arena_bytes = model.report["device_memory"]["arena_bytes"]
     check_layout(model.tensors, arena_bytes, None, plan)
     state, began = model._state, []
@@ -145,23 +141,15 @@ class ModuleArena:
         self._bisect = bisect.bisect_right
 
     def pieces(self, off: int, n: int):
-        """(destination, offset in it, offset in the copy, bytes) of arena bytes [off, off + n)."""
+        """(destination, offset in it, offset in the copy, bytes) of arena bytes [off, off + n); bytes
+        that fall between tensors (the arena's alignment padding) belong to none and are not written."""
         out, end = [], off + n
-        i = self._bisect(self._starts, off) - 1
-        at = off
-        while at < end:
-            if i < 0 or i >= len(self.targets):
-                raise ReloadError(f"arena bytes [{at:,}, {end:,}) belong to no tensor of the module", code="inplace-gap")
+        i = max(0, self._bisect(self._starts, off) - 1)
+        while i < len(self.targets) and self.targets[i][0] < end:
             start, size, dst = self.targets[i]
-            if at >= start + size:
-                i += 1
-                if i < len(self.targets) and self.targets[i][0] > at:
-                    raise ReloadError(f"arena bytes [{at:,}, {self.targets[i][0]:,}) belong to no tensor of the module",
-                                      code="inplace-gap")
-                continue
-            k = min(end, start + size) - at
-            out.append((dst, at - start, at - off, k))
-            at += k
+            lo, hi = max(off, start), min(end, start + size)
+            if lo < hi:
+                out.append((dst, lo - start, lo - off, hi - lo))
             i += 1
         return out
 
