@@ -204,14 +204,14 @@ def _load_inplace(module, spec_or_plan, *, rank, device, verify, settings, diges
     from . import settings as _settings
     from .execute import execute, resolve_settings
     from .execute.reload import Into, ModuleArena, ReusedRegions, check_inplace, module_targets
-    from .execute.seam import simulated
+    from .execute.seam import default_device
 
     s = resolve_settings(settings)
     with _settings.using(s):
         t0 = time.perf_counter()
         plan = _plan(spec_or_plan, rank)
         check_inplace(plan)
-        targets, written = module_targets(module, plan, simulated())
+        targets, written = module_targets(module, plan, default_device().memory_is_host)
         arena = ModuleArena(targets, plan.layout.arena_bytes)
 
         def regions(plan_, dev, stream, counters, timings, observer):
