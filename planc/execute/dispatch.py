@@ -85,6 +85,15 @@ def grid_2d(rows: int, cols: int, per_block: tuple[int, int]) -> tuple[int, int]
     return gx, gy
 
 
+def tile_geometry(rows: int, cols: int, tile_rows: int, tile_cols: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(grid, block) of a tiled launch over [rows, cols] (the transposes): (32, 8) threads a block and
+    as many tiles as the cap allows on a GPU, two by two small blocks under the simulator."""
+    if simulated():
+        grid = (min(_SIM_GRID_TRANSPOSE[0], _cdiv(cols, tile_cols)), min(_SIM_GRID_TRANSPOSE[1], _cdiv(rows, tile_rows)))
+        return grid, _SIM_BLOCK_TRANSPOSE
+    return grid_2d(rows, cols, (tile_cols, tile_rows)), _BLOCK_2D
+
+
 # -- launchers: arrays already viewed with the kernel's element type ------------------------------
 
 def launch_map(name: str, src, dst, n: int, stream=0) -> None:
@@ -116,15 +125,7 @@ def launch_transpose(src, dst, rows: int, cols: int, stream=0) -> None:
     """src, dst: uint8, uint16, uint32 or uint64 arrays of rows * cols elements."""
     if rows <= 0 or cols <= 0:
         return
-    if simulated():
-        threads = _SIM_BLOCK_TRANSPOSE
-        grid = (
-            min(_SIM_GRID_TRANSPOSE[0], _cdiv(cols, _TILE)),
-            min(_SIM_GRID_TRANSPOSE[1], _cdiv(rows, _TILE)),
-        )
-    else:
-        threads = _BLOCK_2D
-        grid = grid_2d(rows, cols, (_TILE, _TILE))
+    grid, threads = tile_geometry(rows, cols, _TILE, _TILE)
     size = np.dtype(src.dtype).itemsize
     launch.go(f"transpose_{size}", grid, threads, stream, src, dst, rows, cols)
 

@@ -94,7 +94,7 @@ def _source_salt() -> str:
     if _salt is None:
         h = hashlib.sha256()
         here = Path(__file__).resolve().parent
-        for name in ("kernels.py", "scatter.py", "launch.py"):
+        for name in ("kernels.py", "scatter.py", "fp4_kernels.py", "launch.py"):
             h.update((here / name).read_bytes())
         try:
             from importlib.metadata import version
@@ -157,9 +157,9 @@ def _context() -> int:
 
 def kernel_of(name: str):
     """The numba kernel behind a launch name (imports numba and the kernels' source)."""
-    from . import kernels, scatter
+    from . import fp4_kernels, kernels, scatter
 
-    return {**kernels.KERNELS, **scatter.KERNELS}[name]
+    return {**kernels.KERNELS, **scatter.KERNELS, **fp4_kernels.KERNELS}[name]
 
 
 _numba_streams: dict = {}

@@ -57,9 +57,9 @@ def _versions() -> dict:
 
 def registry() -> dict:
     """Kernel name -> numba dispatcher, for every name `signatures.launches()` uses."""
-    from . import kernels, scatter
+    from . import fp4_kernels, kernels, scatter
 
-    return {**kernels.KERNELS, **scatter.KERNELS}
+    return {**kernels.KERNELS, **scatter.KERNELS, **fp4_kernels.KERNELS}
 
 
 @contextlib.contextmanager

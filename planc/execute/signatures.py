@@ -10,7 +10,8 @@ complete, explicit set of launches, derived from the dtype tables the compiler i
   kernel: only its 256-entry decode table differs);
 * transpose: elements of 1, 2, 4 and 8 bytes (every whole-byte dtype in `planc.dtypes`);
 * scatter: the request widths the schedule picks (1, 2, 4, 8 bytes);
-* zero: the zero-fill of tensor-parallel padding.
+* zero: the zero-fill of tensor-parallel padding;
+* fp4: MXFP4 and NVFP4 into every `FLOAT_CONVERTIBLE` target, as stored or transposed.
 
 A signature is what `planc.execute.launch.signature` computes from the arguments of a launch:
 ('a', numpy dtype string, ndim) per C-contiguous device array, ('i',) per integer (int64).
@@ -23,6 +24,7 @@ import hashlib
 from pathlib import Path
 
 from planc.dtypes import FLOAT_CONVERTIBLE
+from planc.fp4 import FORMATS as FP4_FORMATS
 
 # Compute capabilities PTX is built for. The driver JIT-compiles PTX for any device of the same or
 # a later capability, so the lowest one covers every newer GPU; later ones are built for codegen
@@ -31,7 +33,7 @@ CCS: tuple[tuple[int, int], ...] = ((8, 0), (9, 0))
 
 # The files whose text the kernels' machine code depends on. Any change to them needs the PTX built
 # again (`REBUILD`); the shipped index records the hash of these sources.
-SOURCES = ("kernels.py", "scatter.py")
+SOURCES = ("kernels.py", "scatter.py", "fp4_kernels.py")
 REBUILD = "bash tools/build_ptx.sh"
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
@@ -82,6 +84,14 @@ def zero_launch() -> tuple[str, tuple]:
     return "zero", (arr(_UINT[1]), INT)
 
 
+def fp4_launch(fmt: str, out_dtype: str, transpose: bool) -> tuple[str, tuple]:
+    """(name, signature) of an FP4 dequantization (`planc.execute.fp4_dispatch`): weight, scales, for
+    NVFP4 the E4M3 decode table and the per-tensor scale, the output bits, batch, rows, cols."""
+    name = f"{fmt}{'t' if transpose else ''}_{out_dtype}"
+    nv = (arr(F32), arr(F32)) if fmt == "nvfp4" else ()
+    return name, (arr(_UINT[1]), arr(_UINT[1]), *nv, arr(_UINT[_ITEMSIZE[out_dtype]]), INT, INT, INT)
+
+
 def launches() -> list[tuple[str, tuple]]:
     """Every (kernel name, signature) the executor launches, each once, in a stable order."""
     out = [convert_launch(a, b) for a in sorted(FLOAT_CONVERTIBLE) for b in sorted(FLOAT_CONVERTIBLE)]
@@ -89,6 +99,7 @@ def launches() -> list[tuple[str, tuple]]:
     out += [transpose_launch(s) for s in TRANSPOSE_SIZES]
     out += [scatter_launch(w) for w in SCATTER_WIDTHS]
     out.append(zero_launch())
+    out += [fp4_launch(f, d, t) for f in FP4_FORMATS for d in sorted(FLOAT_CONVERTIBLE) for t in (False, True)]
     seen, unique = set(), []
     for x in out:
         if x not in seen:
