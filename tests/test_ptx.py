@@ -150,6 +150,12 @@ def test_the_table_is_every_launch_the_dispatchers_make(recorded):
     for w in sorted(widths):
         kernels.scatter(buf, out, table, 0, 1, w, 0)
     kernels.zero(out, [(0, 64)], 0)
+    from planc.execute.fp4_dispatch import dequantize_fp4
+
+    for fmt in ("mxfp4", "nvfp4"):  # FP4 into every float target, as stored and transposed
+        for b in sorted(FLOAT_CONVERTIBLE):
+            for t in (False, True):
+                dequantize_fp4(buf[:64], buf[64:72], buf[128:132], out, fmt, b, 1, 2, 64, t)
     listed = set(signatures.launches())
     assert recorded - listed == set(), f"launches without shipped PTX: {sorted(recorded - listed)}"
     assert listed - recorded == set(), f"listed but never launched: {sorted(listed - recorded)}"
