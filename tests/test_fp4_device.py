@@ -190,6 +190,29 @@ def test_device_path_bit_exact_with_a_stack_and_its_landing_admitted(tmp_path):
     assert plan.layout.landing_bytes >= max(r.landing_bytes for r in plan.runs if r.kernels)
 
 
+def test_device_plans_pass_the_plan_check(tmp_path):
+    """A plan on the device path survives its file: written, read back and checked (NVFP4's per-tensor
+    scale lands after its block scales), and a landing offset moved is refused."""
+    import dataclasses
+
+    from planc.errors import PlanFormatError
+    from planc.plan import checked, decode, encode, load_plan, save_plan
+
+    _checkpoint(tmp_path)
+    plan, m = _load(tmp_path)
+    m.free()
+    save_plan(plan, tmp_path / "plan.json")
+    assert encode(load_plan(tmp_path / "plan.json")) == encode(plan)
+    checked(plan)
+    r = next(r for r in plan.runs if any(len(plan.parts[k.part].inputs) == 3 for k in r.kernels))
+    k = next(k for k in r.kernels if len(plan.parts[k.part].inputs) == 3)
+    moved = r._replace(kernels=tuple(x._replace(scale_offset=x.scale_offset + 4) if x is k else x for x in r.kernels))
+    bad = dataclasses.replace(plan, runs=tuple(moved if x.index == r.index else x for x in plan.runs))
+    with pytest.raises(PlanFormatError) as ei:
+        decode(encode(bad))
+    assert ei.value.code == "plan-invalid"
+
+
 def test_hostile_scales_are_refused_on_the_device_path_too(tmp_path):
     t = _checkpoint(tmp_path)
     t["lin.a.weight_scale"] = t["lin.a.weight_scale"].view(np.uint8)  # U8, not F8_E4M3
