@@ -236,3 +236,21 @@ def test_results_do_not_depend_on_run_and_request_boundaries(run, slot, gap):
         _check(m, _WANT)
     finally:
         m.free()
+
+
+def test_the_transposing_geometry_fits_the_tile():
+    """The transposing kernels read a tile row's 32 bytes with the 32 threads along x and write its
+    32 rows with them: every grid must give blocks 32 threads wide, and tiles must not straddle two
+    matrices of a batch (rows padded to whole tiles)."""
+    from planc.execute import fp4_kernels
+    from planc.execute.fp4_dispatch import TILE_ROWS, TILE_VALUES, geometry
+    from planc.execute.geometry import GpuGrid, SimGrid
+
+    assert (TILE_ROWS, TILE_VALUES) == (fp4_kernels.TILE_ROWS, 2 * fp4_kernels.TILE_BYTES)
+    for grid in (GpuGrid(132), SimGrid()):
+        (gx, gy), block = geometry(grid, 3 * 33 * 96, 33, 96, True)
+        assert block[0] == 32 and gx >= 1 and gy >= 1
+    (gx, gy), _ = geometry(GpuGrid(132), 3 * 33 * 96, 33, 96, True)
+    assert (gx, gy) == (2, 6)  # 96 values: 2 column tiles; 33 rows: 2 row tiles per matrix, 3 matrices
+    blocks, threads = geometry(GpuGrid(132), 2 * 64, 2, 64, False)
+    assert blocks * threads >= 64  # one thread a byte
