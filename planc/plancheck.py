@@ -835,6 +835,8 @@ def _run_coverage(r, parts, bisect_right) -> None:
             if k[0] != "landing":
                 raise _bad(f"{at}.kernels", f"part {pid} lands its bytes: its kernel reads the landing region")
             space, bases = "landing", (k[1], k[2])
+            if len(p.inputs) == 3:  # NVFP4's per-tensor scale: right after its block scales (`fp4.scale2_offset`)
+                bases += (fp4.scale2_offset(k[2], p.inputs[1].nbytes),)
         for inp, base in zip(p.inputs, bases):
             if inp.count == 1:
                 maps.append((inp.file, inp.start, inp.start + inp.nbytes, space, base))
