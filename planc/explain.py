@@ -52,7 +52,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
             "device_bytes": None if budget.device_bytes is None else budget.device_bytes - peak.device_bytes,
         },
         "layout": {**lay._asdict(), "landing_region_bytes": list(lay.landing_region_bytes),
-                   "zero": [list(z) for z in lay.zero]},
+                   "zero": [list(z) for z in lay.zero], "scatter_table_bytes": lay.scatter_table_bytes},
         "io": plan.io._asdict(),
         "totals": plan.totals._asdict(),
         "paths": _paths(parts),
@@ -165,7 +165,8 @@ def _top(plan: Plan) -> list:
     lay = plan.layout
     items = [{"what": "pinned ring", "memory": "host", "bytes": lay.ring_bytes},
              {"what": "landing regions", "memory": "device", "bytes": lay.landing_bytes},
-             {"what": "device staging slots (scatter)", "memory": "device", "bytes": lay.staging_bytes}]
+             {"what": "device staging slots (scatter)", "memory": "device", "bytes": lay.staging_bytes},
+             {"what": "scatter table", "memory": "device", "bytes": lay.scatter_table_bytes}]
     for t in plan.tensors:
         items.append({"what": t.name, "memory": "device", "bytes": t.nbytes})
     for p in plan.parts:
@@ -198,7 +199,8 @@ def render(plan: Plan, console: Console, node=None) -> None:
     console.print(f"host = pinned ring {fmt_bytes(lay['ring_bytes'])} ({e['io']['slots']} x {fmt_bytes(e['io']['slot_bytes'])})"
                   f" + the host-path buffers of one part at a time;  device = arena {fmt_bytes(lay['arena_bytes'])}"
                   f" + landing {fmt_bytes(sum(lay['landing_region_bytes']))}"
-                  f" + staging {fmt_bytes(lay.get('staging_bytes', 0))}")
+                  f" + staging {fmt_bytes(lay.get('staging_bytes', 0))}"
+                  f" + scatter table {fmt_bytes(lay.get('scatter_table_bytes', 0))}")
     console.print(f"{t['tensors']} tensors from {t['source_tensors']} source tensors, {fmt_bytes(t['read_bytes'])} read "
                   f"({fmt_bytes(t['payload_bytes'])} payload) in {t['runs']} runs; requests {t['requests']} "
                   f"(uncoalesced {t['requests_uncoalesced']}), copies {t['copies']} (uncoalesced {t['copies_uncoalesced']}), "
