@@ -31,6 +31,22 @@ runs in flight are done. planc reads a cgroup v2 limit from the process's own cg
 that mounts cgroup v1 it reads /sys/fs/cgroup/memory itself, so a child v1 cgroup would not be seen:
 this script needs v2.
 
+`--paths` runs instead one case per path that holds host memory, each `planc run` under a
+memory.max just above what it should need (nothing held uncounted makes each complete):
+
+  direct      BF16 copied through the ring (the host peak is the ring)
+  host        BF16 -> F32 on the host (`on: host`)
+  fp8-block   FP8 dequantized on the host, 128 x 128 block scales
+  fp8-tensor  FP8 dequantized on the host, one scale for the whole tensor (block = the matrix)
+  verify      `--verify` after a load that transposes on the device (the verify holds the most)
+  tp-rank     rank 0 of tensor_parallel size 2, weights split along dim 1 (strided reads)
+
+Each case runs twice: roomy (memory.max = need + 2 GiB) for the process's baseline at admission,
+then limited at baseline + need + PATHS_RESERVE + PATHS_MARGIN with PLANC_HOST_RESERVE =
+PATHS_RESERVE, where need = the plan's predicted host peak (and, with --verify, what the verify
+holds, `planc.verifycost`, when more). It passes when the limited run exits 0 without an OOM kill;
+the summary gives predicted and measured (memory.peak of the cgroup less the baseline) per case.
+
 The plan: every tensor converted BF16 -> F32 on the host (`on: host`), so the host peak is the
 host-path buffers of two runs in flight (hundreds of MiB from a 512 MiB checkpoint), not just the
 ring. bench/common.py's `write_spec` has no host-path rule set, so the specs are written here the
@@ -313,7 +329,8 @@ def _holds_open(pid: int, paths: set[str]) -> bool:
     return False
 
 
-def run_case(name: str, spec: Path, limit: int, reserve: int, direct: bool, hog: dict | None = None) -> dict:
+def run_case(name: str, spec: Path, limit: int, reserve: int, direct: bool, hog: dict | None = None,
+             args: list | None = None, env_extra: dict | None = None) -> dict:
     """`planc run SPEC --json` under memory.max = `limit`; with `hog`, a second process in the cgroup
     takes memory once the load runs, leaving planc a live room of hog['room'] bytes."""
     box = Limited(name, limit, direct)
@@ -327,7 +344,8 @@ def run_case(name: str, spec: Path, limit: int, reserve: int, direct: bool, hog:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             if hog_proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("the hog process did not start")
-        proc = box.popen([sys.executable, "-m", "planc", "run", str(spec), "--json"], _env(reserve), cwd=ROOT,
+        proc = box.popen([sys.executable, "-m", "planc", "run", str(spec), "--json", *(args or [])],
+                         {**_env(reserve), **(env_extra or {})}, cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         box.start_sampling()
         if hog is not None and box.path is None:
@@ -358,7 +376,9 @@ def run_case(name: str, spec: Path, limit: int, reserve: int, direct: bool, hog:
         rec["report"] = {"live_room_bytes": h["live_room_bytes"], "baseline_rss_bytes": h["baseline_rss_bytes"],
                          "hwm_bytes": h["hwm_bytes"], "growth_bytes": h["growth_bytes"],
                          "predicted_peak_bytes": h["predicted_peak_bytes"], "gb_per_s": rep["gb_per_s"],
-                         "run_waits": rep["run_waits"]}
+                         "run_waits": rep["run_waits"],
+                         "verify": {k: rep["verify"].get(k) for k in ("ok", "chunk_bytes", "predicted_host_bytes")}
+                         if rep.get("verify") else None}
     rec["planc_killed"] = proc.returncode in (-signal.SIGKILL, 137)
     rec["oom_kills"] = rec["memory_events"].get("oom_kill", 0)
     return rec
@@ -411,6 +431,97 @@ def judge(rec: dict, expect: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------
+# --paths: one case per path that holds host memory
+
+PATHS_RESERVE = 16 * MIB  # PLANC_HOST_RESERVE of the limited runs
+PATHS_MARGIN = 32 * MIB  # memory.max above baseline + need + reserve
+
+
+def write_fp8(d: Path, block: int | None, n: int = 8, rows: int = 2048, cols: int = 4096) -> Path:
+    """n FP8 weights [rows, cols] (8 MiB each) with their scales: `block` x `block` blocks, or one scale
+    per tensor (None: a [1, 1] grid, dequantized with a block as large as the matrix)."""
+    import math
+
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    if (d / ".complete").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    b = block or max(rows, cols)
+    out = {}
+    for i in range(n):
+        name = f"model.layers.{i}.mlp.w.weight"
+        out[name] = (rng.standard_normal((rows, cols), dtype=np.float32) * 2).astype(ml_dtypes.float8_e4m3fn)
+        out[f"{name}_scale_inv"] = (rng.random((math.ceil(rows / b), math.ceil(cols / b))) * 0.01 + 0.001
+                                    ).astype(np.float32)
+    save_file(out, str(d / "model.safetensors"))
+    (d / ".complete").write_text("ok")
+    return d
+
+
+def path_specs(data: Path, size: int) -> dict:
+    """name -> (spec path, run arguments beyond the spec)."""
+    dense = ensure_checkpoint(data, "dense", size, 2)
+    fp8b, fp8t = write_fp8(data / "fp8-block", 128), write_fp8(data / "fp8-tensor", None)
+    io = {"workers": 4, "slot": "4MiB", "slots": 8, "run": "64MiB", "direct": "off", "merge_gap": "1MiB"}
+    weights = "*proj.weight"
+    cases = {
+        "direct": (dense, [{"match": "*"}], {}),
+        "host": (dense, [{"match": "*", "dtype": "float32", "on": "host"}], {}),
+        "fp8-block": (fp8b, [{"match": "*", "source_dtype": ["F8_E4M3"], "dtype": "bfloat16", "on": "host", "dequantize": {"block": 128}}], {}),
+        "fp8-tensor": (fp8t, [{"match": "*", "source_dtype": ["F8_E4M3"], "dtype": "bfloat16", "on": "host", "dequantize": {"block": 4096}}], {}),
+        # a two-slot ring, so that what the verify holds after the load is more than the load's peak
+        "verify": (dense, [{"match": weights, "transpose": True}, {"match": "*"}], {"io": {**io, "slots": 2}}),
+        "tp-rank": (dense, [{"match": weights, "split": {"dim": 1}}, {"match": "*"}], {"tensor_parallel": {"size": 2}}),
+    }
+    out = {}
+    for name, (ckpt, rules, extra) in cases.items():
+        spec = {"checkpoint": str(ckpt), "budget": {"host": "16GiB"}, "io": io, "rules": rules}
+        spec.update(extra)
+        p = data / f"paths.{name}.yaml"
+        p.write_text(yaml.safe_dump(spec, sort_keys=False))
+        out[name] = (p, ["--verify"] if name == "verify" else [], 0 if name == "tp-rank" else None)
+    return out
+
+
+def path_need(spec: Path, verify: bool, rank) -> dict:
+    from planc.compile import compile_spec
+    from planc.verifycost import verify_host_bytes
+
+    plan = compile_spec(spec, rank=rank) if rank is not None else compile_spec(spec)
+    if not plan.fits:
+        raise SystemExit(f"{spec}: refused at compile time: {plan.refusal.message}")
+    peak, v = plan.peak.host_bytes, verify_host_bytes(plan)
+    return {"host_peak_bytes": peak, "verify_host_bytes": v, "need_bytes": max(peak, v) if verify else peak,
+            "ring_bytes": plan.layout.ring_bytes, "map_bytes": plan.layout.map_bytes,
+            "device_peak_bytes": plan.peak.device_bytes}
+
+
+def paths_main(data: Path, size: int, direct: bool, summary: dict) -> int:
+    for name, (spec, extra, rank) in path_specs(data, size).items():
+        need = path_need(spec, bool(extra), rank)
+        env_rank = {} if rank is None else {"RANK": str(rank), "WORLD_SIZE": "2"}
+        roomy = need["need_bytes"] + RESERVE + 2 * GIB
+        rec = run_case(f"{name}-roomy", spec, roomy, RESERVE, direct, args=extra, env_extra=env_rank)
+        judge(rec, "loads")
+        case = {"case": name, "predicted": need, "roomy": rec}
+        summary["cases"].append(case)
+        if rec["rc"] != 0:
+            case.update(ok=False, why=f"the roomy run failed: {rec['why']}")
+            continue
+        baseline = roomy - RESERVE - rec["report"]["live_room_bytes"]
+        limit = baseline + need["need_bytes"] + PATHS_RESERVE + PATHS_MARGIN
+        lim = judge(run_case(f"{name}-limited", spec, limit, PATHS_RESERVE, direct, args=extra, env_extra=env_rank),
+                    "loads")
+        peak = lim.get("memory_peak_bytes") or lim.get("sampled_current_max_bytes")
+        case.update(limited=lim, baseline_bytes=baseline, limit_bytes=limit, ok=lim["ok"], why=lim["why"],
+                    measured_above_baseline_bytes=(peak - baseline) if peak else None)
+        print(f"planc cgroup_limit --paths: {name}: predicted {fmt_bytes(need['need_bytes'])}, limit {fmt_bytes(limit)} "
+              f"(baseline {fmt_bytes(baseline)}), cgroup peak {fmt_bytes(peak or 0)} -> {lim['why']}", flush=True)
+    return _done(summary)
 
 
 def main() -> int:
@@ -419,6 +530,8 @@ def main() -> int:
     ap.add_argument("--data", type=Path, help="folder for the checkpoint (default: a temporary one, removed)")
     ap.add_argument("--size", default="512MiB", help="checkpoint size (default 512MiB)")
     ap.add_argument("--no-hog", action="store_true", help="skip the case of a second process taking memory")
+    ap.add_argument("--paths", action="store_true",
+                    help="one case per path that holds host memory, each under a limit just above its need")
     ap.add_argument("--dry-run", action="store_true",
                     help="write the checkpoint and specs, print the plans and the limits; no cgroup, no load")
     a = ap.parse_args()
@@ -429,6 +542,14 @@ def main() -> int:
     data = a.data or Path(tempfile.mkdtemp(prefix="planc-cgroup-"))
     summary: dict = {"size_bytes": size, "cases": []}
     try:
+        if a.paths:
+            problem = cgroup_v2_problem()
+            if problem and not systemd_scope_ok():
+                summary["skipped"] = problem
+                print(f"planc cgroup_limit: skipped: {problem}", flush=True)
+                return 2
+            summary["mem_available_bytes"] = mem_available()
+            return paths_main(data, size, problem is None, summary)
         ckpt = ensure_checkpoint(data, "dense", size, 2)
         # tight and roomy: 128 MiB runs, a host peak of ~760 MiB from 512 MiB, so half of it is a wide
         # margin against the baseline moving between processes; hog: 64 MiB runs, more of them to refuse.

@@ -14,6 +14,7 @@ from .errors import printable
 from .ir import Plan
 from .predict import predict
 from .units import fmt_bytes
+from .verifycost import verify_chunk, verify_host_bytes
 
 TOP = 10
 
@@ -54,6 +55,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
         "layout": {**lay._asdict(), "landing_region_bytes": list(lay.landing_region_bytes),
                    "zero": [list(z) for z in lay.zero], "scatter_table_bytes": lay.scatter_table_bytes},
         "io": plan.io._asdict(),
+        "verify": {"chunk_bytes": verify_chunk(plan), "host_bytes": verify_host_bytes(plan)},
         "totals": plan.totals._asdict(),
         "paths": _paths(parts),
         "tensor_parallel": plan.tensor_parallel._asdict(),
@@ -201,6 +203,9 @@ def render(plan: Plan, console: Console, node=None) -> None:
                   f" + landing {fmt_bytes(sum(lay['landing_region_bytes']))}"
                   f" + staging {fmt_bytes(lay.get('staging_bytes', 0))}"
                   f" + scatter table {fmt_bytes(lay.get('scatter_table_bytes', 0))}")
+    vf = e["verify"]
+    console.print(f"--verify (after the load, the ring released) holds at most {fmt_bytes(vf['host_bytes'])} "
+                  f"of host memory, reading {fmt_bytes(vf['chunk_bytes'])} at a time")
     console.print(f"{t['tensors']} tensors from {t['source_tensors']} source tensors, {fmt_bytes(t['read_bytes'])} read "
                   f"({fmt_bytes(t['payload_bytes'])} payload) in {t['runs']} runs; requests {t['requests']} "
                   f"(uncoalesced {t['requests_uncoalesced']}), copies {t['copies']} (uncoalesced {t['copies_uncoalesced']}), "

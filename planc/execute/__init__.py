@@ -72,13 +72,20 @@ def check_against_headers(plan) -> None:
                     f"the plan does not match its checkpoint: compile again", code="plan-header-mismatch")
 
 
-def admit_live(plan, room) -> tuple:
+def admit_live(plan, room, verify: bool = False) -> tuple:
     """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory;
-    returns (room, the device's (free, total) bytes or None)."""
+    returns (room, the device's (free, total) bytes or None). With `verify`, what `--verify` holds
+    after the load (`planc.verifycost`) counts too, where it is more than the load's host peak."""
     from .seam import memory_info, simulated
 
     need = plan.peak.host_bytes
     what = "the plan's host peak"
+    if verify:
+        from ..verifycost import verify_host_bytes
+
+        v = verify_host_bytes(plan)
+        if v > need:
+            need, what = v, "what --verify holds (planc.verifycost)"
     if simulated():  # the simulator's device memory is host memory: the regions count against the room
         need += plan.layout.device_bytes
         what = "the plan's host peak plus its simulated device regions"
@@ -154,7 +161,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     check_against_headers(plan)
     dev_name = plan.device if device is None else _device_arg(device)
     idx = select(dev_name)  # attaches to the device's primary context (made here if no one made it yet)
-    room, _ = admit_live(plan, parts.live_room(settings.host_reserve))
+    room, _ = admit_live(plan, parts.live_room(settings.host_reserve), verify)
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()
     free_before = memory_info()
