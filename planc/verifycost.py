@@ -5,7 +5,8 @@ time: a copy or a conversion reads at most `verify_chunk(plan)` bytes of source 
 dequantization at most that many weight bytes (rows of one scale band, or columns of a row) with
 its whole scale grid; a transpose and an FP4 dequantization need their whole source. Each chunk
 holds its read bytes, the reference computed from them (and a conversion's intermediate, and the
-chunk scratch of `planc.hostcost`) and the device bytes copied back to compare.
+chunk scratch of `planc.hostcost`), the device bytes copied back, and the comparison's mask (one
+byte per byte compared).
 
 The chunk follows the plan's host budget (an eighth of it, between 64 KiB and 16 MiB), so a plan
 admitted under a small budget verifies in small reads; `verify_host_bytes` is the largest part's
@@ -35,16 +36,16 @@ def part_bytes(p, chunk: int) -> int:
         src = min(w.nbytes, max(s_size, chunk // s_size * s_size))
         out = src // s_size * d_size
         conv = (out + scratch) if p.op == "convert" else 0
-        return max(src + conv + out, zero)
+        return max(src + conv + 2 * out, zero)
     reads = sum(i.nbytes for i in p.inputs)
     if p.op == "dequantize" and len(p.inputs) == 2 and len(w.shape) == 2 and w.dtype.startswith("F8"):
         rows, cols = w.shape
         band = min(w.nbytes, max(min(cols, chunk), chunk // max(1, cols) * cols))
-        return max(p.inputs[1].nbytes + band + 2 * band * d_size + scratch, zero)
+        return max(p.inputs[1].nbytes + band + 3 * band * d_size + scratch, zero)
     # a transpose (and its conversion) or an FP4 dequantization: the whole source, the reference
-    # (and a converted copy), the device bytes
+    # (and a converted copy), the device bytes, the mask
     conv = p.out_bytes if (p.op == "transpose" and w.dtype != p.out_dtype) else 0
-    return max(reads + conv + 2 * p.out_bytes + scratch, zero)
+    return max(reads + conv + 3 * p.out_bytes + scratch, zero)
 
 
 def verify_host_bytes(plan) -> int:
