@@ -80,7 +80,7 @@ def test_copies_without_merge_whole_plan(abcd):
     alloc = [{"id": "alloc:ring", "kind": "alloc", "part": -1, "host_bytes": 8192, "device_bytes": 0,
               "note": "pinned host ring", "deps": []},
              {"id": "alloc:device", "kind": "alloc", "part": -1, "host_bytes": 0, "device_bytes": 12288,
-              "note": "arena + landing + staging", "deps": []}]
+              "note": "arena + landing + staging + scatter table", "deps": []}]
     expected = {
         "kind": "planc-plan", "planc": __version__,
         "spec": {"path": str(tmp_path / "spec.yaml"), "sha256": hashlib.sha256(spec_text).hexdigest()},
