@@ -246,3 +246,18 @@ def test_scatter_table_counts_in_the_device_peak(tmp_path):
         or len(e["top_contributors"]) >= 10
     tight = compile_spec(spec("t.yaml", {"host": "1GiB", "device": want - 1}))
     assert not tight.fits and tight.refusal.code == "device-budget" and "scatter table" in tight.refusal.message
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+def test_gguf_host_dequantize_holds_its_output_and_one_chunk(qtype):
+    """planc.gguf_dequant in bounded chunks: the output and one chunk's scratch (planc.hostcost)."""
+    from planc.gguf_dequant import dequantize
+    from planc.hostcost import SCRATCH_PER_VALUE
+    from planc.manifest.ggml_types import BY_NAME
+
+    t = BY_NAME[qtype]
+    numel = 1 << 20
+    raw = np.random.default_rng(0).integers(0, 256, numel // t.block * t.block_bytes, dtype=np.uint8)
+    out, peak = _peak(dequantize, raw, qtype, (numel,), "F32")
+    assert out.shape == (numel,)
+    assert peak <= out.nbytes + CHUNK_VALUES * SCRATCH_PER_VALUE, peak
