@@ -258,6 +258,7 @@ def test_gguf_host_dequantize_holds_its_output_and_one_chunk(qtype):
     t = BY_NAME[qtype]
     numel = 1 << 20
     raw = np.random.default_rng(0).integers(0, 256, numel // t.block * t.block_bytes, dtype=np.uint8)
-    out, peak = _peak(dequantize, raw, qtype, (numel,), "F32")
+    with np.errstate(all="ignore"):  # random bytes: NaN and infinite scales among them
+        out, peak = _peak(dequantize, raw, qtype, (numel,), "F32")
     assert out.shape == (numel,)
     assert peak <= out.nbytes + CHUNK_VALUES * SCRATCH_PER_VALUE, peak
