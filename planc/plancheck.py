@@ -23,6 +23,7 @@ from . import costmodel
 from .costmodel import STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
 from .units import MAX_BYTES
 from . import fp4
+from .hostcost import scratch_bytes
 from .ir import (DEQUANTIZE_OPS, DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
@@ -453,9 +454,10 @@ class _Checker:
         if n.path == "host":
             if n.op == "copy":
                 raise _bad(f"{at}.path", "a pure copy takes the direct path")
-            host = reads + n.out_bytes * (2 if n.op == "transpose" and w.dtype != n.out_dtype else 1)
+            host = (reads + n.out_bytes * (2 if n.op == "transpose" and w.dtype != n.out_dtype else 1)
+                    + scratch_bytes(n.op, w.dtype, n.out_dtype, n.out_bytes, DTYPES[n.out_dtype].itemsize))
             if n.host_bytes != host or n.landing_bytes:
-                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {host:,} bytes (reads + scratch), got "
+                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {host:,} bytes (reads + output + scratch), got "
                                                f"{n.host_bytes:,} (and landing {n.landing_bytes:,})")
         elif n.host_bytes:
             raise _bad(f"{at}.host_bytes", f"a direct-path part holds no host bytes, got {n.host_bytes:,}")
@@ -714,9 +716,11 @@ class _Checker:
                                           f"are {want:,} bytes")
         reads = sum(i.nbytes for i in n.inputs)
         if n.path == "host":
-            if n.host_bytes != reads + n.out_bytes or n.landing_bytes:
-                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {reads + n.out_bytes:,} bytes (reads + "
-                                               f"output), got {n.host_bytes:,} (and landing {n.landing_bytes:,})")
+            host = reads + n.out_bytes + scratch_bytes(n.op, w.dtype, n.out_dtype, n.out_bytes,
+                                                       DTYPES[n.out_dtype].itemsize)
+            if n.host_bytes != host or n.landing_bytes:
+                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {host:,} bytes (reads + output + "
+                                               f"scratch), got {n.host_bytes:,} (and landing {n.landing_bytes:,})")
         elif n.host_bytes or n.landing_bytes != reads:
             raise _bad(f"{at}.landing_bytes", f"a direct-path {n.op} lands its {reads:,} read bytes and holds no "
                                               f"host bytes, got {n.landing_bytes:,} and {n.host_bytes:,}")
