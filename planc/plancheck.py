@@ -29,7 +29,7 @@ from .ir import (DEQUANTIZE_OPS, DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, B
                  TensorParallel)
 from .device import DIRECT_ALIGN, check_device
 
-FORMAT = 3
+FORMAT = 4
 
 # The field order of each array record, as the file states it.
 # Names repeated by the thousand are written once, in a table, and referred to by index: the
