@@ -32,6 +32,7 @@ from . import fp4
 from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS
 from .errors import BindError
 from .manifest import Manifest, TensorEntry
+from .manifest.ggml_types import DEQUANTIZABLE, quant_type
 from .spec import Rule, Spec
 from .split import Slice, rank_range
 
@@ -65,6 +66,7 @@ class Placement:
     rule: int
     parts: tuple[Part, ...]
     block: int = 0  # dequantize block edge
+    ggml: str = ""  # a GGUF tensor's GGML block type (its parts read U8 rows of whole blocks)
 
     @property
     def nbytes(self) -> int:
@@ -168,7 +170,14 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
     return Binding(tuple(placements), tuple(sorted(skipped)), tuple(sorted(consumed)))
 
 
+def _ggml(t: TensorEntry):
+    """The GGMLType of a block-quantized GGUF tensor, or None."""
+    return None if t.dtype in DTYPES else quant_type(t.dtype)
+
+
 def _target(t: TensorEntry, r: Rule, i: int) -> str:
+    if t.dtype not in DTYPES and quant_type(t.dtype) is not None:
+        return _gguf_target(t, r, i)
     if r.dequantize and r.dequantize.fp4:
         return TARGETS["bfloat16" if r.dtype == "keep" else r.dtype]
     if r.dequantize:
@@ -181,7 +190,26 @@ def _target(t: TensorEntry, r: Rule, i: int) -> str:
     return TARGETS[r.dtype]
 
 
+def _gguf_target(t: TensorEntry, r: Rule, i: int) -> str:
+    """A GGUF block-quantized tensor: `keep` loads its blocks as stored (U8), a float dtype dequantizes."""
+    if r.dequantize:
+        raise BindError(f"rules[{i}] dequantizes {t.name} with `dequantize:`, but it is a GGUF {t.dtype} tensor; a "
+                        f"rule's dtype (float32, float16, bfloat16) dequantizes GGUF blocks", code="bad-dequantize")
+    if r.transpose:
+        raise BindError(f"rules[{i}] transposes {t.name}, a GGUF {t.dtype} tensor; quantized blocks do not "
+                        f"transpose", code="bad-transpose")
+    if r.dtype == "keep":
+        return "U8"
+    if t.dtype not in DEQUANTIZABLE:
+        raise BindError(f"rules[{i}] dequantizes {t.name}, a GGUF {t.dtype} tensor; planc dequantizes "
+                        f"{', '.join(sorted(DEQUANTIZABLE))} (load it as stored with dtype: keep)",
+                        code="gguf-dequantize")
+    return TARGETS[r.dtype]
+
+
 def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
+    if t.dtype not in DTYPES:  # GGUF blocks (`_gguf_target` refused the rest)
+        return "copy" if target == "U8" else "gguf"
     if r.dequantize:
         return "dequantize_t" if r.transpose else "dequantize"
     if r.transpose:
@@ -201,6 +229,9 @@ def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
 def _out_shape(t: TensorEntry, op: str, r: Rule | None = None) -> tuple[int, ...]:
     if r is not None and r.dequantize and r.dequantize.fp4:
         return fp4.out_shape(r.dequantize.format, tuple(t.shape), op == "dequantize_t")
+    if op == "copy" and t.dtype not in DTYPES:  # GGUF blocks kept: U8 rows of whole blocks
+        qt = quant_type(t.dtype)
+        return (*t.shape[:-1], t.shape[-1] // qt.block * qt.block_bytes)
     return (t.shape[1], t.shape[0]) if op == "transpose" else t.shape
 
 
@@ -223,15 +254,21 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, s
     scale = scales[t.name] if r.dequantize else None
     block = _block(r)
     sl, ssl = None, None
+    qt = _ggml(t)
     if r.split != "replicate" and tp.world > 1:
         _refuse_fp4_split(r, i, name)
         d = _split_dim(r, i, t.name, len(shape))
+        if qt is not None and op == "copy" and d == len(shape) - 1:
+            raise BindError(f"rules[{i}] splits {t.name}, GGUF {t.dtype} blocks kept as stored, on its last dim; "
+                            f"split them on an outer dim, or dequantize them (dtype) to split columns",
+                            code="split-gguf-block")
         sl, shape, out, zero = _split(shape, d, tp.world, tp.rank, r.split.pad, op, target, i, t.name)
         ssl = _scale_slice(t, sl, block, i) if scale is not None else None
     else:
         out, zero = DTYPES[target].nbytes(math.prod(shape)), 0
     return Placement(name, target, shape, op, r.on, "none", i,
-                     (Part(t, scale, 0, out - zero, sl, ssl, zero, scales2.get(t.name)),), block)
+                     (Part(t, scale, 0, out - zero, sl, ssl, zero, scales2.get(t.name)),), block,
+                     qt.name if qt is not None else "")
 
 
 def _split(shape: tuple, d: int, world: int, rank: int, pad: bool, op: str, target: str, i: int, name: str):
@@ -286,6 +323,9 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP, sca
     blocks = _blocks(i, name, members, r)
     ts = [t for b in blocks for t in b]
     first = ts[0]
+    if _ggml(first) is not None:
+        raise BindError(f"rules[{i}] groups {name}: {first.name} is a GGUF {first.dtype} tensor; quantized GGUF "
+                        f"tensors load one by one (no fuse or stack)", code="gguf-group")
     target = _target(first, r, i)
     op = _op(first, r, i, target)
     fd = r.fuse.dim if r.fuse else 0

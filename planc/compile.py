@@ -35,18 +35,6 @@ def compile_all_ranks(spec_path: str | Path) -> list[Plan]:
     return [compile_loaded(loaded, manifest, r) for r in range(loaded.spec.tensor_parallel.size)]
 
 
-def _refuse_quantized(loaded: LoadedSpec, manifest: Manifest) -> None:
-    """Block-quantized GGUF tensors (Q8_0, Q4_K, ...) are not yet plan dtypes: a plan loads a GGUF's
-    F32 / F16 / BF16 / integer tensors; its quantized ones are refused here, by name, with the type."""
-    from .dtypes import DTYPES
-
-    for t in manifest.tensors:
-        if t.dtype not in DTYPES:
-            raise BindError(f"{loaded.path}: {t.name} of {manifest.source} is {t.dtype}: plans do not yet load "
-                            "block-quantized GGUF tensors (planc.gguf_dequant and planc.execute.gguf_kernels "
-                            "dequantize them)", code="gguf-quantized")
-
-
 def device_budget(loaded: LoadedSpec, capacity=None) -> tuple[int | None, str]:
     """(`budget.device` in bytes or None, how it was found): a size as written, `auto` the named
     device's capacity (`device.capacity`, or the `capacity(device) -> (bytes | None, why)` given)."""
@@ -64,8 +52,6 @@ def device_budget(loaded: LoadedSpec, capacity=None) -> tuple[int | None, str]:
 @gc_paused()
 def compile_loaded(loaded: LoadedSpec, manifest: Manifest, rank: int = 0, capacity=None) -> Plan:
     spec = loaded.spec
-    if manifest.format == "gguf":
-        _refuse_quantized(loaded, manifest)
     try:
         binding = bind(spec, manifest, rank)
     except BindError as e:  # rules and checkpoint disagree: name the spec the rules came from

@@ -14,6 +14,7 @@ by `ir.part_steps`, so the step DAG that admission replays cannot disagree with 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import itemgetter
@@ -46,12 +47,25 @@ def build_graph(binding: Binding) -> Graph:
 
 
 def _input(role: str, t, sl) -> Input:
+    if t.dtype not in DTYPES:  # GGUF blocks: read as U8 rows of whole blocks
+        return _blocks_input(role, t, sl)
     if sl is None:  # the whole tensor: what `ranged` gives, without building it
         # The manifest reader refuses an entry whose bytes are not dtype x shape: t.nbytes is them.
         n = t.nbytes
         return _tuple_new(Input, (role, t.name, t.file, t.start, n, t.dtype, tuple(t.shape), n, n, 1))
     g = ranged(t.start, t.shape, t.dtype, sl)
     return Input(role, t.name, t.file, g.start, g.nbytes, t.dtype, g.shape, g.seg, g.stride, g.count)
+
+
+def _blocks_input(role: str, t, sl) -> Input:
+    """A block-quantized GGUF tensor (or its rank's slice, `split.ranged_blocks`) as U8 rows: one row
+    per row of the (slice's) shape, each its whole blocks."""
+    from .manifest.ggml_types import quant_type
+
+    qt = quant_type(t.dtype)
+    g = ranged(t.start, t.shape, t.dtype, sl)
+    shape = (math.prod(g.shape[:-1]), g.shape[-1] // qt.block * qt.block_bytes)
+    return Input(role, t.name, t.file, g.start, g.nbytes, "U8", shape, g.seg, g.stride, g.count)
 
 
 def _inputs(part: BoundPart) -> tuple[Input, ...]:
@@ -77,7 +91,7 @@ def _part_node(pid: int, pl: Placement, k: int, part: BoundPart, inputs: tuple[I
     else:
         path, reason, landing, host = "direct", _reason("landing", pl.op), in_bytes, 0
     return _tuple_new(Part, (pid, pl.name, k, pl.op, path, reason, inputs, part.offset_bytes, part.out_bytes,
-                             pl.dtype, landing, host, pl.block, part.zero_bytes, -1))
+                             pl.dtype, landing, host, pl.block, part.zero_bytes, pl.ggml, -1))
 
 
 # Notes and reasons repeat across tens of thousands of steps and parts: one string each.

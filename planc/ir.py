@@ -27,9 +27,11 @@ from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 SPACES = ("arena", "landing")
-OPS = ("copy", "convert", "dequantize", "transpose", "dequantize_t")
-KERNEL_OPS = ("convert", "dequantize", "transpose", "dequantize_t")
+OPS = ("copy", "convert", "dequantize", "transpose", "dequantize_t", "gguf")
+KERNEL_OPS = ("convert", "dequantize", "transpose", "dequantize_t", "gguf")
 DEQUANTIZE_OPS = ("dequantize", "dequantize_t")  # dequantize_t: an FP4 weight, its last two dims swapped
+# gguf: a GGUF tensor's quantized blocks (read as U8 rows of whole blocks, its GGML type in the part's
+# `ggml`) dequantized to F32, F16 or BF16 (`planc.gguf_dequant`, `planc.execute.gguf_kernels`).
 PATHS = ("direct", "host")
 DIRECT_MODES = ("auto", "on", "off")
 
@@ -169,7 +171,7 @@ class Part(NamedTuple):
     id: int
     tensor: str  # output tensor name
     index: int  # part index within the tensor
-    op: str  # copy | convert | dequantize | transpose
+    op: str  # copy | convert | dequantize | transpose | dequantize_t | gguf
     path: str  # direct | host
     reason: str
     inputs: tuple[Input, ...]
@@ -180,6 +182,9 @@ class Part(NamedTuple):
     host_bytes: int  # owned read buffers + scratch (host path)
     block: int
     zero_bytes: int = 0  # zero padding after out_bytes (uneven tensor-parallel split)
+    # The GGML type of a GGUF tensor's quantized blocks ("Q4_K", ...), read as U8 rows of whole blocks:
+    # dequantized by a `gguf` part, kept as stored by a `copy` part; "" for every other part.
+    ggml: str = ""
     dst_offset: int = -1  # in the arena (set by the schedule)
 
     @property
@@ -494,7 +499,7 @@ def part_steps(n: Part) -> list[Step]:
                   (ALLOC_RING,)) for i in n.inputs]
     out = list(reads)
     prev = tuple(sorted(s.id for s in reads))
-    transform = op in ("convert", "dequantize", "dequantize_t")
+    transform = op in ("convert", "dequantize", "dequantize_t", "gguf")
     if host:
         if transform:
             # the output and the chunk scratch (`planc.hostcost`): the part's bytes beyond its reads

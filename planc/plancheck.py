@@ -28,8 +28,10 @@ from .ir import (DEQUANTIZE_OPS, DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, B
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
 from .device import DIRECT_ALIGN, check_device
+from .manifest.ggml_types import DEQUANTIZABLE, QUANTIZED, quant_type
 
-FORMAT = 4
+FORMAT = 5
+_GGML = ("", *sorted(QUANTIZED))  # a part's `ggml`: a GGML block type, or none
 
 # The field order of each array record, as the file states it.
 # Names repeated by the thousand are written once, in a table, and referred to by index: the
@@ -324,11 +326,11 @@ class _Checker:
         n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
         out, labels, semantics = [], set(), set()
         for pid, p in enumerate(_list(v, "parts")):
-            if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:]) and p[0] < n_t \
+            if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:13], p[14]) and p[0] < n_t \
                     and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
                     and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 3 \
-                    and type(p[8]) is str and p[8] in DTYPES and p[11] <= 1 << 20:
-                ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
+                    and type(p[8]) is str and p[8] in DTYPES and p[11] <= 1 << 20 and type(p[13]) is str and p[13] in _GGML:
+                ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, ggml, dst = p
             else:  # the field-by-field check, which names what is wrong
                 _list(p, f"parts[{pid}]", n_f)
                 ti = _int(p[0], f"parts[{pid}].tensor_index", 0, n_t - 1)
@@ -346,7 +348,8 @@ class _Checker:
                 host = _int(p[10], f"parts[{pid}].host_bytes", 0, _MAX)
                 block = _int(p[11], f"parts[{pid}].block", 0, 1 << 20)
                 zero = _int(p[12], f"parts[{pid}].zero_bytes", 0, _MAX)
-                dst = _int(p[13], f"parts[{pid}].dst_offset", 0, _MAX)
+                ggml = _one_of(p[13], f"parts[{pid}].ggml", _GGML)
+                dst = _int(p[14], f"parts[{pid}].dst_offset", 0, _MAX)
             t, reason = tensors[ti], reasons[ri]
             name = t.name
             inputs = (self._input(raw_inputs[0], pid, 0, n_in, files),) if len(raw_inputs) == 1 else \
@@ -365,12 +368,12 @@ class _Checker:
                 raise _bad(f"parts[{pid}].index", f"part {_shown(f'{name}#{index}')} is listed twice")
             labels.add(label)
             part = new(Part, (pid, name, index, op, path, reason, inputs, off, out_bytes, out_dtype, landing, host,
-                              block, zero, dst))
+                              block, zero, ggml, dst))
             # Whether a part's sizes follow from its op depends on these fields only; parts that share
             # them (the experts of a layer, the layers of a model) are checked once.
             w = inputs[0]
             sc = tuple((x.role, x.dtype, x.shape, x.nbytes) for x in inputs[1:]) or None
-            key = (op, path, out_dtype, out_bytes, landing, host, block, w.role, w.dtype, w.shape, w.nbytes, sc)
+            key = (op, path, out_dtype, out_bytes, landing, host, block, ggml, w.role, w.dtype, w.shape, w.nbytes, sc)
             if key not in semantics:
                 self._part_semantics(part, f"parts[{pid}]")
                 semantics.add(key)
@@ -427,6 +430,8 @@ class _Checker:
     def _part_semantics(self, n: Part, at: str) -> None:
         """The sizes the executor allocates and converts by must follow from the part's inputs."""
         w = n.inputs[0]
+        if n.ggml or n.op == "gguf":
+            return self._gguf_semantics(n, at)
         if len(n.inputs) >= 2 and fp4.format_of(w.dtype, n.inputs[1].dtype) and n.op in DEQUANTIZE_OPS:
             return self._fp4_semantics(n, at)
         if w.role != "weight" or (len(n.inputs) == 2) != (n.op == "dequantize") or len(n.inputs) > 2 or (
@@ -646,6 +651,10 @@ class _Checker:
                          for m, v in enumerate(_list(x[12], at(".more"))))
         if more and op != "convert":
             raise _bad(at(".more"), f"only conversions of several parts share a kernel, not a {op}")
+        if op == "gguf":
+            self._gguf_kernel(pid, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols,
+                              block, limits)
+            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, ()))
         if op in DEQUANTIZE_OPS and pid in in_run and len(parts[pid].inputs) >= 2 and fp4.format_of(
                 parts[pid].inputs[0].dtype, parts[pid].inputs[1].dtype):
             self._fp4_kernel(parts[pid], at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
@@ -688,6 +697,71 @@ class _Checker:
         if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
             raise _bad(at(), "only a same-size conversion runs in place in the arena")
         return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more))
+
+    def _gguf_semantics(self, n: Part, at: str) -> None:
+        """GGUF blocks: read as U8 rows of whole blocks of the part's GGML type; kept (`copy`, U8 out,
+        the same bytes) or dequantized (`gguf`, F32 / F16 / BF16, one value per element)."""
+        w = n.inputs[0]
+        qt = quant_type(n.ggml)
+        if qt is None:
+            raise _bad(f"{at}.ggml", f"a {n.op} part of GGUF blocks names their GGML type, got {_shown(n.ggml)}")
+        if n.op not in ("copy", "gguf"):
+            raise _bad(f"{at}.op", f"GGUF {n.ggml} blocks are kept (copy) or dequantized (gguf), not {n.op}")
+        if len(n.inputs) != 1 or w.role != "weight" or w.dtype != "U8" or len(w.shape) != 2:
+            raise _bad(f"{at}.inputs", f"a {n.op} of GGUF blocks reads one weight of U8 rows, got "
+                                       f"{[(i.role, i.dtype, list(i.shape)) for i in n.inputs]}")
+        rows, row = w.shape
+        if row == 0 or row % qt.block_bytes:
+            raise _bad(f"{at}.inputs[0].shape", f"rows of {row:,} bytes are not whole {n.ggml} blocks of "
+                                                f"{qt.block_bytes} bytes")
+        if n.block:
+            raise _bad(f"{at}.block", f"a part of GGUF blocks has no block edge, got {n.block}")
+        if n.op == "copy":
+            if n.out_dtype != "U8" or n.out_bytes != w.nbytes:
+                raise _bad(f"{at}.out_dtype", f"kept {n.ggml} blocks are their {w.nbytes:,} U8 bytes, got "
+                                              f"{n.out_dtype} x {n.out_bytes:,} bytes")
+            if n.path != "direct" or n.landing_bytes or n.host_bytes:
+                raise _bad(f"{at}.path", "kept GGUF blocks go straight to their place (direct, nothing landed)")
+            return
+        if n.ggml not in DEQUANTIZABLE:
+            raise _bad(f"{at}.ggml", f"planc dequantizes {', '.join(sorted(DEQUANTIZABLE))}, not {n.ggml}")
+        if n.out_dtype not in ("BF16", "F16", "F32"):
+            raise _bad(f"{at}.out_dtype", f"a gguf dequantize produces BF16, F16 or F32, got {n.out_dtype}")
+        numel = rows * (row // qt.block_bytes) * qt.block
+        want = numel * DTYPES[n.out_dtype].itemsize
+        if n.out_bytes != want:
+            raise _bad(f"{at}.out_bytes", f"is {n.out_bytes:,}, but {rows:,} rows of {row // qt.block_bytes:,} {n.ggml} "
+                                          f"blocks are {numel:,} values of {n.out_dtype}, {want:,} bytes")
+        if n.path == "host":
+            host = w.nbytes + n.out_bytes + scratch_bytes(n.op, w.dtype, n.out_dtype, n.out_bytes,
+                                                          DTYPES[n.out_dtype].itemsize)
+            if n.host_bytes != host or n.landing_bytes:
+                raise _bad(f"{at}.host_bytes", f"a host-path gguf holds {host:,} bytes (reads + output + scratch), "
+                                               f"got {n.host_bytes:,} (and landing {n.landing_bytes:,})")
+        elif n.host_bytes or n.landing_bytes != w.nbytes:
+            raise _bad(f"{at}.landing_bytes", f"a direct-path gguf lands its {w.nbytes:,} block bytes and holds no "
+                                              f"host bytes, got {n.landing_bytes:,} and {n.host_bytes:,}")
+
+    def _gguf_kernel(self, pid, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols,
+                     block, limits) -> None:
+        if pid not in in_run:
+            raise _bad(at(".part"), f"part {pid} is not a part of this run")
+        p = parts[pid]
+        w = p.inputs[0]
+        if p.op != "gguf" or p.path != "direct":
+            raise _bad(at(".part"), f"part {pid} is not a direct-path gguf part")
+        if (src_dtype, dst_dtype, dst, block, rows, cols) != (w.dtype, p.out_dtype, p.dst_offset, p.block, *w.shape):
+            raise _bad(at(), f"does not match part {pid} ({p.ggml} blocks {list(w.shape)} -> {p.out_dtype} at arena "
+                             f"{p.dst_offset:,})")
+        if numel != p.out_bytes // DTYPES[p.out_dtype].itemsize:
+            raise _bad(at(".numel"), f"is {numel:,}, part {pid} has {p.out_bytes // DTYPES[p.out_dtype].itemsize:,} values")
+        if space != "landing" or scale is not None:
+            raise _bad(at(".src_space"), "a gguf dequantize reads its blocks from the landing region (and no scale)")
+        if src + w.nbytes > limits["landing"]:
+            raise _bad(at(".src_offset"), f"[{src:,}, {src + w.nbytes:,}) reaches past the landing region "
+                                          f"({limits['landing']:,} bytes)")
+        if dst + p.out_bytes > limits["arena"]:
+            raise _bad(at(".dst_offset"), f"[{dst:,}, {dst + p.out_bytes:,}) reaches past the arena")
 
     def _fp4_semantics(self, n: Part, at: str) -> None:
         """An FP4 dequantization's sizes follow from its inputs (`planc.fp4`)."""

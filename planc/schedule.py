@@ -288,6 +288,10 @@ def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kerne
         batch, rows, cols = fp4.geometry(fp4.format_of(w.dtype, n.inputs[1].dtype), w.shape)
         return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, batch * rows * cols,
                                    rows, cols, n.block, ()))
+    if n.op == "gguf":  # U8 rows of GGUF blocks: numel counts the values the kernel writes
+        rows, cols = w.shape
+        return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst,
+                                   n.out_bytes // _ITEMSIZE[n.out_dtype], rows, cols, n.block, ()))
     shape = w.shape
     rows, cols = shape if len(shape) == 2 else (0, 0)
     numel = 1

@@ -213,15 +213,15 @@ def test_cli_synth_inspect_and_compile(tmp_path):
     d = json.loads(run("inspect", path, "--json").stdout)
     assert d["gguf"]["architecture"] == "llama" and d["gguf"]["context_length"] == "4096"
     assert set(d["by_dtype"]) == {"F32", "Q4_K", "Q6_K"}
-    # a plain F16 GGUF compiles like a safetensors file; a quantized one is refused by name
+    # a plain F16 GGUF compiles like a safetensors file; a quantized one too: its blocks kept (no dtype),
+    # or dequantized (a float dtype); a type planc cannot dequantize is refused by name
     r = run("synth", str(tmp_path / "h"), "--family", "gguf", "--quant", "F16", "--json")
-    for ckpt, ok in ((json.loads(r.stdout)["path"], True), (path, False)):
-        spec = tmp_path / f"s{ok}.yaml"
-        spec.write_text(f"checkpoint: {ckpt}\nbudget: {{host: 1GiB}}\nrules:\n  - match: '*'\n")
-        r = run("compile", str(spec), "-o", str(tmp_path / f"p{ok}.json"))
-        assert (r.returncode == 0) == ok, r.stderr
-        if not ok:
-            assert r.returncode == 2 and "gguf-quantized" in r.stderr and r.stderr.count("\n") == 1
+    for k, (ckpt, dtype) in enumerate(((json.loads(r.stdout)["path"], None), (path, None), (path, "bfloat16"))):
+        spec = tmp_path / f"s{k}.yaml"
+        rule = f"  - match: '*'\n" + (f"    dtype: {dtype}\n" if dtype else "")
+        spec.write_text(f"checkpoint: {ckpt}\nbudget: {{host: 1GiB}}\nrules:\n{rule}")
+        r = run("compile", str(spec), "-o", str(tmp_path / f"p{k}.json"), "--json")
+        assert r.returncode == 0, r.stderr
 
 
 def _read(path, r):

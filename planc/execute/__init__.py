@@ -47,8 +47,11 @@ def check_against_headers(plan) -> None:
     shape). A plan file edited to read one tensor's bytes as another's is a `PlanFormatError` (exit 2)
     before anything is allocated, and `--verify` (which reads at the plan's offsets) then compares
     against the checkpoint as its headers describe it. Only the headers are read."""
+    import math
+
     from ..errors import PlanFormatError
     from ..manifest import read_manifest
+    from ..manifest.ggml_types import QUANTIZED, quant_type
 
     root = plan.checkpoint.root
     headers = {}
@@ -64,8 +67,19 @@ def check_against_headers(plan) -> None:
                                       code="plan-header-mismatch")
             last = i.start + ((i.count - 1) * i.stride + i.seg if i.count > 1 else i.nbytes)
             whole = i.count == 1 and i.nbytes == entry.nbytes
-            if (i.dtype != entry.dtype or i.start < entry.start or last > entry.start + entry.nbytes
-                    or (whole and (i.start != entry.start or tuple(i.shape) != tuple(entry.shape)))):
+            dtype, shape = entry.dtype, tuple(entry.shape)
+            if dtype in QUANTIZED:  # GGUF blocks: read as U8 rows of whole blocks, their type the part's
+                qt = quant_type(dtype)
+                dtype, shape = "U8", (math.prod(shape[:-1]), shape[-1] // qt.block * qt.block_bytes)
+                if part.ggml != entry.dtype:
+                    raise PlanFormatError(f"{where} as GGML {part.ggml or 'nothing'}, but the file's header says "
+                                          f"{entry.dtype}; the plan does not match its checkpoint: compile again",
+                                          code="plan-header-mismatch")
+            elif part.ggml:
+                raise PlanFormatError(f"{where} as GGML {part.ggml}, but the file's header says {entry.dtype}; the "
+                                      f"plan does not match its checkpoint: compile again", code="plan-header-mismatch")
+            if (i.dtype != dtype or i.start < entry.start or last > entry.start + entry.nbytes
+                    or (whole and (i.start != entry.start or tuple(i.shape) != shape))):
                 raise PlanFormatError(
                     f"{where} at bytes [{i.start:,}, {last:,}) as {i.dtype} {list(i.shape)}, but the file's header puts "
                     f"it at [{entry.start:,}, {entry.start + entry.nbytes:,}) as {entry.dtype} {list(entry.shape)}; "

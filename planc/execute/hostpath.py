@@ -66,10 +66,22 @@ class HostPath:
         self.counters["host_parts"] += 1
 
 
+def gguf_host(p, raw: np.ndarray) -> np.ndarray:
+    """A gguf part's blocks (U8 rows) dequantized on the host, as the bytes of its output."""
+    from ..gguf_dequant import dequantize
+    from ..manifest.ggml_types import quant_type
+
+    qt = quant_type(p.ggml)
+    rows, row = p.inputs[0].shape
+    return dequantize(raw, p.ggml, (rows, row // qt.block_bytes * qt.block), p.out_dtype).reshape(-1).view(np.uint8)
+
+
 def _host_transform(p, bufs: list) -> np.ndarray:
     w = p.inputs[0]
     if p.op == "convert":
         return convert_host(bufs[0], w.dtype, p.out_dtype)
+    if p.op == "gguf":
+        return gguf_host(p, bufs[0])
     if p.op in ("dequantize", "dequantize_t") and fp4ref.is_fp4(p):
         return fp4ref.host_dequantize(p, bufs)
     if p.op == "dequantize":

@@ -73,6 +73,9 @@ class KernelRuns:
 
         s_size, d_size = DTYPES[k.src_dtype].bits // 8, DTYPES[k.dst_dtype].bits // 8
         numel = k.numel
+        if k.op == "gguf":
+            self._gguf(r, k, d_size)
+            return
         src = self.regions.dst(k.src_space, r, k.src_offset, max(1, numel * max(1, s_size)))
         dst = self.regions.arena[k.dst_offset:k.dst_offset + numel * d_size]
         if k.op == "convert":
@@ -88,6 +91,18 @@ class KernelRuns:
         else:  # transpose (the codec admits no other op)
             dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream, dev=self.dev)
 
+
+    def _gguf(self, r, k, d_size: int) -> None:
+        """GGUF blocks (U8 rows, `k.rows` x `k.cols` bytes, in the landing region) dequantized to the
+        part's dtype: its GGML type is the part's `ggml`."""
+        from ..dtypes import DTYPES
+        from .gguf_kernels import dequantize_gguf
+
+        src = self.regions.dst(k.src_space, r, k.src_offset, k.rows * k.cols)
+        dst = self.regions.arena[k.dst_offset:k.dst_offset + k.numel * d_size]
+        out = dst.view(np.uint32 if DTYPES[k.dst_dtype].itemsize == 4 else np.uint16)
+        dequantize_gguf(src, out, self.plan.parts[k.part].ggml, k.dst_dtype, k.numel, stream=self.stream,
+                        dev=self.dev)
 
     def _fp4(self, r, k, src, dst) -> None:
         """An MXFP4 or NVFP4 dequantization: its weight, block scales (and NVFP4's per-tensor scale,
@@ -129,6 +144,8 @@ def warm_kernels(plan, dev=None):
     for r in plan.runs:
         for k in r.kernels:
             fmt = fp4_format(plan, k) if k.op in DEQUANTIZE_OPS else None
+            if k.op == "gguf":  # launched on tiny arrays it would not load: its first real launch does
+                continue
             need.add((f"fp4:{fmt}", k.op == "dequantize_t", k.dst_dtype) if fmt else (k.op, k.src_dtype, k.dst_dtype))
         for q in r.requests:
             if q.scatter:

@@ -79,6 +79,20 @@ def _verify_part(root: str, p, arena, chunk: int) -> tuple[bool, int]:
             if not np.array_equal(ref, _device(arena, dst + off // s_size * d_size, len(ref))):
                 return False, off
         return True, p.out_bytes
+    if op == "gguf":
+        # Whole rows of blocks at a time, dequantized by the host reference (`planc.gguf_dequant`).
+        from .hostpath import gguf_host
+
+        rows, row = w.shape
+        step = max(1, chunk // max(1, row))
+        out_row = p.out_bytes // rows
+        for r0 in range(0, rows, step):
+            n = min(step, rows - r0)
+            raw = _read(root, w, r0 * row, n * row)
+            ref = gguf_host(p._replace(inputs=(w._replace(shape=(n, row)),)), raw)
+            if not np.array_equal(ref, _device(arena, dst + r0 * out_row, len(ref))):
+                return False, r0 * out_row
+        return True, p.out_bytes
     if op in ("dequantize", "dequantize_t") and fp4ref.is_fp4(p):
         # Whole inputs: an FP4 part's read bytes are bounded by the plan like a transpose's source.
         ref = fp4ref.host_dequantize(p, [_read(root, i, 0, i.nbytes) for i in p.inputs])

@@ -1,0 +1,170 @@
+"""GGUF quantized tensors in plans, under the CUDA simulator: a rule's float dtype dequantizes Q8_0,
+Q4_0, Q4_K and Q6_K blocks (on the device, or `on: host`) bit-exact to `gguf.quants.dequantize`;
+`keep` loads the stored blocks (U8 rows, the GGML type on the part); the plan file holds the op to
+its types and sizes (edited plans refused); a tensor-parallel rank reads whole blocks of its slice."""
+
+import os
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import json  # noqa: E402
+
+import gguf  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from execute_support import SMALL_IO, load_checked, spec_file  # noqa: E402
+from planc.compile import compile_spec  # noqa: E402
+from planc.errors import BindError, PlanFormatError  # noqa: E402
+from planc.execute import execute  # noqa: E402
+from planc.manifest.ggml_types import BY_NAME  # noqa: E402
+from planc.plan import decode, encode  # noqa: E402
+from planc.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
+
+TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
+NP = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float16": np.float16}
+SHAPE = (4, 512)  # 4 rows of 2 (K-quants) or 16 blocks
+
+
+def _write(path, tensors) -> dict:
+    """A GGUF of `tensors` [(name, type, shape)] written by the gguf package; {name: stored bytes}."""
+    specs = [GGUFTensor(n, q, s) for n, q, s in tensors]
+    w = gguf.GGUFWriter(str(path), "llama")
+    for t in specs:
+        row = t.shape[-1] // BY_NAME[t.type].block * BY_NAME[t.type].block_bytes  # the writer takes byte shapes
+        w.add_tensor_info(t.name, (*t.shape[:-1], row), np.dtype(np.uint8), t.nbytes,
+                          raw_dtype=gguf.GGMLQuantizationType[t.type])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    raw = {t.name: tensor_bytes(t, 7) if t.type in TYPES else np.arange(t.nbytes, dtype=np.uint8) for t in specs}
+    for t in specs:
+        w.write_tensor_data(raw[t.name])
+    w.close()
+    return raw
+
+
+def _ref(raw, qtype, shape, dtype):
+    rows = int(np.prod(shape[:-1]))
+    out = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType[qtype]).astype(NP[dtype])
+    return out.reshape(shape)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf")
+    raw = _write(d / "m.gguf", [(f"{w}.{q}", q, SHAPE) for q in TYPES for w in ("t", "k")])
+    return d, d / "m.gguf", raw
+
+
+@pytest.mark.parametrize("on", ["device", "host"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_every_type_dequantized_and_kept_bit_exact(ckpt, on, dtype):
+    d, path, raw = ckpt
+    spec = spec_file(d, path, [{"match": "k.*", "dtype": "keep"}, {"match": "t.*", "dtype": dtype, "on": on}],
+                     io=SMALL_IO, name=f"s-{on}-{dtype}.yaml")
+    models = []
+    plan, model = load_checked(spec, models)  # with --verify against the host reference
+    for q in TYPES:
+        got = model[f"t.{q}"].to_host()
+        want = _ref(raw[f"t.{q}"], q, SHAPE, dtype)
+        assert got.dtype == want.dtype and got.shape == SHAPE and got.tobytes() == want.tobytes(), q
+        kept = model[f"k.{q}"].to_host()
+        assert kept.dtype == np.uint8 and kept.shape == (4, 512 // BY_NAME[q].block * BY_NAME[q].block_bytes)
+        assert kept.tobytes() == raw[f"k.{q}"].tobytes(), q
+    parts = {p.tensor: p for p in plan.parts}
+    assert all(parts[f"t.{q}"].op == "gguf" and parts[f"t.{q}"].ggml == q for q in TYPES)
+    assert all(parts[f"k.{q}"].op == "copy" and parts[f"k.{q}"].ggml == q for q in TYPES)
+    assert {parts[f"t.{q}"].path for q in TYPES} == {"host" if on == "host" else "direct"}
+    if on == "device":  # the blocks land on the device, counted in the plan's peak
+        assert all(parts[f"t.{q}"].landing_bytes == raw[f"t.{q}"].size for q in TYPES)
+        assert plan.peak.device_bytes >= plan.layout.arena_bytes + max(raw[f"t.{q}"].size for q in TYPES)
+    del models
+
+
+def _doc(plan) -> dict:
+    return json.loads(encode(plan))
+
+
+def _part(doc, tensor: str) -> list:
+    ti = [t[0] for t in doc["tensors"]].index(tensor)
+    return next(p for p in doc["parts"] if p[0] == ti)
+
+
+def test_the_plan_file_round_trips_and_edits_are_refused(ckpt):
+    d, path, raw = ckpt
+    spec = spec_file(d, path, [{"match": "k.*", "dtype": "keep"}, {"match": "t.*", "dtype": "bfloat16"}],
+                     io=SMALL_IO, name="s-edit.yaml")
+    plan = compile_spec(spec)
+    assert decode(encode(plan)).parts == plan.parts
+    ggml = 13  # the part record's field order
+    edits = {
+        "a type of another block size": lambda doc: _part(doc, "t.Q4_K").__setitem__(ggml, "Q8_0"),
+        "no type": lambda doc: _part(doc, "t.Q6_K").__setitem__(ggml, ""),
+        "an unknown type": lambda doc: _part(doc, "t.Q6_K").__setitem__(ggml, "Q9_9"),
+        "kept blocks made F16": lambda doc: _part(doc, "k.Q8_0").__setitem__(8, "F16"),
+        "more output bytes": lambda doc: _part(doc, "t.Q8_0").__setitem__(7, _part(doc, "t.Q8_0")[7] + 2),
+        "fewer block bytes": lambda doc: _part(doc, "t.Q4_0")[5][0].__setitem__(4, _part(doc, "t.Q4_0")[5][0][4] - 18),
+        "a kernel's values": lambda doc: next(k for r in doc["runs"] for k in r[2] if k[1] == "gguf").__setitem__(
+            8, 1 << 20),
+    }
+    for what, edit in edits.items():
+        doc = _doc(plan)
+        edit(doc)
+        with pytest.raises(PlanFormatError, match=r"parts\[|kernels\[") as e:
+            decode(json.dumps(doc))
+        assert e.value.code, what
+
+
+def test_a_type_swapped_for_one_that_fits_the_same_bytes_is_refused_against_the_headers(ckpt):
+    """Q4_K rows of 288 bytes are also 16 Q4_0 blocks of 512 values: a plan so edited is consistent in
+    itself, and the load refuses it against the file's header before it allocates anything."""
+    d, path, raw = ckpt
+    plan = compile_spec(spec_file(d, path, [{"match": "t.*", "dtype": "float32"}, {"match": "k.*", "skip": True}],
+                                  io=SMALL_IO, name="s-swap.yaml"))
+    doc = _doc(plan)
+    _part(doc, "t.Q4_K")[13] = "Q4_0"
+    edited = decode(json.dumps(doc))
+    with pytest.raises(PlanFormatError) as e:
+        execute(edited)
+    assert e.value.code == "plan-header-mismatch" and "Q4_K" in str(e.value)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_tensor_parallel_rank_reads_its_rows_of_blocks(ckpt, dim):
+    d, path, raw = ckpt
+    spec = spec_file(d, path, [{"match": "t.*", "dtype": "float32", "split": {"dim": dim}},
+                               {"match": "k.*", "skip": True}], io=SMALL_IO, name=f"s-tp{dim}.yaml")
+    doc = __import__("yaml").safe_load(spec.read_text())
+    doc["tensor_parallel"] = {"size": 2}
+    spec.write_text(__import__("yaml").safe_dump(doc))
+    for rank in range(2):
+        plan = compile_spec(spec, rank)
+        model = execute(plan, verify=True)
+        assert model.report["verify"]["ok"]
+        for q in TYPES:
+            whole = _ref(raw[f"t.{q}"], q, SHAPE, "float32")
+            want = whole[rank * 2:(rank + 1) * 2] if dim == 0 else whole[:, rank * 256:(rank + 1) * 256]
+            assert model[f"t.{q}"].to_host().tobytes() == np.ascontiguousarray(want).tobytes(), (q, rank)
+        del model
+
+
+def test_refusals_name_the_rule_and_tensor(tmp_path):
+    _write(tmp_path / "m.gguf", [("t", "Q4_K", (2, 512)), ("u", "Q5_K", (2, 256))])
+    cases = [
+        ([{"match": "t", "dtype": "float32", "transpose": True}, {"match": "u", "dtype": "keep"}], "bad-transpose"),
+        ([{"match": "t", "dtype": "keep"}, {"match": "u", "dtype": "float32"}], "gguf-dequantize"),
+    ]
+    for k, (rules, code) in enumerate(cases):
+        with pytest.raises(BindError) as e:
+            compile_spec(spec_file(tmp_path, tmp_path / "m.gguf", rules, name=f"r{k}.yaml"))
+        assert e.value.code == code and ("rules[0]" in str(e.value) or "rules[1]" in str(e.value))
+    spec = spec_file(tmp_path, tmp_path / "m.gguf", [{"match": "*", "dtype": "keep", "split": {"dim": 1}}],
+                     name="r-tp.yaml")
+    doc = __import__("yaml").safe_load(spec.read_text())
+    doc["tensor_parallel"] = {"size": 2}
+    spec.write_text(__import__("yaml").safe_dump(doc))
+    with pytest.raises(BindError) as e:
+        compile_spec(spec)
+    assert e.value.code == "split-gguf-block"
