@@ -34,7 +34,7 @@ from .errors import BindError
 from .manifest import Manifest, TensorEntry
 from .manifest.ggml_types import DEQUANTIZABLE, quant_type
 from .spec import Rule, Spec
-from .split import Slice, rank_range
+from .split import Rows, Slice, rank_range
 
 _MAX_LISTED = 20
 _tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
@@ -139,6 +139,7 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
                         code="unmatched")
 
     singles, groups, skipped, intos = [], {}, [], {}
+    metadata = None  # the GGUF header's key/values, read for a rule that unpermutes
     for t, (i, m) in zip(manifest.tensors, matched):
         if t.name in consumed:
             continue
@@ -158,7 +159,9 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
         else:
             name = r.rename.format(**m.groupdict()) if r.rename else (
                 fp4.loaded_name(r.dequantize.format, t.name) if r.dequantize else t.name)
-            singles.append(_single(t, r, i, scales, tp, name, scales2))
+            if r.unpermute and metadata is None:
+                metadata = dict(manifest.shards[0].metadata) if manifest.shards else {}
+            singles.append(_single(t, r, i, scales, tp, name, scales2, metadata))
     placements = singles + [_group(i, name, members, rules[i], scales, tp, scales2)
                             for (i, name), members in groups.items()]
     placements.sort(key=lambda p: p.name)
@@ -247,7 +250,38 @@ def _refuse_fp4_split(r: Rule, i: int, name: str) -> None:
                         f"splits of FP4 weights are not supported (split: replicate)", code="split-fp4")
 
 
-def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, scales2: dict) -> Placement:
+def _unpermuted(t: TensorEntry, r: Rule, i: int, tp: _TP, name: str, target: str, op: str, shape: tuple, qt,
+                metadata: dict) -> Placement:
+    """A GGUF Llama q/k weight in transformers' row order: llama.cpp stores head h's row (j, i) (j < 2,
+    i < head_dim / 2) as row (i, j), so out rows [h*hd + j*hd/2, +hd/2) are in rows h*hd + j + 2i:
+    one part per head and half, each one strided read (`planc.gguf_names.unpermute_rows`)."""
+    from .gguf_names import permuted_heads
+
+    why = None
+    try:
+        n_head = permuted_heads(t.name, metadata)
+    except KeyError as e:
+        n_head, why = None, str(e.args[0])
+    if n_head is None:
+        raise BindError(f"rules[{i}] unpermutes {t.name}, which is not a GGUF Llama attn_q / attn_k weight"
+                        + (f" ({why})" if why else ""), code="bad-unpermute")
+    rows = t.shape[0] if t.shape else 0
+    if len(t.shape) != 2 or n_head <= 0 or rows % n_head or (rows // n_head) % 2:
+        raise BindError(f"rules[{i}] unpermutes {t.name} {list(t.shape)}: its rows are not {n_head} heads of an even "
+                        f"head dim", code="bad-unpermute")
+    if r.transpose or r.dequantize or (r.split != "replicate" and tp.world > 1):
+        raise BindError(f"rules[{i}] unpermutes {t.name}; the row gather takes no transpose, dequantize or "
+                        f"tensor-parallel split", code="bad-unpermute")
+    hd = rows // n_head
+    row_out = DTYPES[target].nbytes(math.prod(shape[1:]))
+    half = hd // 2
+    parts = tuple(Part(t, None, (h * hd + j * half) * row_out, half * row_out, Rows(h * hd + j, 2, half))
+                  for h in range(n_head) for j in range(2))
+    return Placement(name, target, shape, op, r.on, "none", i, parts, 0, qt.name if qt is not None else "")
+
+
+def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, scales2: dict,
+            metadata: dict | None = None) -> Placement:
     target = _target(t, r, i)
     op = _op(t, r, i, target)
     shape = _out_shape(t, op, r)
@@ -255,6 +289,8 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, s
     block = _block(r)
     sl, ssl = None, None
     qt = _ggml(t)
+    if r.unpermute:
+        return _unpermuted(t, r, i, tp, name, target, op, shape, qt, metadata)
     if r.split != "replicate" and tp.world > 1:
         _refuse_fp4_split(r, i, name)
         d = _split_dim(r, i, t.name, len(shape))
@@ -323,6 +359,9 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP, sca
     blocks = _blocks(i, name, members, r)
     ts = [t for b in blocks for t in b]
     first = ts[0]
+    if r.unpermute:
+        raise BindError(f"rules[{i}] unpermutes {name}, a fuse or stack; unpermute single tensors",
+                        code="bad-unpermute")
     if _ggml(first) is not None:
         raise BindError(f"rules[{i}] groups {name}: {first.name} is a GGUF {first.dtype} tensor; quantized GGUF "
                         f"tensors load one by one (no fuse or stack)", code="gguf-group")

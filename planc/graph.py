@@ -24,7 +24,7 @@ from .bind import Part as BoundPart
 from .ir import Input, Part
 from .dtypes import DTYPES
 from .hostcost import scratch_bytes
-from .split import ranged
+from .split import Rows, ranged, rows_ranged
 
 _tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
 
@@ -47,6 +47,8 @@ def build_graph(binding: Binding) -> Graph:
 
 
 def _input(role: str, t, sl) -> Input:
+    if isinstance(sl, Rows):
+        return _rows_input(role, t, sl)
     if t.dtype not in DTYPES:  # GGUF blocks: read as U8 rows of whole blocks
         return _blocks_input(role, t, sl)
     if sl is None:  # the whole tensor: what `ranged` gives, without building it
@@ -66,6 +68,18 @@ def _blocks_input(role: str, t, sl) -> Input:
     g = ranged(t.start, t.shape, t.dtype, sl)
     shape = (math.prod(g.shape[:-1]), g.shape[-1] // qt.block * qt.block_bytes)
     return Input(role, t.name, t.file, g.start, g.nbytes, "U8", shape, g.seg, g.stride, g.count)
+
+
+def _rows_input(role: str, t, g: Rows) -> Input:
+    """A row gather of a tensor (rows `g.first`, `+ g.step`, ...): one strided input."""
+    from .manifest.ggml_types import quant_type
+
+    qt = quant_type(t.dtype) if t.dtype not in DTYPES else None
+    inner = math.prod(t.shape[1:])
+    row = inner // qt.block * qt.block_bytes if qt is not None else DTYPES[t.dtype].nbytes(inner)
+    r = rows_ranged(t.start, t.shape, row, g)
+    shape, dtype = ((g.count, row), "U8") if qt is not None else (r.shape, t.dtype)
+    return Input(role, t.name, t.file, r.start, r.nbytes, dtype, shape, r.seg, r.stride, r.count)
 
 
 def _inputs(part: BoundPart) -> tuple[Input, ...]:

@@ -241,6 +241,10 @@ class Rule(_Model):
     with `transpose`, an FP4 weight's last two dims are swapped."""
     transpose: YesNo = False
     """Transpose 2-D tensors."""
+    unpermute: YesNo = False
+    """GGUF Llama attention weights (`blk.N.attn_q.weight`, `blk.N.attn_k.weight`): undo llama.cpp's
+    row permutation of each head (heads from the file's `llama.attention.head_count` / `head_count_kv`),
+    as a row gather: one strided read per head and half (docs/gguf.md)."""
     split: Split | Literal["replicate"] = "replicate"
     """Tensor parallel: `{dim: 0}` (column parallel), `{dim: 1}` (row parallel) or `replicate` (every rank loads it)."""
 

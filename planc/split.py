@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .dtypes import DTYPES
 from .errors import BindError
@@ -66,6 +67,24 @@ def rank_range(size: int, world: int, rank: int, pad: bool, what: str, dim: int,
                         code="split-uneven")
     per = -(-size // world)
     return min(size, rank * per), min(size, (rank + 1) * per), per
+
+
+class Rows(NamedTuple):
+    """Rows `first`, `first + step`, ... (`count` of them) of a tensor's outer dim, packed in order:
+    a row gather (GGUF q/k rows in transformers' order, `planc.gguf_names.unpermute_rows`)."""
+
+    first: int
+    step: int
+    count: int
+
+
+def rows_ranged(start: int, shape: tuple[int, ...], row_bytes: int, g: Rows) -> Ranged:
+    """The file bytes of row gather `g` of a tensor at `start` whose rows (dim 0) are `row_bytes` each."""
+    first = start + g.first * row_bytes
+    out_shape = (g.count, *shape[1:])
+    if g.count == 1 or g.step == 1:
+        return Ranged(first, row_bytes * g.count, row_bytes * g.count, 1, out_shape)
+    return Ranged(first, row_bytes, g.step * row_bytes, g.count, out_shape)
 
 
 def ranged(start: int, shape: tuple[int, ...], dtype: str, sl: Slice | None) -> Ranged:

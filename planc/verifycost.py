@@ -3,7 +3,7 @@
 `--verify` runs after the load, once the ring is released. It compares part by part, a chunk at a
 time: a copy or a conversion reads at most `verify_chunk(plan)` bytes of source at a time, an FP8
 dequantization at most that many weight bytes (rows of one scale band, or columns of a row) with
-its whole scale grid; a transpose and an FP4 dequantization need their whole source. Each chunk
+its whole scale grid, a GGUF dequantization whole rows of blocks up to that many bytes; a transpose and an FP4 dequantization need their whole source. Each chunk
 holds its read bytes, the reference computed from them (and a conversion's intermediate, and the
 chunk scratch of `planc.hostcost`), the device bytes copied back, and the comparison's mask (one
 byte per byte compared).
@@ -38,6 +38,11 @@ def part_bytes(p, chunk: int) -> int:
         conv = (out + scratch) if p.op == "convert" else 0
         return max(src + conv + 2 * out, zero)
     reads = sum(i.nbytes for i in p.inputs)
+    if p.op == "gguf":  # whole rows of blocks at a time, dequantized by the host reference
+        rows, row = w.shape
+        band = min(w.nbytes, max(row, chunk // max(1, row) * row))
+        out = band // max(1, row) * (p.out_bytes // max(1, rows))
+        return max(band + 3 * out + scratch, zero)
     if p.op == "dequantize" and len(p.inputs) == 2 and len(w.shape) == 2 and w.dtype.startswith("F8"):
         rows, cols = w.shape
         band = min(w.nbytes, max(min(cols, chunk), chunk // max(1, cols) * cols))

@@ -168,3 +168,73 @@ def test_refusals_name_the_rule_and_tensor(tmp_path):
     with pytest.raises(BindError) as e:
         compile_spec(spec)
     assert e.value.code == "split-gguf-block"
+
+
+def _shipped_gguf_spec(tmp_path, checkpoint, dtype=None):
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = yaml.safe_load(open(os.path.join(root, "specs", "transformers-llama-gguf.yaml")).read())
+    doc["checkpoint"], doc["io"], doc["budget"] = str(checkpoint), SMALL_IO, {"host": "64MiB"}
+    if dtype:
+        for r in doc["rules"]:
+            if "dtype" in r:
+                r["dtype"] = dtype
+    path = tmp_path / "llama-gguf.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("quant,on", [("Q4_K_M", "device"), ("Q8_0", "host"), ("F16", "device")])
+def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, on):
+    """specs/transformers-llama-gguf.yaml on a Llama GGUF: every tensor under transformers' name (the
+    `gguf` package's own map, through planc.gguf_names), q and k rows in transformers' order
+    (`unpermute_rows` of the dequantized tensor), bit for bit, verified."""
+    from planc.gguf_dequant import dequantize
+    from planc.gguf_names import permuted_heads, transformers_name, unpermute_rows
+    from planc.manifest import read_manifest
+    from planc.synth_gguf import write_gguf
+
+    res = write_gguf(tmp_path / "ck", quant=quant, layers=1)
+    spec = _shipped_gguf_spec(tmp_path, res.path, "float32")
+    if on == "host":
+        import yaml
+
+        doc = yaml.safe_load(spec.read_text())
+        for r in doc["rules"]:
+            r.setdefault("on", "host") if "dtype" in r else None
+        spec.write_text(yaml.safe_dump(doc))
+    man = read_manifest(res.path)
+    meta = dict(man.shards[0].metadata)
+    models = []
+    plan, model = load_checked(spec, models)
+    want_names = {transformers_name(t.name) for t in man.tensors} - {None}
+    assert set(model.keys()) == want_names
+    for t in man.tensors:
+        name = transformers_name(t.name)
+        if name is None:
+            continue
+        with open(res.path, "rb") as f:
+            f.seek(t.start)
+            raw = np.frombuffer(f.read(t.nbytes), np.uint8)
+        if t.dtype in TYPES:
+            want = _ref(raw, t.dtype, t.shape, "float32")
+        else:
+            want = raw.view({"F32": np.float32, "F16": np.float16}[t.dtype]).astype(np.float32).reshape(t.shape)
+        n_head = permuted_heads(t.name, meta)
+        if n_head:
+            want = unpermute_rows(want, n_head)
+        assert model[name].to_host().tobytes() == np.ascontiguousarray(want).tobytes(), t.name
+    del models
+
+
+def test_unpermute_refusals(tmp_path):
+    from planc.synth_gguf import write_gguf
+
+    res = write_gguf(tmp_path / "ck", quant="Q8_0", layers=1)
+    for k, rule in enumerate([{"match": "blk.0.attn_v.weight", "unpermute": True, "dtype": "float32"},
+                              {"match": "blk.0.attn_q.weight", "unpermute": True, "transpose": True}]):
+        spec = spec_file(tmp_path, res.path, [rule, {"match": "*", "skip": True}], name=f"u{k}.yaml")
+        with pytest.raises(BindError) as e:
+            compile_spec(spec)
+        assert e.value.code in ("bad-unpermute", "bad-transpose") and "rules[0]" in str(e.value)
