@@ -221,7 +221,8 @@ class Rule(_Model):
     match: str
     """Glob on tensor names, with optional `{X}` placeholders (one dotted component each)."""
     source_dtype: list[str] | None = None
-    """Only tensors stored in one of these safetensors dtypes match (e.g. [F8_E4M3])."""
+    """Only tensors stored in one of these safetensors dtypes match (e.g. [F8_E4M3]); GGUF block types
+    (Q4_K, ...) too."""
     dtype: Target = "keep"
     """Target dtype of the loaded tensor."""
     skip: YesNo = False
@@ -251,9 +252,12 @@ class Rule(_Model):
     @field_validator("source_dtype")
     @classmethod
     def _known_dtypes(cls, names: list[str] | None) -> list[str] | None:
-        unknown = sorted(set(names or ()) - set(DTYPES))
+        from .manifest.ggml_types import QUANTIZED
+
+        unknown = sorted(set(names or ()) - set(DTYPES) - QUANTIZED)
         if unknown:
-            raise ValueError(f"unknown safetensors dtypes {unknown}; known: {', '.join(DTYPES)}")
+            raise ValueError(f"unknown safetensors dtypes {unknown}; known: {', '.join(DTYPES)} (and GGUF's block "
+                             f"types: {', '.join(sorted(QUANTIZED))})")
         return names
 
     @model_validator(mode="after")

@@ -57,6 +57,12 @@ def test_there_are_examples():
 def _write_checkpoint(spec_path: Path, checkpoint: str, tags: dict) -> None:
     target = (spec_path.parent / checkpoint).resolve()
     family = tags["synth"]
+    if family == "gguf":  # a `.gguf` file: the gguf package's writer, through planc synth
+        from planc.synth_gguf import write_gguf
+
+        res = write_gguf(target.parent, quant=tags.get("quant", "Q8_0"), layers=1)
+        assert Path(res.path).name == target.name, f"synth writes {res.path}, the example reads {target}"
+        return
     experts = int(tags["experts"]) if "experts" in tags else None
     if target.name.endswith(".safetensors.index.json"):
         write_checkpoint(target.parent, family, shards=2, experts=experts)

@@ -262,3 +262,34 @@ def test_gguf_host_dequantize_holds_its_output_and_one_chunk(qtype):
         out, peak = _peak(dequantize, raw, qtype, (numel,), "F32")
     assert out.shape == (numel,)
     assert peak <= out.nbytes + CHUNK_VALUES * SCRATCH_PER_VALUE, peak
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+def test_gguf_host_part_and_its_verify_hold_what_they_count(tmp_path, quant):
+    """A GGUF file's quantized tensors dequantized `on: host` in a plan: each part's transform holds at
+    most its counted bytes beyond its reads; `--verify` of them (whole rows of blocks, a chunk at a
+    time under a small budget) at most what `verifycost` predicts."""
+    from planc.execute import execute
+    from planc.execute.hostpath import _host_transform
+    from planc.execute.verify import verify_model
+    from planc.synth_gguf import write_gguf
+
+    res = write_gguf(tmp_path / "ck", quant=quant, layers=1)
+    plan = compile_spec(_spec(tmp_path, res.path, [{"match": "*", "dtype": "float32", "on": "host"}], host="16MiB"))
+    hosts = [p for p in plan.parts if p.op == "gguf" and p.out_bytes // 4 > CHUNK_VALUES]
+    assert plan.fits and hosts
+    for p in hosts:
+        out, peak = _peak(_host_transform, p, _bufs(plan.checkpoint.root, p))
+        assert len(out) == p.out_bytes
+        assert peak <= p.host_bytes - p.inputs[0].nbytes, (p.label, peak)
+    # on the device under a budget whose verify chunk (64 KiB) is less than a tensor's blocks
+    plan = compile_spec(_spec(tmp_path, res.path, [{"match": "*", "dtype": "float32"}], host="512KiB", name="d.yaml",
+                              io={"slot": "64KiB", "slots": 2, "run": "1MiB", "merge_gap": 0}))
+    assert plan.fits and verify_chunk(plan) == 64 << 10
+    assert max(p.inputs[0].nbytes for p in plan.parts if p.op == "gguf") > 64 << 10
+    m = execute(plan)
+    try:
+        got, peak = _peak(verify_model, plan, m)
+        assert got["ok"] and peak <= verify_host_bytes(plan) + SLACK, (peak, verify_host_bytes(plan))
+    finally:
+        m.free()

@@ -69,7 +69,7 @@ def test_copies_without_merge_whole_plan(abcd):
                 "inputs": [{"role": "weight", "tensor": name, "file": f, "start": start, "nbytes": n, "dtype": "F32",
                             "shape": [n // 4], "seg": n, "stride": n, "count": 1}],
                 "offset_bytes": 0, "out_bytes": n, "out_dtype": "F32", "landing_bytes": 0, "host_bytes": 0, "block": 0,
-                "zero_bytes": 0, "dst_offset": dst}
+                "zero_bytes": 0, "ggml": "", "dst_offset": dst}
 
     def steps(i, name, start, n):
         return [{"id": f"read:{name}#0:weight", "kind": "read", "part": i, "host_bytes": 0, "device_bytes": 0,
@@ -130,7 +130,7 @@ def test_copies_without_merge_whole_plan(abcd):
     assert doc["fields"]["part"][:6] == ["tensor_index", "index", "op", "path", "reason_index", "inputs"]
     assert doc["reasons"] == ["pure copy into the final place"] and doc["sources"] == ["a", "c", "d"]
     assert doc["parts"][1] == [1, 0, "copy", "direct", 0, [["weight", 1, 0, ds + 5120, 2048, "F32", [512], 2048, 2048, 1]],
-                               0, 2048, "F32", 0, 0, 0, 0, 4096]
+                               0, 2048, "F32", 0, 0, 0, 0, "", 4096]
     assert doc["runs"][0][1][0] == [0, 0, 4096, [[ds, "arena", 0, 4096 - ds, 1, 0]], False, -1, 1, 0, 1]
     assert "steps" not in doc and "totals" not in doc  # derived, not stored
 
