@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from .codes import Code
+
 NAME_LIMIT = 120  # characters of one name (tensor, file, key) in an error line
 
 
@@ -34,14 +36,21 @@ def shorten_words(line: str, limit: int = NAME_LIMIT) -> str:
 
 
 class PlancError(Exception):
-    """Base of every planc error. `code` is short and stable; `exit_code` maps to the CLI."""
+    """Base of every planc error. `code` is short and stable; `exit_code` maps to the CLI.
+
+    `code` is one of the closed set in `planc.codes` (a `Code`, or its text); any other is refused here,
+    at construction (ValueError), so a typo cannot reach a user or a script that matches on codes."""
 
     exit_code = 1
     default_code = "error"
 
     def __init__(self, message: str, *, code: str | None = None):
         super().__init__(message)
-        self.code = code or self.default_code
+        try:
+            self.code = Code(code or self.default_code)
+        except ValueError:
+            raise ValueError(f"{code or self.default_code!r} is not an error code of planc.codes.Code; "
+                             "add it there") from None
         self.message = message
 
     def __str__(self) -> str:
