@@ -27,6 +27,7 @@ from functools import lru_cache
 
 from .ir import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal, Timeline, Window, part_steps
 from .units import gib
+from .codes import Code
 
 
 @lru_cache(maxsize=1 << 16)
@@ -140,7 +141,7 @@ def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
                 f"(on: device), or raise budget.host to {_fmt(w.host_bytes)}")
     msg = (f"refused: run {w.run} needs {_fmt(w.host_bytes)} of host memory, budget.host allows "
            f"{_fmt(budget)}; largest step: {step} ({_fmt(size)}); {knob}")
-    return Refusal("host-budget", w.run, step, w.host_bytes, budget, msg)
+    return Refusal(Code.HOST_BUDGET, w.run, step, w.host_bytes, budget, msg)
 
 
 def _device_refusal(w: Window, plan: Plan) -> Refusal | None:
@@ -161,4 +162,4 @@ def _device_refusal(w: Window, plan: Plan) -> Refusal | None:
     msg = (f"refused: run {w.run} needs {_fmt(w.device_bytes)} of device memory (arena {_fmt(lay.arena_bytes)} + "
            f"landing {_fmt(lay.landing_bytes)} + staging {_fmt(lay.staging_bytes)}), budget.device allows "
            f"{_fmt(budget)}; largest step: {step} ({_fmt(size)}); {knob}")
-    return Refusal("device-budget", w.run, step, w.device_bytes, budget, msg)
+    return Refusal(Code.DEVICE_BUDGET, w.run, step, w.device_bytes, budget, msg)

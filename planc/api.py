@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BindError, HandoffError, PlanFormatError, SpecError
+from .codes import Code
 
 
 def _plan(spec_or_plan, rank: int | None):
@@ -27,7 +28,7 @@ def _plan(spec_or_plan, rank: int | None):
         return _check_rank(spec_or_plan, rank, "the plan given")
     if not isinstance(spec_or_plan, (str, os.PathLike)):
         raise SpecError(f"spec_or_plan must be the path of a spec or a plan file, or a Plan; got "
-                        f"{type(spec_or_plan).__name__}", code="spec-missing")
+                        f"{type(spec_or_plan).__name__}", code=Code.SPEC_MISSING)
     path = Path(spec_or_plan)
     if path.suffix.lower() == ".json":
         from .plan import load_plan
@@ -35,7 +36,7 @@ def _plan(spec_or_plan, rank: int | None):
         try:
             return _check_rank(load_plan(path), rank, str(path))
         except PlanFormatError as e:
-            if e.code not in ("plan-kind", "plan-syntax"):
+            if e.code not in (Code.PLAN_KIND, Code.PLAN_SYNTAX):
                 raise
             # Not a plan: a JSON spec, compiled below (its errors then name the spec's fields).
     # A spec is compiled (or its plan taken from the plan cache): only then the spec models
@@ -49,7 +50,7 @@ def _plan(spec_or_plan, rank: int | None):
         env = os.environ.get("RANK")
         if size > 1 and env is None:
             raise BindError(f"{path}: tensor_parallel.size is {size}: pass rank= (0..{size - 1}) or set RANK",
-                            code="bad-rank")
+                            code=Code.BAD_RANK)
         rank = _env_rank(env, path) if size > 1 else 0
     return cached_compile(path, rank, loaded)
 
@@ -63,7 +64,7 @@ def _rank_arg(rank) -> int:
     except TypeError:
         r = -1
     if r < 0:
-        raise BindError(f"rank must be an integer 0 or more, got {str(rank)[:40]!r}", code="bad-rank")
+        raise BindError(f"rank must be an integer 0 or more, got {str(rank)[:40]!r}", code=Code.BAD_RANK)
     return r
 
 
@@ -74,7 +75,7 @@ def _env_rank(env: str, path) -> int:
     n = ascii_int(env)
     if n is None or n < 0:
         raise BindError(f"{path}: RANK={env[:40]!r} is not a rank: a launcher sets it to an integer 0 or more",
-                        code="bad-rank")
+                        code=Code.BAD_RANK)
     return n
 
 
@@ -82,7 +83,7 @@ def _check_rank(plan, rank: int | None, what: str):
     if rank is not None:
         have = plan.tensor_parallel.rank
         if have != rank:
-            raise BindError(f"{what} is the plan of rank {have}, but rank {rank} was asked for", code="bad-rank")
+            raise BindError(f"{what} is the plan of rank {have}, but rank {rank} was asked for", code=Code.BAD_RANK)
     return plan
 
 
@@ -148,7 +149,7 @@ def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = N
     torch = import_torch()  # before anything is loaded: without torch there is nothing to load into
     if not isinstance(module, torch.nn.Module):
         raise HandoffError(f"load_into needs a torch.nn.Module (built on the meta device), got "
-                           f"{type(module).__name__}", code="not-a-module")
+                           f"{type(module).__name__}", code=Code.NOT_A_MODULE)
     import time
 
     model = load(spec_or_plan, rank=rank, device=device, verify=verify, settings=settings)

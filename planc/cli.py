@@ -23,6 +23,7 @@ from .errors import PlanFormatError, PlancError, printable, shorten_words
 from .prestart import head as _head
 from .prestart import plan_device_hint
 from .units import SPEC_CAP, ascii_int, fmt_bytes, parse_bytes
+from .codes import Code
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="planc: compile a checkpoint + placement spec into a load plan that is proven to fit, "
@@ -280,7 +281,7 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
 
 class _Usage(PlancError):
     exit_code = 2
-    default_code = "usage"
+    default_code = Code.USAGE
 
 
 def _usage(msg: str) -> _Usage:
@@ -378,7 +379,7 @@ def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
         try:
             return _held_to_launcher(load_plan(path), path, rank)
         except PlanFormatError as e:
-            if e.code != "plan-kind" or not _looks_like_spec(path):
+            if e.code != Code.PLAN_KIND or not _looks_like_spec(path):
                 raise
             # a JSON spec whose key looks like a plan's (a typo): read below as the spec it is
     from .plancache import cached_compile  # a spec: only now the spec models and the compiler are imported
@@ -658,7 +659,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     v = model.report.get("verify")
     if v is not None and not v["ok"]:
         raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
-                           code="verify-mismatch")
+                           code=Code.VERIFY_MISMATCH)
 
 
 def _report_rank(plan) -> int:

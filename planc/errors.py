@@ -42,7 +42,7 @@ class PlancError(Exception):
     at construction (ValueError), so a typo cannot reach a user or a script that matches on codes."""
 
     exit_code = 1
-    default_code = "error"
+    default_code = Code.ERROR
 
     def __init__(self, message: str, *, code: str | None = None):
         super().__init__(message)
@@ -61,42 +61,42 @@ class ManifestError(PlancError):
     """A checkpoint file or index is malformed, missing or inconsistent."""
 
     exit_code = 2
-    default_code = "manifest"
+    default_code = Code.MANIFEST
 
 
 class SpecError(PlancError):
     """A placement spec is malformed or names something that does not exist."""
 
     exit_code = 2
-    default_code = "spec"
+    default_code = Code.SPEC
 
 
 class BindError(PlancError):
     """Rules and manifest do not fit together (unmatched tensors, bad fuse/stack groups...)."""
 
     exit_code = 2
-    default_code = "bind"
+    default_code = Code.BIND
 
 
 class PlanFormatError(PlancError):
     """A plan file cannot be read (bad JSON, wrong version)."""
 
     exit_code = 2
-    default_code = "plan"
+    default_code = Code.PLAN
 
 
 class FingerprintError(PlancError):
     """A checkpoint file changed (size or mtime) between compile and run."""
 
     exit_code = 2
-    default_code = "fingerprint"
+    default_code = Code.FINGERPRINT
 
 
 class AdmissionError(PlancError):
     """The plan, or one of its runs, does not fit the budget or the live room."""
 
     exit_code = 3
-    default_code = "refused"
+    default_code = Code.REFUSED
 
     def __init__(self, message: str, *, code: str | None = None, refusal: dict | None = None):
         super().__init__(message, code=code)
@@ -107,21 +107,21 @@ class ExecuteError(PlancError):
     """The load failed while running (read error, device error, interrupted)."""
 
     exit_code = 1
-    default_code = "execute"
+    default_code = Code.EXECUTE
 
 
 class ReadError(ExecuteError):
     """A read from a checkpoint file failed or came back short during the load."""
 
     exit_code = 2
-    default_code = "read"
+    default_code = Code.READ
 
 
 class Interrupted(ExecuteError):
     """The load was interrupted (SIGINT / KeyboardInterrupt); everything it allocated was released."""
 
     exit_code = 130  # 128 + SIGINT, as shells report a process ended by Ctrl-C
-    default_code = "interrupted"
+    default_code = Code.INTERRUPTED
 
 
 class HandoffError(PlancError):
@@ -129,4 +129,4 @@ class HandoffError(PlancError):
     or torch is not installed."""
 
     exit_code = 2
-    default_code = "handoff"
+    default_code = Code.HANDOFF

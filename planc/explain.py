@@ -14,6 +14,7 @@ from .errors import printable
 from .ir import Plan
 from .predict import predict
 from .units import fmt_bytes
+from .codes import Code
 
 TOP = 10
 
@@ -75,7 +76,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
 
         doc["fits"] = False
         if doc["refusal"] is None:
-            doc["refusal"] = {"code": "node-budget", "run": None, "step": "node", "needed_bytes": node.total_bytes,
+            doc["refusal"] = {"code": Code.NODE_BUDGET, "run": None, "step": "node", "needed_bytes": node.total_bytes,
                               "allowed_bytes": node.budget_bytes, "message": refusal_message(node)}
     return doc
 

@@ -30,6 +30,7 @@ from .errors import PlanFormatError, printable
 from .gcpause import gc_paused
 from .ir import Plan
 from .plancheck import FIELDS, FORMAT, check
+from .codes import Code
 
 MAX_PLAN_BYTES = 1 << 30  # a plan file larger than this is refused before it is read
 
@@ -95,19 +96,19 @@ def load_plan(path: str | Path, *, max_bytes: int = MAX_PLAN_BYTES) -> Plan:
             size = os.fstat(f.fileno()).st_size
             if size > max_bytes:
                 raise PlanFormatError(f"{p}: plan file is {size:,} bytes, more than the {max_bytes:,}-byte cap for "
-                                      f"plan files", code="plan-too-large")
+                                      f"plan files", code=Code.PLAN_TOO_LARGE)
             data = f.read(max_bytes + 1)
     except FileNotFoundError:
-        raise PlanFormatError(f"{p}: plan file not found", code="plan-missing") from None
+        raise PlanFormatError(f"{p}: plan file not found", code=Code.PLAN_MISSING) from None
     except IsADirectoryError:
-        raise PlanFormatError(f"{p}: is a folder, not a plan file", code="plan-unreadable") from None
+        raise PlanFormatError(f"{p}: is a folder, not a plan file", code=Code.PLAN_UNREADABLE) from None
     except PermissionError:
-        raise PlanFormatError(f"{p}: plan file cannot be read (permission denied)", code="plan-unreadable") from None
+        raise PlanFormatError(f"{p}: plan file cannot be read (permission denied)", code=Code.PLAN_UNREADABLE) from None
     except OSError as e:
-        raise PlanFormatError(f"{p}: plan file cannot be read ({e.strerror or e})", code="plan-unreadable") from None
+        raise PlanFormatError(f"{p}: plan file cannot be read ({e.strerror or e})", code=Code.PLAN_UNREADABLE) from None
     if len(data) > max_bytes:
         raise PlanFormatError(f"{p}: plan file is more than the {max_bytes:,}-byte cap for plan files",
-                              code="plan-too-large")
+                              code=Code.PLAN_TOO_LARGE)
     return decode(data, str(p))
 
 
@@ -130,7 +131,7 @@ def checked(plan, where: str = "the Plan given") -> Plan:
     (`plan.with_budget(host_bytes=1)`, a changed layout) is a `PlanFormatError` before anything is
     allocated."""
     if not isinstance(plan, Plan):
-        raise PlanFormatError(f"{where}: expected a planc Plan, got {type(plan).__name__}", code="plan-kind")
+        raise PlanFormatError(f"{where}: expected a planc Plan, got {type(plan).__name__}", code=Code.PLAN_KIND)
     if _TRUSTED.get(id(plan)) is plan:
         return plan
     try:
@@ -138,7 +139,7 @@ def checked(plan, where: str = "the Plan given") -> Plan:
     except PlanFormatError:
         raise
     except Exception as e:  # a field of the wrong type cannot be encoded
-        raise PlanFormatError(f"{where}: not a valid plan: {printable(str(e))[:200]}", code="plan-invalid") from None
+        raise PlanFormatError(f"{where}: not a valid plan: {printable(str(e))[:200]}", code=Code.PLAN_INVALID) from None
     return decode(data, where)
 
 
@@ -159,19 +160,19 @@ def _decode(data: bytes | str, where: str) -> Plan:
         doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except _Duplicate as e:
         raise PlanFormatError(f"{where}: not a valid plan: key {printable(str(e))!r} appears twice",
-                              code="plan-syntax") from None
+                              code=Code.PLAN_SYNTAX) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise PlanFormatError(f"{where}: not a planc plan (cannot parse JSON: {printable(str(e))[:200]})",
-                              code="plan-syntax") from None
+                              code=Code.PLAN_SYNTAX) from None
     return _checked(doc, where)
 
 
 def _checked(doc, where: str) -> Plan:
     if not isinstance(doc, dict) or doc.get("kind") != "planc-plan":
-        raise PlanFormatError(f"{where}: not a planc plan (no kind: planc-plan)", code="plan-kind")
+        raise PlanFormatError(f"{where}: not a planc plan (no kind: planc-plan)", code=Code.PLAN_KIND)
     if type(doc.get("format")) is not int or doc["format"] != FORMAT:
         raise PlanFormatError(f"{where}: plan format {printable(repr(doc.get('format')))[:40]}, this planc reads "
-                              f"format {FORMAT}; compile the spec again", code="plan-version")
+                              f"format {FORMAT}; compile the spec again", code=Code.PLAN_VERSION)
     return check(doc, where)
 
 

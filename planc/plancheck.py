@@ -27,6 +27,7 @@ from .ir import (DEQUANTIZE_OPS, DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, B
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
 from .device import DIRECT_ALIGN, check_device
+from .codes import Code
 
 FORMAT = 3
 
@@ -177,7 +178,7 @@ class _Checker:
         try:
             return self._plan(doc)
         except _Bad as e:
-            raise PlanFormatError(f"{self.where}: invalid plan: {e.path}: {e.problem}", code="plan-invalid") from None
+            raise PlanFormatError(f"{self.where}: invalid plan: {e.path}: {e.problem}", code=Code.PLAN_INVALID) from None
 
     def _plan(self, doc: dict) -> Plan:
         _obj(doc, "plan", _TOP)

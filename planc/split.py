@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .dtypes import DTYPES
 from .errors import BindError
+from .codes import Code
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def rank_range(size: int, world: int, rank: int, pad: bool, what: str, dim: int,
         fix = ("allow zero padding with split: {dim: 0, pad: true}" if dim == 0 and can_pad else
                f"use a tensor_parallel.size that divides {size}, split another dim, or replicate it (split: replicate)")
         raise BindError(f"{what}: dim {dim} has size {size}, not divisible by tensor_parallel.size {world}; {fix}",
-                        code="split-uneven")
+                        code=Code.SPLIT_UNEVEN)
     per = -(-size // world)
     return min(size, rank * per), min(size, (rank + 1) * per), per
 
@@ -69,7 +70,7 @@ def ranged(start: int, shape: tuple[int, ...], dtype: str, sl: Slice | None) -> 
         n = DTYPES[dtype].nbytes(math.prod(shape)) or 0
         return Ranged(start, n, n, 1, tuple(shape))
     if item % 8:
-        raise BindError(f"cannot split a {dtype} tensor (sub-byte elements)", code="split-subbyte")
+        raise BindError(f"cannot split a {dtype} tensor (sub-byte elements)", code=Code.SPLIT_SUBBYTE)
     d = sl.dim
     inner = math.prod(shape[d + 1:]) * item // 8
     outer = math.prod(shape[:d])

@@ -24,6 +24,7 @@ from ..units import gib
 from . import dispatch
 from .events import CopyIssued, ReadDone, RunDone, RunStarted, Step
 from .kernelruns import reads_landing
+from ..codes import Code
 
 
 def new_counters() -> dict:
@@ -105,7 +106,7 @@ class Pipeline:
             f"buffers, the live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}: available "
             f"{room.available_bytes}, cgroup room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}) "
             f"with nothing else in flight; free memory, or move the rule to on: device",
-            code="live-room", refusal={"run": r.index, "needed_bytes": need, "allowed_bytes": room.room_bytes})
+            code=Code.LIVE_ROOM, refusal={"run": r.index, "needed_bytes": need, "allowed_bytes": room.room_bytes})
 
     def _read(self, r, qi: int, req, slot: int) -> int:
         """On a reader's thread: request `qi` of run `r` into its ring slot."""
@@ -149,7 +150,7 @@ class Pipeline:
                 self.observer(Step("slot_wait", start=t0))
                 self.free_slots.append(slot)
             else:
-                raise ExecuteError("the ring has no slot to give and nothing in flight", code="ring-stuck")
+                raise ExecuteError("the ring has no slot to give and nothing in flight", code=Code.RING_STUCK)
         return self._slot(self.free_slots.popleft())
 
     def _sendable(self) -> list:

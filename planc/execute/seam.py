@@ -21,6 +21,7 @@ import sys
 import threading
 
 import numpy as np
+from ..codes import Code
 
 ALIGN = 4096  # the ring's slots start at this alignment (O_DIRECT)
 
@@ -74,7 +75,7 @@ class Gpu:
             try:
                 return self.d.pinned_array(nbytes, "register")
             except Exception as e:
-                if getattr(e, "code", None) != "pin-refused":
+                if getattr(e, "code", None) != Code.PIN_REFUSED:
                     raise  # no memory to be had: the load fails, typed, as cuMemHostAlloc's would
                 self.register_refused = True  # a driver or VM that registers no host memory: alloc from now on
         return self.d.pinned_array(nbytes, "alloc")
