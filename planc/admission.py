@@ -113,6 +113,20 @@ def admit(plan: Plan) -> Timeline:
     return Timeline(wins, max(w.host_bytes for w in wins), max(w.device_bytes for w in wins), refusal)
 
 
+def dominant_step(plan: Plan, run: int) -> tuple[str, int]:
+    """(step id, bytes) of the step that holds the most host memory while run `run` goes: the pinned
+    ring (`alloc:ring`), or a host-path part's largest step (its read buffer, its normalize or pack
+    scratch) when that is larger; on a tie the greater step id. A host refusal names this step, and
+    `explain` shows it per run: both ask here, so they agree."""
+    step, size = ALLOC_RING, plan.layout.held_host_bytes
+    if plan.runs:
+        for h in plan.runs[run].host_parts:
+            _, sid, n = host_part_peak(plan.parts[h.part])
+            if n > size or (n == size and sid > step):
+                step, size = sid, n
+    return step, size
+
+
 def _fmt(n: int) -> str:
     return f"{n:,} bytes ({gib(n)})"
 
@@ -121,13 +135,8 @@ def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
     budget = plan.budget.host_bytes
     if w.host_bytes <= budget:
         return None
-    io, ring = plan.io, plan.layout.held_host_bytes
-    step, size = ALLOC_RING, ring
-    if plan.runs:
-        for h in plan.runs[w.run].host_parts:
-            _, sid, n = host_part_peak(plan.parts[h.part])
-            if n > size or (n == size and sid > step):
-                step, size = sid, n
+    io = plan.io
+    step, size = dominant_step(plan, w.run)
     if step == ALLOC_RING:
         maps = plan.layout.map_bytes
         knob = (f"lower io.slots (now {io.slots}) or io.slot (now {io.slot_bytes:,} bytes): "

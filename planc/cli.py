@@ -698,8 +698,7 @@ class _SigintSeen:
 def _refused(plan):
     from .errors import AdmissionError
 
-    r = plan.refusal
-    return AdmissionError(r.message, code=r.code, refusal=r._asdict())
+    return AdmissionError.of(plan.refusal)
 
 
 @app.command()

@@ -7,8 +7,12 @@ Exit codes (kept by every command): 0 success, 2 invalid input, 3 refused by adm
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from .codes import Code
+
+if TYPE_CHECKING:
+    from .ir import Refusal
 
 NAME_LIMIT = 120  # characters of one name (tensor, file, key) in an error line
 
@@ -93,14 +97,20 @@ class FingerprintError(PlancError):
 
 
 class AdmissionError(PlancError):
-    """The plan, or one of its runs, does not fit the budget or the live room."""
+    """The plan, or one of its runs, does not fit the budget or the live room. `refusal` is the
+    `Refusal` record that says which run, step and bytes (None only when none was given)."""
 
     exit_code = 3
     default_code = Code.REFUSED
 
-    def __init__(self, message: str, *, code: str | None = None, refusal: dict | None = None):
-        super().__init__(message, code=code)
-        self.refusal = refusal or {}
+    def __init__(self, message: str, *, code: str | None = None, refusal: Refusal | None = None):
+        super().__init__(message, code=code or (refusal.code if refusal is not None else None))
+        self.refusal = refusal
+
+    @classmethod
+    def of(cls, refusal: Refusal) -> AdmissionError:
+        """The error for one refusal: its message and code are the record's."""
+        return cls(refusal.message, code=refusal.code, refusal=refusal)
 
 
 class ExecuteError(PlancError):

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from .costmodel import DEFAULTS, ROWS_MARGIN, choose
 from .errors import printable
-from .ir import Plan
+from .admission import dominant_step
+from .ir import Plan, Refusal
 from .predict import predict
 from .units import fmt_bytes
 from .codes import Code
@@ -39,7 +40,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
             "host_peak_bytes": w.host_bytes if w else 0,
             "device_peak_bytes": w.device_bytes if w else 0,
             "landing_bytes": r.landing_bytes,
-            "dominant_step": _dominant(r, parts, lay.ring_bytes),
+            "dominant_step": dominant_step(plan, r.index)[0],
         })
     doc = {
         "fits": plan.fits,
@@ -65,7 +66,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
         "skipped": len(plan.skipped),
         "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
                     for t in plan.tensors],
-        "refusal": plan.refusal._asdict() if plan.refusal else None,
+        "refusal": plan.refusal.as_dict() if plan.refusal else None,
         "predicted_time": predict(plan),
         "checks": _checks(plan, node),
         "source": plan.note("source", "plan file"),
@@ -76,8 +77,8 @@ def explain_doc(plan: Plan, node=None) -> dict:
 
         doc["fits"] = False
         if doc["refusal"] is None:
-            doc["refusal"] = {"code": Code.NODE_BUDGET, "run": None, "step": "node", "needed_bytes": node.total_bytes,
-                              "allowed_bytes": node.budget_bytes, "message": refusal_message(node)}
+            doc["refusal"] = Refusal(Code.NODE_BUDGET, None, "node", node.total_bytes, node.budget_bytes,
+                                     refusal_message(node)).as_dict()
     return doc
 
 
@@ -112,18 +113,6 @@ def verdict_text(e: dict) -> str:
                     + (f"checked: {fmt_bytes(n['total_bytes'])} of {fmt_bytes(n['budget_bytes'])}" if n["checked"] else
                        f"not checked: {fmt_bytes(n['total_bytes'])} together, no budget.node_host"))
     return ("FITS" if e["fits"] else "REFUSED") + " (" + "; ".join(said) + ")"
-
-
-def _dominant(r, parts, ring: int) -> str:
-    """The step of the run that holds the most bytes (a step id of the plan)."""
-    best, size = "alloc:ring", ring
-    for pid in r.parts:
-        p = parts[pid]
-        if p.path == "host" and p.host_bytes > size:
-            best, size = f"normalize:{p.label}" if p.op != "transpose" else f"pack:{p.label}", p.host_bytes
-        if p.landing_bytes > size:
-            best, size = f"normalize:{p.label}" if p.op != "transpose" else f"pack:{p.label}", p.landing_bytes
-    return best
 
 
 def _strided(plan: Plan) -> list:

@@ -70,7 +70,7 @@ def encode_bytes(plan: Plan) -> bytes:
         "runs": runs,
         "skipped": plan.skipped,
         "peak": plan.peak._asdict(),
-        "refusal": plan.refusal._asdict() if plan.refusal else None,
+        "refusal": plan.refusal.as_dict() if plan.refusal else None,
         "costs": (plan.costs or DEFAULTS)._asdict(),
     }
     # orjson writes records (named tuples) as arrays through `default`; compact, UTF-8, and the same

@@ -110,6 +110,7 @@ def _strings(v, path: str) -> tuple[str, ...]:
 
 
 _STRS = {str}
+_PLAN_REFUSALS = (Code.HOST_BUDGET.value, Code.DEVICE_BUDGET.value)
 
 
 def _one_of(v, path: str, allowed) -> str:
@@ -286,7 +287,10 @@ class _Checker:
 
     def _refusal(self, v) -> Refusal:
         _obj(v, "refusal", Refusal._fields)
-        return Refusal(_str(v["code"], "refusal.code"), _int(v["run"], "refusal.run", 0, _MAX),
+        code = _str(v["code"], "refusal.code")
+        if code not in _PLAN_REFUSALS:  # admission records only these; any other is not a plan's
+            raise _bad("refusal.code", f"must be one of {', '.join(_PLAN_REFUSALS)}, got {_shown(code)}")
+        return Refusal(Code(code), _int(v["run"], "refusal.run", 0, _MAX),
                        _str(v["step"], "refusal.step"), _int(v["needed_bytes"], "refusal.needed_bytes", 0, _MAX),
                        _int(v["allowed_bytes"], "refusal.allowed_bytes", 0, _MAX), _str(v["message"], "refusal.message"))
 

@@ -16,7 +16,7 @@ import os
 import time
 
 from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError, printable
-from ..ir import Plan
+from ..ir import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal
 from ..units import gib
 from ..codes import Code
 
@@ -84,18 +84,18 @@ def admit_live(plan, room) -> tuple:
         need += plan.layout.device_bytes
         what = "the plan's host peak plus its simulated device regions"
     if need > room.room_bytes:
-        raise AdmissionError(
+        raise AdmissionError.of(Refusal(
+            Code.LIVE_ROOM, 0, ALLOC_RING, need, room.room_bytes,
             f"refused before allocating: {what} is {need:,} bytes ({gib(need)}), the live room is "
             f"{room.room_bytes:,} bytes ({gib(room.room_bytes)}) (available {room.available_bytes}, cgroup "
-            f"room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}); lower io.slots/io.slot or io.run",
-            code=Code.LIVE_ROOM, refusal={"run": 0, "needed_bytes": need, "allowed_bytes": room.room_bytes})
+            f"room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}); lower io.slots/io.slot or io.run"))
     info = memory_info()
     dev_need = plan.peak.device_bytes
     if info is not None and dev_need > info[0]:
-        raise AdmissionError(
+        raise AdmissionError.of(Refusal(
+            Code.DEVICE_ROOM, 0, ALLOC_DEVICE, dev_need, info[0],
             f"refused before allocating: the plan needs {dev_need:,} bytes ({gib(dev_need)}) of device memory, "
-            f"{plan.device} has {info[0]:,} bytes ({gib(info[0])}) free; skip tensors or load a smaller dtype",
-            code=Code.DEVICE_ROOM, refusal={"run": 0, "needed_bytes": dev_need, "allowed_bytes": info[0]})
+            f"{plan.device} has {info[0]:,} bytes ({gib(info[0])}) free; skip tensors or load a smaller dtype"))
     return room, info
 
 
@@ -144,8 +144,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
 
     t_call = time.perf_counter()
     if not plan.fits:
-        r = plan.refusal
-        raise AdmissionError(r.message, code=r.code, refusal=r._asdict())
+        raise AdmissionError.of(plan.refusal)
     from . import parts as _parts
 
     parts = parts or _parts.DEFAULT

@@ -19,7 +19,9 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from ..admission import dominant_step
 from ..errors import AdmissionError, ExecuteError
+from ..ir import Refusal
 from ..units import gib
 from . import dispatch
 from .events import CopyIssued, ReadDone, RunDone, RunStarted, Step
@@ -101,12 +103,12 @@ class Pipeline:
         room = self.live_room(r.index)
         if need <= room.room_bytes:
             return
-        raise AdmissionError(
+        raise AdmissionError.of(Refusal(
+            Code.LIVE_ROOM, r.index, dominant_step(self.plan, r.index)[0], need, room.room_bytes,
             f"refused at run {r.index}: it needs {need:,} bytes ({gib(need)}) of host memory for host-path "
             f"buffers, the live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}: available "
             f"{room.available_bytes}, cgroup room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}) "
-            f"with nothing else in flight; free memory, or move the rule to on: device",
-            code=Code.LIVE_ROOM, refusal={"run": r.index, "needed_bytes": need, "allowed_bytes": room.room_bytes})
+            f"with nothing else in flight; free memory, or move the rule to on: device"))
 
     def _read(self, r, qi: int, req, slot: int) -> int:
         """On a reader's thread: request `qi` of run `r` into its ring slot."""
