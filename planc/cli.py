@@ -401,9 +401,10 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
             _say(f"planc: rank {k}: {ref.message} [{ref.code}]")
             raise typer.Exit(3)
         if node_refused:
-            from .node import refusal_message
+            from .node import node_refusal
 
-            _say(f"planc: {refusal_message(node_refused)} [node-budget]")
+            r = node_refusal(node_refused)
+            _say(f"planc: {r.message} [{r.code}]")
             raise typer.Exit(3)
         return
     if output is not None:
@@ -681,7 +682,7 @@ def main(argv=None) -> int:
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):  # a usage error from the argument parser
             ctx = getattr(e, "ctx", None)
             where = ctx.command_path if ctx is not None else "planc"
-            _say(f"planc: {e.format_message()} (see {where} --help) [usage]")
+            _say(f"planc: {e.format_message()} (see {where} --help) [{Code.USAGE}]")
             return 2
         if settings.debug():
             raise

@@ -12,10 +12,9 @@ from rich.table import Table
 from .costmodel import DEFAULTS, ROWS_MARGIN, choose
 from .errors import printable
 from .admission import dominant_step
-from .ir import Plan, Refusal
+from .ir import Plan
 from .predict import predict
 from .units import fmt_bytes
-from .codes import Code
 
 TOP = 10
 
@@ -73,12 +72,11 @@ def explain_doc(plan: Plan, node=None) -> dict:
         "cache_entry": plan.note("cache_entry") or None,
     }
     if node is not None and not node.fits:
-        from .node import refusal_message
+        from .node import node_refusal
 
         doc["fits"] = False
         if doc["refusal"] is None:
-            doc["refusal"] = Refusal(Code.NODE_BUDGET, None, "node", node.total_bytes, node.budget_bytes,
-                                     refusal_message(node)).as_dict()
+            doc["refusal"] = node_refusal(node).as_dict()
     return doc
 
 

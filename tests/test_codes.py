@@ -89,9 +89,21 @@ def _free_codes(path: Path):
                             yield c.lineno, c.value
 
 
+def _codes_in_messages(path: Path):
+    """(line, text) of every `[code]` written into a message (a string or an f-string's text, not a
+    docstring): `f"... [node-budget]"` is a free-string code too."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            for m in re.finditer(r"\[([a-z][a-z0-9-]*)\]", n.value):
+                if m.group(1) in Code._value2member_map_:
+                    yield n.lineno, m.group(0)
+
+
 def test_no_free_string_error_code_outside_the_codes_module():
     found = [f"{p.relative_to(ROOT)}:{line}: {text}" for p in sorted(PKG.rglob("*.py")) if p != CODES_PY
-             for line, text in _free_codes(p)]
+             for line, text in [*_free_codes(p), *_codes_in_messages(p)]]
     assert not found, "error codes written as strings (use planc.codes.Code):\n" + "\n".join(found)
 
 
@@ -100,6 +112,8 @@ def test_the_scan_finds_a_free_code(tmp_path):
     p.write_text('raise SpecError("x", code="spec-syntax")\nif e.code == "plan-kind": pass\n'
                  'r = {"code": "node-budget"}\nraise _os_error(p, exc, "missing")\n')
     assert sorted(t for _, t in _free_codes(p)) == ['code="', "missing", "node-budget", "plan-kind"]
+    p.write_text('"""A docstring may name [spec-syntax]."""\nsay(f"planc: {m} [node-budget]")\n')
+    assert [t for _, t in _codes_in_messages(p)] == ["[node-budget]"]
 
 
 def test_the_docs_table_is_the_modules():
