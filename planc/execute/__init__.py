@@ -73,14 +73,12 @@ def check_against_headers(plan) -> None:
                     f"the plan does not match its checkpoint: compile again", code=Code.PLAN_HEADER_MISMATCH)
 
 
-def admit_live(plan, room) -> tuple:
-    """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory;
-    returns (room, the device's (free, total) bytes or None)."""
-    from .seam import memory_info, simulated
-
+def admit_live(plan, room, dev) -> tuple:
+    """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory of
+    `dev` (a `seam.Device`); returns (room, the device's (free, total) bytes or None)."""
     need = plan.peak.host_bytes
     what = "the plan's host peak"
-    if simulated():  # the simulator's device memory is host memory: the regions count against the room
+    if dev.memory_is_host:  # the simulator's device memory is host memory: the regions count against the room
         need += plan.layout.device_bytes
         what = "the plan's host peak plus its simulated device regions"
     if need > room.room_bytes:
@@ -89,7 +87,7 @@ def admit_live(plan, room) -> tuple:
             f"refused before allocating: {what} is {need:,} bytes ({gib(need)}), the live room is "
             f"{room.room_bytes:,} bytes ({gib(room.room_bytes)}) (available {room.available_bytes}, cgroup "
             f"room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}); lower io.slots/io.slot or io.run"))
-    info = memory_info()
+    info = dev.memory_info()
     dev_need = plan.peak.device_bytes
     if info is not None and dev_need > info[0]:
         raise AdmissionError.of(Refusal(
@@ -113,9 +111,14 @@ def resolve_settings(settings):
         raise
 
 
-def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device: str | None = None,
+def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device=None,
             settings=None, observer=None, parts=None, timings=None):
     """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure.
+
+    `device`: where the load goes. A name (`cuda`, `cuda:N`: that index of the process's device,
+    `seam.default_device()`), or a `seam.Device` (a `Gpu`, a `Simulator`, or a test's wrapper of
+    one: it owns the memory, streams, copies, launches and launch geometry of the load, at the
+    plan's device index); None: the plan's device on the process's device.
 
     `settings`: a `planc.settings.Settings`, or name -> value over the environment's
     (`{"host_reserve": "1GiB", "raw_launch": False, "kernel_dir": "/tmp/k"}`), resolved once here and
@@ -126,21 +129,28 @@ def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, devic
     from .. import settings as _settings
     from ..plan import checked
 
+    from . import seam
+
     plan = checked(plan)  # a Plan edited or built by the caller goes through the plan file's checks
     s = resolve_settings(settings)
-    with _settings.using(s):
-        return _execute(plan, progress=progress, verify=verify, device=device, settings=s, observer=observer,
-                        parts=parts, before=timings or {})
+    if device is None or isinstance(device, str):
+        dev, name = seam.default_device(), device
+    else:
+        dev, name = device, None
+    with _settings.using(s), seam.using(dev):
+        return _execute(plan, progress=progress, verify=verify, device=name, dev=dev, settings=s,
+                        observer=observer, parts=parts, before=timings or {})
 
 
-def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, settings, observer, parts, before):
+def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, dev, settings, observer, parts,
+             before):
     from . import launch
     from .events import LoadEnded, Step, fanout
     from .loader import Pipeline, new_counters, new_timings
     from .memory import hwm_bytes, reset_hwm, rss_bytes
     from .model import DeviceTensor, LoadedModel
     from .records import build_report
-    from .seam import device as the_device, memory_info, release, select, settle_released, simulated
+    from .seam import release, select, settle_released
 
     t_call = time.perf_counter()
     if not plan.fits:
@@ -153,13 +163,12 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     check_fingerprints(plan)
     check_against_headers(plan)
     dev_name = plan.device if device is None else _device_arg(device)
-    idx = select(dev_name)  # attaches to the device's primary context (made here if no one made it yet)
-    room, _ = admit_live(plan, parts.live_room(settings.host_reserve))
+    idx = select(dev_name)  # on `dev`, in force: attaches to its primary context (made here if no one made it yet)
+    room, _ = admit_live(plan, parts.live_room(settings.host_reserve), dev)
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()
-    free_before = memory_info()
-    kernel_code = launch.stats()
-    dev = the_device()
+    free_before = dev.memory_info()
+    kernel_code = dev.kernel_stats()
     counters, timings = new_counters(), new_timings()
     timings["prepare"] = time.perf_counter() - t_prep
     bar = _progress(plan) if progress else None
@@ -186,7 +195,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             if bar:
                 bar[0].start()
             pipeline.run()
-            free_alloc = memory_info()  # arena, landing and staging all still held
+            free_alloc = dev.memory_info()  # arena, landing and staging all still held
         finally:
             if bar:
                 bar[0].stop()
@@ -223,7 +232,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     if verify:
         from .verify import verify_model
 
-        unchecked = LoadedModel(tensors, None, arena, simulated())
+        unchecked = LoadedModel(tensors, None, arena, dev.simulated)
         try:
             checked = verify_model(plan, unchecked)
         except BaseException:
@@ -234,10 +243,10 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     if before:  # the phases before this call, and this call's own time next to them
         timings.update(before)
         timings["execute"] = time.perf_counter() - t_call
-    report = build_report(plan, device=dev_name, simulator=simulated(), counters=counters, timings=timings,
+    report = build_report(plan, device=dev_name, simulator=dev.simulated, counters=counters, timings=timings,
                           wall=wall, reader=reader, pinned_by=dev.pin_method(), base_rss=base_rss, hwm=hwm,
                           hwm_reset=hwm_reset, rss_after=rss_after, free_before=free_before, free_alloc=free_alloc,
-                          live_room_bytes=room.room_bytes, kernel_code=launch.since(kernel_code), verify=checked)
+                          live_room_bytes=room.room_bytes, kernel_code=launch.since(kernel_code, dev.kernel_stats()), verify=checked)
     observer(LoadEnded(True, start=t0))
     return LoadedModel(tensors, report, arena, report.simulator)
 

@@ -47,10 +47,9 @@ class DeviceTensor:
     def array(self):
         """A device array of the storage dtype, shaped (bfloat16 and FP8 as unsigned ints)."""
         n = math.prod(self.shape)
-        if n == 0 and seam.simulated():  # the simulator's arrays cannot view zero bytes
-            from numba import cuda
-
-            return cuda.device_array(self.shape, dtype=self.storage)
+        dev = seam.device()
+        if n == 0 and not dev.views_empty:  # the simulator's arrays cannot view zero bytes
+            return dev.empty(self.shape, self.storage)
         return self.raw.view(self.storage).reshape(self.shape)
 
     @property
