@@ -144,7 +144,7 @@ class Code(StrEnum):
     DEVICE_ROOM = "device-room", 3, "the plan needs more device memory than the device has free now"
     # the load
     NO_DEVICE = "no-device", 1, "the plan's CUDA device does not exist on this machine"
-    CUDA = "cuda", 1, "a CUDA driver call failed"
+    CUDA = "cuda", 1, "a CUDA driver function returned an error"
     HOST_MEMORY = "host-memory", 1, "host memory for the pinned ring could not be made"
     PIN_REFUSED = "pin-refused", 1, "the driver refused to pin host memory"
     RING_STUCK = "ring-stuck", 1, "the ring has no slot to give and nothing in flight"
