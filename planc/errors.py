@@ -140,3 +140,27 @@ class HandoffError(PlancError):
 
     exit_code = 2
     default_code = Code.HANDOFF
+
+
+class DigestError(PlancError):
+    """A digest file cannot be used (malformed, edited, of another checkpoint), or the bytes a load
+    read do not match it."""
+
+    exit_code = 2
+    default_code = Code.DIGEST
+
+
+class TornModelError(ExecuteError):
+    """A reload failed after it began writing: the model's bytes are neither the old weights nor the
+    new ones, and reading them is refused until a reload succeeds."""
+
+    exit_code = 1
+    default_code = Code.TORN
+
+
+class ReloadError(PlancError):
+    """A reload target does not match the live model's layout (names, dtypes, shapes, offsets, size);
+    nothing was written."""
+
+    exit_code = 2
+    default_code = Code.RELOAD_LAYOUT

@@ -75,6 +75,14 @@ def _free_codes(path: Path):
             for x in (n.left, *n.comparators):
                 for c in _strs(x):
                     yield c.lineno, c.value
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            pos = n.args.posonlyargs + n.args.args
+            pairs = list(zip(pos[len(pos) - len(n.args.defaults):], n.args.defaults))
+            pairs += [(a, d) for a, d in zip(n.args.kwonlyargs, n.args.kw_defaults) if d is not None]
+            for a, d in pairs:
+                if a.arg == "code" or a.arg.endswith("_code"):
+                    for c in _strs(d):
+                        yield c.lineno, c.value
         elif isinstance(n, ast.Dict):
             for k, v in zip(n.keys, n.values):
                 if isinstance(k, ast.Constant) and k.value == "code":
@@ -110,8 +118,9 @@ def test_no_free_string_error_code_outside_the_codes_module():
 def test_the_scan_finds_a_free_code(tmp_path):
     p = tmp_path / "m.py"
     p.write_text('raise SpecError("x", code="spec-syntax")\nif e.code == "plan-kind": pass\n'
-                 'r = {"code": "node-budget"}\nraise _os_error(p, exc, "missing")\n')
-    assert sorted(t for _, t in _free_codes(p)) == ['code="', "missing", "node-budget", "plan-kind"]
+                 'r = {"code": "node-budget"}\nraise _os_error(p, exc, "missing")\n'
+                 'def _bad(path, why, code: str = "plan-invalid"): pass\n')
+    assert sorted(t for _, t in _free_codes(p)) == ['code="', "missing", "node-budget", "plan-invalid", "plan-kind"]
     p.write_text('"""A docstring may name [spec-syntax]."""\nsay(f"planc: {m} [node-budget]")\n')
     assert [t for _, t in _codes_in_messages(p)] == ["[node-budget]"]
 

@@ -181,6 +181,10 @@ class Gpu:
     def stage(self, buf: np.ndarray, copies, stream) -> int:
         """Issue the async copies of one slot: (device array, offset, slot offset, bytes, rows, pitch)
         each, a 2-D copy when rows > 1. Returns the bytes moved."""
+        if any(hasattr(c[0], "pieces") for c in copies):  # a module's own tensors (`reload.ModuleArena`)
+            from .reload import split_copies
+
+            copies = split_copies(copies)
         host, h, moved = buf.ctypes.data, stream.handle, 0
         copy, copy2d = self.d.copy_h2d, self.d.copy_h2d_2d
         for dst, off, slot_off, n, rows, pitch in copies:
@@ -266,6 +270,10 @@ class Simulator:
         raise RuntimeError("raw device pointers do not exist under the CUDA simulator")
 
     def stage(self, buf: np.ndarray, copies, stream) -> int:
+        if any(hasattr(c[0], "pieces") for c in copies):  # a module's own tensors (`reload.ModuleArena`)
+            from .reload import split_copies
+
+            copies = split_copies(copies)
         moved = 0
         for dst, off, slot_off, n, rows, pitch in copies:
             if rows == 1:
