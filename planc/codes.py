@@ -186,6 +186,7 @@ class Code(StrEnum):
     RELOAD_LAYOUT = "reload-layout", 2, "a reload target does not match the live model's layout; nothing was written"
     TORN = "torn", 1, "a reload failed after it began writing; the model is refused until a reload succeeds"
     DIGEST_FORMAT = "digest-format", 2, "a digest file is malformed"
+    SPLIT_GGUF_BLOCK = "split-gguf-block", 2, "a tensor-parallel split that would cut a block of a block-quantized GGUF tensor"
     # end of codes (new members go above this line)
 
 

@@ -99,7 +99,7 @@ def ranged_blocks(start: int, shape: tuple[int, ...], qt, sl: Slice | None, what
     cols = shape[-1]
     if cols % qt.block:
         raise BindError(f"{what or 'a ' + qt.name + ' tensor'} {list(shape)}: rows of {cols} elements are not whole "
-                        f"{qt.name} blocks of {qt.block}", code="gguf-bad-shape")
+                        f"{qt.name} blocks of {qt.block}", code=Code.GGUF_BAD_SHAPE)
     row = cols // qt.block * qt.block_bytes
     rows = math.prod(shape[:-1])
     if sl is None:
@@ -113,7 +113,7 @@ def ranged_blocks(start: int, shape: tuple[int, ...], qt, sl: Slice | None, what
                             f"[{sl.start}, {sl.stop}) of dim {d} would cut a {qt.name} block ({qt.block} elements "
                             f"sharing one scale); each rank needs whole blocks: a tensor_parallel.size that divides "
                             f"{blocks} (its {cols} columns are {blocks} blocks), a split of dim 0, or replicate",
-                            code="split-gguf-block")
+                            code=Code.SPLIT_GGUF_BLOCK)
         seg = (sl.stop - sl.start) // qt.block * qt.block_bytes
         first = start + sl.start // qt.block * qt.block_bytes
         if rows == 1 or seg == 0:
