@@ -28,6 +28,7 @@ from .ir import (DEQUANTIZE_OPS, DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, B
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
 from .device import DIRECT_ALIGN, check_device
+from .codes import Code
 
 FORMAT = 4
 
@@ -110,6 +111,7 @@ def _strings(v, path: str) -> tuple[str, ...]:
 
 
 _STRS = {str}
+_PLAN_REFUSALS = (Code.HOST_BUDGET.value, Code.DEVICE_BUDGET.value)
 
 
 def _one_of(v, path: str, allowed) -> str:
@@ -178,7 +180,7 @@ class _Checker:
         try:
             return self._plan(doc)
         except _Bad as e:
-            raise PlanFormatError(f"{self.where}: invalid plan: {e.path}: {e.problem}", code="plan-invalid") from None
+            raise PlanFormatError(f"{self.where}: invalid plan: {e.path}: {e.problem}", code=Code.PLAN_INVALID) from None
 
     def _plan(self, doc: dict) -> Plan:
         _obj(doc, "plan", _TOP)
@@ -286,7 +288,10 @@ class _Checker:
 
     def _refusal(self, v) -> Refusal:
         _obj(v, "refusal", Refusal._fields)
-        return Refusal(_str(v["code"], "refusal.code"), _int(v["run"], "refusal.run", 0, _MAX),
+        code = _str(v["code"], "refusal.code")
+        if code not in _PLAN_REFUSALS:  # admission records only these; any other is not a plan's
+            raise _bad("refusal.code", f"must be one of {', '.join(_PLAN_REFUSALS)}, got {_shown(code)}")
+        return Refusal(Code(code), _int(v["run"], "refusal.run", 0, _MAX),
                        _str(v["step"], "refusal.step"), _int(v["needed_bytes"], "refusal.needed_bytes", 0, _MAX),
                        _int(v["allowed_bytes"], "refusal.allowed_bytes", 0, _MAX), _str(v["message"], "refusal.message"))
 

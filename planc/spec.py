@@ -31,6 +31,7 @@ from .dtypes import DTYPES
 from .errors import SpecError
 from .specparse import parse_json, parse_yaml
 from .units import MAX_BYTES, parse_bytes
+from .codes import Code
 
 # The JSON Schema says what the validators take: a byte size as an integer or as text (`64MiB`), a
 # yes/no as a boolean, 0 or 1, or one of the words pydantic reads as one.
@@ -415,7 +416,7 @@ def load_spec(path: str | Path) -> LoadedSpec:
     except (OSError, ValueError, RuntimeError) as e:  # NUL, lone surrogates, ~unknown-user
         line = lines.get(("checkpoint",))
         raise SpecError(f"{p}{f':{line}' if line else ''}: checkpoint: {_brief(spec.checkpoint)} is not a usable "
-                        f"path ({e})", code="spec-invalid") from None
+                        f"path ({e})", code=Code.SPEC_INVALID) from None
     return LoadedSpec(spec, str(p), str(ckpt), hashlib.sha256(text.encode()).hexdigest())
 
 
@@ -439,39 +440,39 @@ def _read_text(p: Path) -> str:
         # O_NONBLOCK: opening a FIFO must not hang; it is refused by the fstat check that follows.
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise SpecError(f"{p}: spec file not found", code="spec-missing") from None
+        raise SpecError(f"{p}: spec file not found", code=Code.SPEC_MISSING) from None
     except (OSError, ValueError) as e:
-        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+        raise SpecError(f"{p}: cannot read spec: {e}", code=Code.SPEC_UNREADABLE) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise SpecError(f"{p}: cannot read spec: not a regular file", code="spec-unreadable")
+            raise SpecError(f"{p}: cannot read spec: not a regular file", code=Code.SPEC_UNREADABLE)
         if st.st_size > SPEC_CAP:
-            raise SpecError(f"{p}: spec is {st.st_size:,} bytes, over the {SPEC_CAP:,}-byte cap", code="spec-too-large")
+            raise SpecError(f"{p}: spec is {st.st_size:,} bytes, over the {SPEC_CAP:,}-byte cap", code=Code.SPEC_TOO_LARGE)
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read(SPEC_CAP + 1)
     except OSError as e:
-        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+        raise SpecError(f"{p}: cannot read spec: {e}", code=Code.SPEC_UNREADABLE) from None
     finally:
         os.close(fd)
     if len(raw) > SPEC_CAP:
-        raise SpecError(f"{p}: spec is over the {SPEC_CAP:,}-byte cap", code="spec-too-large")
+        raise SpecError(f"{p}: spec is over the {SPEC_CAP:,}-byte cap", code=Code.SPEC_TOO_LARGE)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+        raise SpecError(f"{p}: cannot read spec: {e}", code=Code.SPEC_UNREADABLE) from None
     return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text
 
 
 def validate_spec(data: Any, path: Path | str = "<spec>", lines: dict | None = None) -> Spec:
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a spec is a mapping of keys (checkpoint, budget, rules, ...), got {type(data).__name__}",
-                        code="spec-not-mapping")
+                        code=Code.SPEC_NOT_MAPPING)
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
         msgs = [_format_error(err, path, lines or {}) for err in _one_per_union(e.errors())]
-        raise SpecError("; ".join(msgs), code="spec-invalid") from None
+        raise SpecError("; ".join(msgs), code=Code.SPEC_INVALID) from None
 
 
 _SPLIT_FORMS = ("Split", "literal['replicate']")  # the members of `split`'s union, as pydantic tags them
