@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 from collections import Counter
@@ -18,9 +17,8 @@ from typing import Optional
 
 import typer
 
-from . import __version__, settings
+from . import __version__, settings, stdio
 from .errors import PlanFormatError, PlancError, printable, shorten_words
-from .prestart import head as _head
 from .prestart import plan_device_hint
 from .units import SPEC_CAP, ascii_int, fmt_bytes, parse_bytes
 
@@ -325,24 +323,11 @@ def _rank(opt: Optional[str], size: int, allow_all: bool = False):
     return r
 
 
-# Keys only a plan has (plans are written compact, keys sorted: `{"budget":{"device_bytes":...`).
-_PLAN_KEYS = re.compile(rb'"(?:kind|format|fits|layout|parts|peak|refusal|runs|steps|timeline|totals|'
-                        rb'device_bytes|host_bytes|mtime_ns|size_bytes)"\s*:')
-
-
 def _is_plan(path: Path) -> bool:
-    """Whether run/explain should read `path` as a plan (else as a spec), from its first 64 KiB.
+    """Whether run/explain should read `path` as a plan (else as a spec): by content (`planc.filekind`)."""
+    from .filekind import is_plan_file
 
-    A `.json` is a plan when it names a plan-only key there, when it is too large to be a spec, or
-    when it does not exist (the plan reader says so); a truncated plan is still a plan. A FIFO or a
-    device is left to the spec reader, which refuses it without blocking."""
-    if path.suffix.lower() != ".json":
-        return False
-    got = _head(path)
-    if got is None:
-        return not os.path.exists(path)
-    size, head = got
-    return size > SPEC_CAP or bool(_PLAN_KEYS.search(head))
+    return is_plan_file(path)
 
 
 def _looks_like_spec(path: Path) -> bool:
@@ -721,11 +706,28 @@ def _say(line: str) -> None:
 
 
 def main(argv=None) -> int:
+    """Run one command; its exit code. stdout is guarded (`planc.stdio`): a closed or full stdout is
+    one line and exit 2, a pipe whose reader has gone exit 141 without a word."""
+    with stdio.guarded():
+        rc = _main(argv)
+        try:
+            sys.stdout.flush()  # buffered output: a full disk shows here, not at the exit
+        except stdio.PipeClosed as e:
+            return e.exit_code
+        except stdio.OutputError as e:
+            _say(f"planc: {e.message} [{e.code}]")
+            return rc or e.exit_code
+        return rc
+
+
+def _main(argv) -> int:
     try:
         rc = app(args=argv, prog_name="planc", standalone_mode=False)
         if rc == 130:  # typer turns a KeyboardInterrupt inside a command into 130, without a word
             _say("planc: interrupted")
         return rc if isinstance(rc, int) else 0  # a command's typer.Exit(n) comes back as n here
+    except stdio.PipeClosed as e:  # the reader of stdout has gone: nothing to say, and nobody to say it to
+        return e.exit_code
     except PlancError as e:
         _say(f"planc: {e.message} [{e.code}]")
         if settings.debug():
@@ -747,6 +749,8 @@ def main(argv=None) -> int:
             where = ctx.command_path if ctx is not None else "planc"
             _say(f"planc: {e.format_message()} (see {where} --help) [usage]")
             return 2
+        if isinstance(e, BrokenPipeError):  # a write to a closed pipe past the guard (a library's own stream)
+            return stdio.PipeClosed.exit_code
         if settings.debug():
             raise
         _say(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)")
@@ -764,7 +768,7 @@ def _exit(rc: int) -> None:
     plan); the interpreter's teardown frees them one at a time and walks them all in a last
     collection: 0.25-0.3 s of a 2 s command, spent on memory the system takes back at once anyway.
     Exit handlers run and the standard streams are flushed first, as at an ordinary exit; while
-    other threads still run, or when a flush fails (a closed pipe), the ordinary exit takes over.
+    other threads still run, the ordinary exit takes over.
     A ring still being unpinned after a load (`seam.release_later`) is left to the exit, which
     gives the memory back at once; on the ordinary exit it is waited for.
     """
@@ -781,13 +785,11 @@ def _exit(rc: int) -> None:
     others = [t for t in threading.enumerate() if t is not threading.current_thread() and t not in unpinning]
     if not others:
         atexit._run_exitfuncs()  # and forgets them: the ordinary exit below would not run them twice
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        else:
-            os._exit(rc)
+        # A stream that cannot be flushed (closed, full, a pipe nobody reads) has nowhere to put the
+        # rest: the ordinary exit would only fail the same flush again, print "Exception ignored"
+        # and change the exit code.
+        stdio.flush_quietly()
+        os._exit(rc)
     if seam is not None:
         seam.settle_released()  # the ordinary exit: no unpinning thread outlives the driver's own teardown
     sys.exit(rc)

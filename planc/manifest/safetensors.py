@@ -25,6 +25,7 @@ import orjson
 
 from planc.dtypes import DTYPES
 from planc.errors import ManifestError
+from planc.limits import MAX_DIM
 from planc.manifest.model import Manifest, ShardInfo, TensorEntry
 
 HEADER_CAP = 100_000_000  # the format's limit on the JSON header, in bytes
@@ -378,7 +379,7 @@ def _entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ...], int,
                 cap = (end - begin) * 8  # numel * bits must equal it; a product past it cannot
                 numel = 1
                 for d in shape:
-                    if type(d) is not int or d < 0:
+                    if type(d) is not int or d < 0 or d > MAX_DIM:
                         break
                     numel *= d
                     if numel > cap:
@@ -415,6 +416,11 @@ def _checked_entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ..
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
         raise ManifestError(
             f"{path}: tensor {name!r}: shape {_clip(shape)} is not a list of non-negative integers",
+            code="bad-shape",
+        )
+    if any(d > MAX_DIM for d in shape):  # only a zero-size tensor gets here with one; no dim is real past it
+        raise ManifestError(
+            f"{path}: tensor {name!r}: shape {_clip(shape)} has a dim past 2**62, which no tensor has",
             code="bad-shape",
         )
     offsets = value["data_offsets"]
