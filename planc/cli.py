@@ -248,10 +248,14 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
     from .costmodel import probe_path
     from .probe import is_probe_file, measure, save
 
+    from .probe import MIN_SIZE
+
     try:
         size_bytes = parse_bytes(size)
     except ValueError as e:
         raise _usage(f"--size: {e}")
+    if size_bytes < MIN_SIZE:
+        raise _usage(f"--size {printable(size)[:40]} is below the probe's minimum, 64MiB ({MIN_SIZE:,} bytes)")
     if folder.exists() and not folder.is_dir():
         raise _usage(f"FOLDER {folder} is a file, not a folder")
     if not folder.is_dir():
@@ -439,12 +443,12 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         if as_json:
             _emit_json(_ranks_doc(plans, nodes))
         else:
-            console = err if refused or node_refused else out  # a refusal leaves stdout clean, as for one rank
-            _rank_table(plans, console)
+            # the table on stdout whatever the outcome; a refusal adds its one line on stderr
+            _rank_table(plans, out)
             if size > 1:
                 from .explain import render_nodes
 
-                render_nodes(nodes, console)
+                render_nodes(nodes, out)
         if refused:
             ref = refused[0].refusal
             k = refused[0].tensor_parallel.rank
@@ -466,8 +470,8 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         _write_output(output, encode_bytes(plan), "-o", _inputs(plan, spec))
     if as_json:
         _emit_json(explain_doc(plan))
-    elif not plan.fits:
-        render(plan, err)
+    elif not plan.fits:  # the explanation is output (stdout); the error stays one line on stderr
+        render(plan, out)
     else:
         t = plan.totals
         out.print(f"admitted: {t.tensors} tensors, {fmt_bytes(t.read_bytes)} in {t.runs} runs; host peak "
@@ -597,6 +601,8 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .device import check_device
 
+    if report is not None and not report.strip():  # before anything is read: `--report ""` is not "no report"
+        raise _usage("--report needs a file name, got an empty one")
     if device is not None:
         try:
             check_device(device)
@@ -616,7 +622,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if device is None and local is not None:
         device = f"cuda:{local}"
     report_path = None
-    if report:
+    if report is not None:
         report_path = Path(report.replace("{rank}", str(_report_rank(plan))))
         _writable_file(report_path, "--report")
         from . import outputs
