@@ -418,11 +418,6 @@ def _checked_entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ..
             f"{path}: tensor {name!r}: shape {_clip(shape)} is not a list of non-negative integers",
             code="bad-shape",
         )
-    if any(d > MAX_DIM for d in shape):  # only a zero-size tensor gets here with one; no dim is real past it
-        raise ManifestError(
-            f"{path}: tensor {name!r}: shape {_clip(shape)} has a dim past 2**62, which no tensor has",
-            code="bad-shape",
-        )
     offsets = value["data_offsets"]
     if (
         type(offsets) is not list
@@ -446,6 +441,11 @@ def _checked_entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ..
 
     span = end - begin
     if 0 in shape:
+        if any(d > MAX_DIM for d in shape):  # a zero-size tensor may claim any dim: none past this is real
+            raise ManifestError(
+                f"{path}: tensor {name!r}: zero-size shape {_clip(shape)} has a dim past 2**62, which no tensor has",
+                code="bad-shape",
+            )
         numel = 0
     else:
         # Stop multiplying once the count is far past what the span can hold: the product of a
