@@ -221,12 +221,18 @@ def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
 
 def _allowed(t: TensorEntry, r: Rule, i: int, op: str, target: str, scale: TensorEntry | None) -> None:
     """The op and dtypes chosen for `t` are ones the plan reader accepts (`dtypes.op_problem`, the
-    one table both hold parts to); the checks above name the usual faults in the spec's words."""
+    one table both hold parts to); the checks above name the usual faults in the spec's words.
+    What passed is remembered (`_ALLOWED`): a model's tensors share a handful of kinds."""
     path = "host" if r.on == "host" else "direct"
-    why = op_problem(op, path, t.dtype, target, scale.dtype if scale is not None else None)
+    sdt = scale.dtype if scale is not None else None
+    why = op_problem(op, path, t.dtype, target, sdt)
     if why:
         raise BindError(f"rules[{i}] loads {t.name} ({t.dtype}) as {target} by a {op} on the "
                         f"{'host' if path == 'host' else 'device'}, but a {op} {why}", code="bad-op-dtype")
+    _ALLOWED.add((op, r.on, t.dtype, target, sdt))
+
+
+_ALLOWED: set = set()  # (op, on, source dtype, target, scale dtype) that `op_problem` allows
 
 
 def _out_shape(t: TensorEntry, op: str, r: Rule | None = None) -> tuple[int, ...]:
@@ -252,7 +258,8 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, s
     op = _op(t, r, i, target)
     shape = _out_shape(t, op, r)
     scale = scales[t.name] if r.dequantize else None
-    _allowed(t, r, i, op, target, scale)
+    if (op, r.on, t.dtype, target, scale and scale.dtype) not in _ALLOWED:
+        _allowed(t, r, i, op, target, scale)
     block = _block(r)
     sl, ssl = None, None
     if r.split != "replicate" and tp.world > 1:

@@ -301,6 +301,18 @@ def test_an_empty_binary_or_foreign_json_is_one_plan_error(tmp_path, capsys, con
     assert rc == 2 and out == "" and ("[plan-syntax]" in line or "[plan-kind]" in line), line
 
 
+@pytest.mark.parametrize("name", ["spec.json", "spec.yaml", "spec.yml", "spec"])
+def test_a_spec_with_keys_a_plan_also_has_is_still_a_spec(tmp_path, capsys, name):
+    """A spec whose quoted keys are also a plan's (`"format"` of a dequantize, `"device"`, `"budget"`)."""
+    w = (np.random.default_rng(3).standard_normal((130, 70)) * 0.5).astype(ml_dtypes.float8_e4m3fn)
+    ck, _ = handmade(tmp_path, {"w": w, "w_scale_inv": np.ones((2, 1), np.float32)})
+    p = tmp_path / name
+    p.write_text(json.dumps({"checkpoint": str(ck), "device": "cuda:0", "budget": {"host": "64MiB"},
+                             "rules": [{"match": "w", "dequantize": {"format": "fp8", "block": 128}}]}))
+    rc, out, err = cli_run(capsys, "explain", p, "--json")
+    assert rc == 0 and json.loads(out)["fits"] is True, err
+
+
 def test_a_json_spec_is_still_a_spec(tmp_path, capsys):
     ck, _ = handmade(tmp_path, {"a": np.ones(64, np.float32)})
     p = tmp_path / "spec.json"
