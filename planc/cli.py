@@ -246,9 +246,7 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
     """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
     from . import outputs
     from .costmodel import probe_path
-    from .probe import is_probe_file, measure, save
-
-    from .probe import MIN_SIZE
+    from .probe import MIN_SIZE, is_probe_file, measure, save
 
     try:
         size_bytes = parse_bytes(size)
