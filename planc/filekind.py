@@ -1,14 +1,17 @@
 """Plan file or spec? Told apart by content, in one place (`run` and `explain` take either).
 
 Input: a path; output: whether the plan reader (`plan.load_plan`) or the spec reader
-(`spec.load_spec`) should have it. A file whose first 64 KiB carry a plan's format marker
-(`"kind": "planc-plan"`, the first key compile writes) is a plan, whatever its name: a plan saved
-as `plan.txt` or `plan.yaml` is read as the plan it is, not as a spec with two dozen faults. A
-`.json` is a plan too unless it holds a spec's `"rules"` there: an empty, binary, truncated or
-foreign `.json` goes to the plan reader, which refuses it in one line; so does one larger than any
-spec. A missing `.json` is a plan (the plan reader says it is missing); a FIFO or a device is left
-to the spec reader, which refuses it without blocking. Everything else is a spec (a YAML spec may
-quote its keys, `"format": mxfp4` included). Only the head is read: a 1 GiB plan is not read twice.
+(`spec.load_spec`) should have it. Only the first 64 KiB are read (a 1 GiB plan is not read twice).
+
+- A file that carries a plan's format marker there (`"kind": "planc-plan"`, the first key compile
+  writes) is a plan, whatever its name: a plan saved as `plan.txt` or `plan.yaml` is read as the
+  plan it is, not as a spec with two dozen faults.
+- A `.json` is also a plan when it names a key only plans have (`"runs"`, `"parts"`, `"peak"`, ...:
+  a plan whose marker was edited away), when it is empty or binary (no spec is; the plan reader
+  refuses it in one line), when it is larger than any spec, or when it does not exist (the plan
+  reader says it is missing). A JSON spec whose quoted key is also a plan's (`"format"` of a
+  dequantize) is read as a spec after all by the CLI (`_looks_like_spec`).
+- Everything else is a spec (a FIFO or a device too: the spec reader refuses it without blocking).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from .prestart import head
 from .units import SPEC_CAP
 
 _MARKER = re.compile(rb'"kind"\s*:\s*"planc-plan"')
-_SPEC_KEY = re.compile(rb'"rules"\s*:')
+# Keys only a plan has (plans are written compact: `{"kind":"planc-plan","format":3,...`).
+_PLAN_KEYS = re.compile(rb'"(?:kind|format|fits|layout|parts|peak|refusal|runs|steps|timeline|totals|'
+                        rb'device_bytes|host_bytes|mtime_ns|size_bytes)"\s*:')
 
 
 def is_plan_file(path: Path) -> bool:
@@ -34,4 +39,16 @@ def is_plan_file(path: Path) -> bool:
     size, text = got
     if _MARKER.search(text):
         return True
-    return json_name and (size > SPEC_CAP or not _SPEC_KEY.search(text))
+    if not json_name:
+        return False
+    return size > SPEC_CAP or bool(_PLAN_KEYS.search(text)) or _empty_or_binary(text)
+
+
+def _empty_or_binary(text: bytes) -> bool:
+    if not text.strip() or b"\x00" in text:
+        return True
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start < len(text) - 4  # not a character cut at the end of the 64 KiB read
+    return False
