@@ -45,7 +45,7 @@ CASES = (("dense", "fp16"), ("dense", "fp32+transpose"), ("fp8", "fp8"), ("moe",
 def _child(specs: list[str], hide_index: bool) -> dict:
     t_start = time.perf_counter()
     from planc.compile import compile_spec
-    from planc.execute import execute, launch, ptxbuild, ptxindex, signatures
+    from planc.execute import execute, launch, ptxbuild, ptxindex, seam, signatures
 
     if hide_index:
         ptxindex.INDEX = Path("/nonexistent/index.json")
@@ -63,18 +63,18 @@ def _child(specs: list[str], hide_index: bool) -> dict:
                       "kernel_code": rep["kernel_code"]})
         m.free()
     t_loads = time.perf_counter() - t_start
-    before = launch.stats()
+    before = launch.LAUNCHER.stats()
     t0 = time.perf_counter()
     unusable = []
     for name, sig in signatures.launches() if launch.enabled() else ():
-        fn, why = launch._load(name, sig)
+        fn, why = launch.LAUNCHER.load(seam.device(), name, sig)
         if fn is None:
             unusable.append(why)
     t_all = time.perf_counter() - t0
     overloads = {n: len(k.overloads) for n, k in ptxbuild.registry().items() if len(k.overloads)}
     return {"import_s": round(t_import, 4), "process_to_loaded_s": round(t_loads, 4), "loads": loads,
-            "all_launches": {"load_s": round(t_all, 4), "unusable": unusable, **launch.since(before)},
-            "numba_overloads": overloads, "kernels": launch.stats()}
+            "all_launches": {"load_s": round(t_all, 4), "unusable": unusable, **launch.since(before, launch.LAUNCHER.stats())},
+            "numba_overloads": overloads, "kernels": launch.LAUNCHER.stats()}
 
 
 def _run(name: str, specs, env: dict, hide: bool) -> dict:

@@ -86,14 +86,27 @@ def _check_rank(plan, rank: int | None, what: str):
     return plan
 
 
-def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, verify: bool = False,
-         progress: bool = False, settings=None):
+def _verify_arg(verify, digest):
+    """`verify` (False, True: compare with the checkpoint after the load, "digest": hash as it
+    streams) and `digest` (a digest file's path) -> (compare after, digest file or None)."""
+    if verify == "digest":
+        return False, True if digest is None else digest
+    if verify not in (True, False):
+        raise SpecError(f"verify must be False, True or 'digest', got {str(verify)[:40]!r}", code="bad-verify")
+    return verify, digest
+
+
+def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, verify=False,
+         progress: bool = False, settings=None, digest=None):
     """Load a checkpoint onto the device. Returns a `LoadedModel` (name -> device tensor, `.report`).
 
     `spec_or_plan`: a spec file (YAML or JSON: compiled for `rank`, default `$RANK` when the spec
     is tensor parallel, else 0), a plan file written by `planc compile -o`, or a `Plan`.
-    `device` overrides the spec's (`cuda:1`); `verify` compares every loaded byte with the
-    checkpoint (`report["verify"]`). `settings` (a `planc.settings.Settings`, or name -> value:
+    `device` overrides the spec's (`cuda:1`); `verify=True` compares every loaded byte with the
+    checkpoint after the load (`report["verify"]`); `verify="digest"` hashes every byte read as it
+    passes through the ring and compares it with the digest file `digest` (default: the one
+    `planc digest` writes beside the checkpoint; `report["digest"]`): a mismatch is a
+    `DigestError` and no model (docs/reload.md). `settings` (a `planc.settings.Settings`, or name -> value:
     `host_reserve`, `raw_launch`, `kernel_dir`, `kernel_cache`, `probe`, `debug`, `pin`) are resolved
     once, over the PLANC_* variables, and hold for this call only (compile included), in this thread
     alone. Raises a `PlancError` subclass: a refused plan is an `AdmissionError`
@@ -111,13 +124,14 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
         device = _device_arg(device)  # before a spec is compiled
     from .execute import resolve_settings
 
+    verify, digest = _verify_arg(verify, digest)
     s = resolve_settings(settings)  # once, before anything is read; compile and execute both see it
     with _settings.using(s):
         t0 = time.perf_counter()
         plan = _plan(spec_or_plan, rank)
         t1 = time.perf_counter()
         return execute(plan, verify=verify, device=device, progress=progress, settings=s,
-                       timings={"plan": t1 - t0})
+                       timings={"plan": t1 - t0}, digest=digest)
 
 
 @dataclass
@@ -134,15 +148,24 @@ class LoadResult:
 
 
 def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = None, device: str | None = None,
-              verify: bool = False, settings=None) -> LoadResult:
+              verify=False, settings=None, inplace: bool = False, digest=None) -> LoadResult:
     """Load into `module` (built on the meta device) by assignment, without a copy on a GPU.
 
     Parameters and persistent buffers take the loaded tensors; tied parameters stay tied;
     non-persistent buffers (rotary `inv_freq`) are rebuilt by their module's own initialisation.
     With `strict` (the default) missing or unexpected keys, or buffers that cannot be rebuilt, raise
-    a `HandoffError` and the device memory is released; shapes must always match. `settings` as
-    for `load`.
+    a `HandoffError` and the device memory is released; shapes must always match. `settings`,
+    `verify` and `digest` as for `load`.
+
+    `inplace=True`: `module` already holds its tensors on the device (loaded by planc or by anything
+    else); the new weights are written into the module's own storage (every `data_ptr()` kept, no
+    new arena), tied weights and buffers left as they are. Each tensor the plan loads must be a
+    parameter or persistent buffer of the module with the same shape and dtype, contiguous; the plan
+    must be of copies only (no conversion on the device). `result.model` is None.
     """
+    if inplace:
+        return _load_inplace(module, spec_or_plan, rank=rank, device=device, verify=verify, settings=settings,
+                             digest=digest)
     from .torch_handoff import assign, import_torch
 
     torch = import_torch()  # before anything is loaded: without torch there is nothing to load into
@@ -151,7 +174,7 @@ def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = N
                            f"{type(module).__name__}", code="not-a-module")
     import time
 
-    model = load(spec_or_plan, rank=rank, device=device, verify=verify, settings=settings)
+    model = load(spec_or_plan, rank=rank, device=device, verify=verify, settings=settings, digest=digest)
     try:
         t0 = time.perf_counter()
         tensors = model.state_dict()
@@ -163,3 +186,44 @@ def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = N
         raise
     return LoadResult(done.missing_keys, done.unexpected_keys, done.tied, done.rebuilt_buffers,
                       done.uninitialized_buffers, report, model)
+
+
+def _load_inplace(module, spec_or_plan, *, rank, device, verify, settings, digest) -> LoadResult:
+    """`load_into(..., inplace=True)`: the plan's copies written into the module's own tensors."""
+    import time
+
+    from .torch_handoff import _tied_groups, import_torch
+
+    torch = import_torch()
+    if not isinstance(module, torch.nn.Module):
+        raise HandoffError(f"load_into needs a torch.nn.Module, got {type(module).__name__}", code="not-a-module")
+    verify, digest = _verify_arg(verify, digest)
+    if verify:
+        raise HandoffError("load_into(inplace=True) verifies with verify='digest' (hashing as it streams), not "
+                           "verify=True", code="bad-verify")
+    from . import settings as _settings
+    from .execute import execute, resolve_settings
+    from .execute.reload import Into, ModuleArena, ReusedRegions, check_inplace, module_targets
+    from .execute.seam import default_device
+
+    s = resolve_settings(settings)
+    with _settings.using(s):
+        t0 = time.perf_counter()
+        plan = _plan(spec_or_plan, rank)
+        check_inplace(plan)
+        targets, written = module_targets(module, plan, default_device().memory_is_host)
+        arena = ModuleArena(targets, plan.layout.arena_bytes)
+
+        def regions(plan_, dev, stream, counters, timings, observer):
+            return ReusedRegions(arena, None, plan_, dev, stream, counters, timings, observer)
+
+        t1 = time.perf_counter()
+        model = execute(plan, device=device, settings=s, digest=digest, timings={"plan": t1 - t0},
+                        into=Into(regions, plan.layout.arena_bytes))
+    report = model.report
+    model.tensors, model._arena = {}, None  # the memory is the module's
+    state = module.state_dict(keep_vars=True)
+    missing = sorted(n for n in state if n not in written and not any(
+        n in g and any(m in written for m in g) for g in _tied_groups(module)))
+    tied = [sorted(g) for g in _tied_groups(module) if any(n in written for n in g)]
+    return LoadResult(missing, [], tied, [], [], report, None)

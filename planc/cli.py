@@ -522,7 +522,10 @@ def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON writ
             host: Optional[str] = typer.Option(None, "--host", help="Replay against this host budget instead (e.g. 4GiB)."),
             device_budget: Optional[str] = typer.Option(None, "--device",
                                                         help="Replay against this device budget instead (e.g. 80GiB)."),
-            as_json: bool = typer.Option(False, "--json", help="Machine-readable output (a contract for scripts).")):
+            as_json: bool = typer.Option(False, "--json", help="Machine-readable output (a contract for scripts)."),
+            verify_digest: Optional[str] = typer.Option(None, "--verify-digest", metavar="[FILE]",
+                                                        help="Say what verifying the load against this digest file "
+                                                             "(default: the checkpoint's) reads and hashes.")):
     """Explain where every byte of the budgets goes: peaks, headroom, runs, contributors, refusal.
 
     With --host or --device the plan is replayed against those budgets; exit 3 when it would not fit."""
@@ -553,10 +556,13 @@ def explain(target: Path = typer.Argument(..., help="A spec, or a plan JSON writ
     node = None
     if plan.tensor_parallel.size > 1 and not _is_plan(target):  # a spec: its node mates are compiled too
         node = next(iter(_nodes(target, [plan], complete=True)), None)
+    verification = _verification(plan, verify_digest)
     if as_json:
-        _emit_json(explain_doc(plan, node))
+        _emit_json({**explain_doc(plan, node), "verification": verification})
     else:
         render(plan, out, node)
+        if verify_digest is not None:
+            out.print(_verification_line(verification), markup=False, highlight=False)
     if budgets and not plan.fits:
         _say(f"planc: {plan.refusal.message} [{plan.refusal.code}]")
         raise typer.Exit(3)
@@ -592,7 +598,11 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         as_json: bool = typer.Option(False, "--json", help="Print the measured report as JSON (no progress bar)."),
         report: Optional[str] = typer.Option(None, "--report",
                                              help="Also write the JSON report to this file; `{rank}` is replaced by the rank."),
-        verify: bool = typer.Option(False, "--verify", help="Compare every loaded tensor with the checkpoint, chunk by chunk.")):
+        verify: bool = typer.Option(False, "--verify", help="Compare every loaded tensor with the checkpoint, chunk by chunk."),
+        verify_digest: Optional[str] = typer.Option(None, "--verify-digest", metavar="[FILE]",
+                                                    help="Hash every byte read as it streams and compare with the digest "
+                                                         "file FILE (default: the one planc digest writes beside the "
+                                                         "checkpoint); a mismatch is exit 2 and no model.")):
     """Execute a plan on the GPU (or the CUDA simulator) and report measured against predicted."""
     # No BLAS work happens in a load: numpy's import need not start a BLAS thread per core (0.07-0.1 s
     # of a 16-core machine's process start). A value the user set is kept.
@@ -628,7 +638,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         outputs.target(report_path, "--report", inputs=_inputs(plan, target))  # before the load
     progress = not as_json and sys.stderr.isatty()
     with _SigintSeen() as sigint:
-        model = execute(plan, progress=progress, verify=verify, device=device)
+        model = execute(plan, progress=progress, verify=verify, device=device, digest=_digest_arg(verify_digest))
     if sigint.seen:  # the KeyboardInterrupt was raised where Python drops exceptions, and the load went on
         model.free()
         raise Interrupted("interrupted during the load; everything allocated was released")
@@ -648,6 +658,73 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if v is not None and not v["ok"]:
         raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
                            code="verify-mismatch")
+
+
+def _digest_arg(value: Optional[str]):
+    """--verify-digest [FILE]: None (not asked), True (the checkpoint's default digest file) or FILE."""
+    if value is None:
+        return None
+    return True if value == "" else value
+
+
+def _verification(plan, value: Optional[str]) -> dict:
+    """What `explain` says of verification: none, or what a digest check of this plan costs."""
+    if value is None:
+        return {"kind": "none"}
+    from .digest import Verifier, coverage, default_path, read_digest
+
+    path = default_path(plan.checkpoint.source, plan.checkpoint.root) if value == "" else value
+    d = read_digest(path)
+    Verifier(plan, d)  # every file in the digest, of the same size
+    return {"kind": "digest", "digest_file": str(path), **coverage(plan, d.extent_bytes)}
+
+
+def _verification_line(v: dict) -> str:
+    if v["kind"] == "none":
+        return ("verified: no (planc run --verify-digest hashes every byte as it streams, against a digest file "
+                "from planc digest; --verify compares after the load)")
+    return (f"verified: yes, against {printable(v['digest_file'])}: {v['extents_verified']} of {v['extents']} extents "
+            f"of {fmt_bytes(v['extent_bytes'])} hashed as they stream, {fmt_bytes(v['fill_bytes'])} read besides the "
+            f"plan's (bytes of those extents it does not read), {fmt_bytes(v['reread_bytes'])} read again "
+            f"(extents read out of file order), {v['extents_untouched']} extents not loaded and not checked")
+
+
+@app.command()
+def digest(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a folder of shards, or an index json.",
+                                             readable=False),
+           output: Optional[Path] = typer.Option(None, "-o", "--output", readable=False,
+                                                 help="Where to write the digest file (default: beside the "
+                                                      "checkpoint, where run --verify-digest looks)."),
+           extent: str = typer.Option("16MiB", "--extent", help="Extent size: a power of two, 64KiB to 1GiB."),
+           sha256: bool = typer.Option(False, "--sha256", help="Also each file's sha256 (what the Hugging Face hub "
+                                                                "records for an LFS file)."),
+           workers: int = typer.Option(4, min=1, max=64, help="Files hashed at once."),
+           as_json: bool = typer.Option(False, "--json", help="Print a summary as JSON.")):
+    """Write a digest file for a checkpoint: per file its size and head, per extent an xxh3-128."""
+    from . import digest as _digest
+    from .manifest import read_manifest
+
+    try:
+        extent_bytes = parse_bytes(extent)
+    except ValueError as e:
+        raise _usage(f"--extent: {e}") from None
+    m = read_manifest(checkpoint)
+    dest = output or _digest.default_path(str(checkpoint), m.root)
+    inputs = [checkpoint] + [Path(m.root) / s.path for s in m.shards]
+    from . import outputs
+
+    outputs.target(dest, "-o", inputs=inputs)  # before a minute of hashing
+    doc = _digest.make_digest(checkpoint, extent_bytes=extent_bytes, sha256=sha256, workers=workers)
+    where = outputs.write(dest, _digest.encode(doc), "-o", inputs=inputs)
+    summary = {"path": str(where), "files": len(doc["files"]), "extent_bytes": extent_bytes,
+               "extents": sum(len(f["extents"]) for f in doc["files"]),
+               "bytes": sum(f["size_bytes"] for f in doc["files"]), "sha256": sha256}
+    if as_json:
+        _emit_json(summary)
+    else:
+        out.print(f"digest of {summary['files']} file(s), {fmt_bytes(summary['bytes'])} in {summary['extents']} extents "
+                  f"of {fmt_bytes(extent_bytes)}{' (with sha256)' if sha256 else ''}: {printable(str(where))}",
+                  markup=False, highlight=False)
 
 
 def _report_rank(plan) -> int:
@@ -709,6 +786,12 @@ def _say(line: str) -> None:
     err.print(shorten_words(printable(line)), markup=False, highlight=False, soft_wrap=True)
 
 
+def _optional_values(argv: list) -> list:
+    """`--verify-digest` with no FILE (last, or before another option) -> `--verify-digest=`."""
+    return [a + "=" if a == "--verify-digest" and (i + 1 == len(argv) or argv[i + 1].startswith("-")) else a
+            for i, a in enumerate(argv)]
+
+
 def main(argv=None) -> int:
     """Run one command; its exit code. stdout is guarded (`planc.stdio`): a closed or full stdout is
     one line and exit 2, a pipe whose reader has gone exit 141 without a word."""
@@ -725,6 +808,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
+    argv = _optional_values(list(sys.argv[1:] if argv is None else argv))
     try:
         rc = app(args=argv, prog_name="planc", standalone_mode=False)
         if rc == 130:  # typer turns a KeyboardInterrupt inside a command into 130, without a word

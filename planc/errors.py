@@ -121,3 +121,27 @@ class HandoffError(PlancError):
 
     exit_code = 2
     default_code = "handoff"
+
+
+class DigestError(PlancError):
+    """A digest file cannot be used (malformed, edited, of another checkpoint), or the bytes a load
+    read do not match it."""
+
+    exit_code = 2
+    default_code = "digest"
+
+
+class TornModelError(ExecuteError):
+    """A reload failed after it began writing: the model's bytes are neither the old weights nor the
+    new ones, and reading them is refused until a reload succeeds."""
+
+    exit_code = 1
+    default_code = "torn"
+
+
+class ReloadError(PlancError):
+    """A reload target does not match the live model's layout (names, dtypes, shapes, offsets, size);
+    nothing was written."""
+
+    exit_code = 2
+    default_code = "reload-layout"

@@ -354,3 +354,24 @@ def interrupt_at(monkeypatch, n: int) -> list:
 
     use_parts(monkeypatch, observer=observe)
     return calls
+
+
+class RecordingDevice:
+    """A device (`planc.execute.seam.Device`) that records every kernel launch as (name, grid,
+    block, args) in `launches` and hands it on to `inner`, the real device (`forward=False`: records
+    only, for geometry a simulator could not run in a test's time). `grid`: the launch geometry to
+    choose with (`planc.execute.geometry.GpuGrid(132)` for an H200's; default: `inner`'s). Passed
+    to `execute(plan, device=...)` or to a dispatcher's `dev=`; nothing in the executor is patched."""
+
+    def __init__(self, inner, grid=None, forward: bool = True):
+        self.inner, self.forward = inner, forward
+        self.grid = inner.grid if grid is None else grid
+        self.launches: list = []
+
+    def __getattr__(self, name):  # memory, streams, copies, capabilities: the inner device's
+        return getattr(self.inner, name)
+
+    def launch(self, name: str, grid, block, stream, *args, kernel=None) -> None:
+        self.launches.append((name, grid, block, args))
+        if self.forward:
+            self.inner.launch(name, grid, block, stream, *args, kernel=kernel)

@@ -115,8 +115,8 @@ def test_the_device_is_chosen_as_numba_chooses_before_numba_is_imported(value, s
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     if value is not None:
         env["NUMBA_ENABLE_CUDASIM"] = value
-    probe = ("import sys; from planc.execute import seam; "
-             "print(seam.simulated(), type(seam.device()).__name__ if seam.simulated() else 'Gpu', 'numba' in sys.modules)")
+    probe = ("import sys; from planc.execute import seam; d = seam.default_device(); "
+             "print(d.simulated, type(d).__name__, 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     got_sim, kind, numba_loaded = out.stdout.split()
@@ -160,18 +160,15 @@ class _StubDriver:
         pp._obj.value = 1
         return 0
 
+    def cuGetErrorString(self, rc, pp):
+        return 0  # no text: the message says "CUresult {rc}"
+
 
 @pytest.fixture
-def stub(monkeypatch):
-    def make(rc: int = 0) -> _StubDriver:
-        s = _StubDriver(rc)
-        monkeypatch.setattr(driver, "_lib", s)
-        monkeypatch.setattr(driver, "lib", lambda: s)
-        monkeypatch.setattr(driver, "ensure_context", lambda: 1)
-        monkeypatch.setattr(driver, "error_text", lambda rc, cu=None: f"CUresult {rc}")
-        return s
-
-    return make
+def stub():
+    """A stand-in driver library answering cuMemHostRegister with `rc`, passed to what is tested
+    (`cu=`): nothing in the driver module is replaced."""
+    return _StubDriver
 
 
 def _mapped(addr: int) -> bool:
@@ -185,7 +182,7 @@ def _mapped(addr: int) -> bool:
 @pytest.mark.parametrize("nbytes", [4096, 100_000, 2 << 20, (3 << 20) + 4096, 16 << 20])
 def test_registered_memory_registers_what_it_maps_and_gives_both_back(stub, nbytes):
     s = stub(0)
-    mem = driver.RegisteredMemory(nbytes)
+    mem = driver.RegisteredMemory(nbytes, s)
     ptr = mem.ptr
     (kind, addr, size), = s.calls
     assert kind == "register" and addr == ptr and size == -(-nbytes // 4096) * 4096
@@ -208,7 +205,7 @@ def test_a_refused_registration_leaves_nothing_mapped_or_registered(stub, monkey
     real = driver._map_anonymous
     monkeypatch.setattr(driver, "_map_anonymous", lambda n: seen.append(real(n)) or seen[-1])
     with pytest.raises(ExecuteError) as ei:
-        driver.RegisteredMemory(8 << 20)
+        driver.RegisteredMemory(8 << 20, s)
     assert ei.value.code == code and "cuMemHostRegister" in ei.value.message
     import gc
 
@@ -225,7 +222,7 @@ def test_the_gpu_falls_back_to_host_alloc_only_when_registration_is_refused(stub
 
     monkeypatch.delenv("PLANC_PIN", raising=False)
     s = stub(2)  # out of memory: no fallback, the load fails typed
-    g = Gpu()
+    g = Gpu(cu=s)
     with pytest.raises(ExecuteError, match="cuMemHostRegister"):
         g.pinned_bytes(1 << 20)
     assert g.pin_method() == "register"

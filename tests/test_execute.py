@@ -33,7 +33,7 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
                 allow_module_level=True)
 
 import planc.execute.parts as parts_mod  # noqa: E402
-from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, assert_model, cast, refuse_direct_open,  # noqa: E402
+from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, RecordingDevice, assert_model, cast, refuse_direct_open,  # noqa: E402
                              cold_page_cache, convert_source, dequantized, fp8_rules, fused, gone, handmade, live_room_by_call, reader_of,
                              use_parts, watch_regions,
                              load_checked, spec_file, stacked, synth)
@@ -110,6 +110,25 @@ def test_tensor_larger_than_a_slot(tmp_path, load):
     assert all(q["length"] <= 4096 for q in reqs) and len(reqs) >= 6
     want = dict(want, **{"b.big": cast(want["b.big"], "BF16"), "d.big16": cast(want["d.big16"], "BF16")})
     assert_model(model, want)
+
+
+def test_a_load_goes_through_the_device_it_is_given(tmp_path, load):
+    """`execute(plan, device=...)` takes a device object: every kernel of the load is launched
+    through it, one launch per kernel the plan predicts, on the grids its geometry chooses (here
+    the simulator's, recorded on the way), and the model is bit-exact."""
+    from planc.execute.geometry import SimGrid
+    from planc.execute.seam import default_device
+
+    path, want = _odd_sizes(tmp_path)
+    rules = [{"match": "b.big", "dtype": "bfloat16"}, {"match": "d.big16", "dtype": "bfloat16"}, {"match": "*"}]
+    rec = RecordingDevice(default_device())
+    plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2, "workers": 2}), device=rec)
+    assert_model(model, dict(want, **{"b.big": cast(want["b.big"], "BF16"), "d.big16": cast(want["d.big16"], "BF16")}))
+    assert len(rec.launches) == plan.totals.kernels == model.report["kernels"]["issued"] >= 2
+    sim = SimGrid()
+    for name, grid, block, args in rec.launches:
+        assert name in ("f32_to_bf16", "f16_to_bf16") and (grid, block) == sim.map(args[-1])
+    assert model.simulated == default_device().simulated
 
 
 def test_landing_regions_are_aligned_for_any_element_type(tmp_path, load):
@@ -260,11 +279,13 @@ def test_stack_moe_experts_through_the_scatter_kernel(tmp_path, load):
     assert_model(model, out)
 
 
-def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, monkeypatch, load):
+def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, load):
     """A scattered request of a few large pieces runs on many blocks: the grid's y splits each piece
     (the table keeps one row per copy). Under the simulator each piece goes to two blocks, so a load
     through the split grid is checked bit for bit."""
     from planc.execute import dispatch
+    from planc.execute.geometry import GpuGrid
+    from planc.execute.seam import default_device
 
     path, want = synth(tmp_path, "moe")
     spec = spec_file(tmp_path, path, [STACK, {"match": "*"}], io=dict(SMALL_IO, slot="64KiB", slots=2))
@@ -275,13 +296,17 @@ def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, monkeypatch, l
         q = plan.runs[run].requests[qi]
         assert last - first == len(q.copies) and longest == max(c.nbytes for c in q.copies) // q.width
         assert dispatch.scatter_grid(last - first, longest)[1] == (2 if longest > 32 else 1)
-    monkeypatch.setattr(dispatch, "simulated", lambda: False)  # the GPU's geometry
-    assert dispatch.scatter_grid(4, 458_752) == (4, 132)  # four 3.5 MiB pieces of 8-byte words: 528 blocks
-    assert dispatch.scatter_grid(600, 100) == (600, 1)  # many small pieces: one block each
-    assert dispatch.scatter_grid(1, 10) == (1, 1)
-    monkeypatch.undo()
-    plan, model = load(spec)
+    h200 = RecordingDevice(default_device(), grid=GpuGrid(132), forward=False)  # the GPU's geometry
+    assert dispatch.scatter_grid(4, 458_752, h200) == (4, 132)  # four 3.5 MiB pieces of 8-byte words: 528 blocks
+    assert dispatch.scatter_grid(600, 100, h200) == (600, 1)  # many small pieces: one block each
+    assert dispatch.scatter_grid(1, 10, h200) == (1, 1)
+    rec = RecordingDevice(default_device())
+    plan, model = load(spec, device=rec)
     assert_model(model, stacked(want, 2, 8))
+    scatters = [(grid, block) for name, grid, block, _ in rec.launches if name.startswith("scatter_")]
+    assert len(scatters) == plan.totals.scatters  # one launch a scattered request, each on the simulator's grid
+    for (run, qi), (first, last, longest) in where.items():
+        assert (dispatch.scatter_grid(last - first, longest), 32) in scatters
 
 
 def test_a_slow_read_does_not_hold_up_the_reads_after_it_but_runs_stay_in_order(tmp_path, monkeypatch, load):

@@ -277,5 +277,5 @@ def test_kernels_launch_from_their_cubin_after_the_first_load(tmp_path, load, de
     for _ in range(2):
         plan, model = load(spec)
         assert_model(model, out)
-    names = {k[0] for k, fn in launch._functions.items() if fn}
+    names = {k[0] for k, fn in launch.LAUNCHER.functions.items() if fn}
     assert {"bf16_to_f16", "bf16_to_f32"} <= names, names

@@ -454,15 +454,17 @@ def test_scalar_ops_compiled_by_numba_match_the_reference():
 # launch geometry
 
 
-def test_grid_choices(monkeypatch):
-    if K.simulated():
-        blocks, threads = D.grid_1d(10**6)
-        assert blocks * threads <= 64 and threads == 32
-        assert D.grid_1d(5) == (1, 32)
-    monkeypatch.setattr(D, "simulated", lambda: False)
-    monkeypatch.setattr(D, "_max_blocks_cache", [132 * 32])
-    assert D.grid_1d(10**9) == (132 * 32, 256)
-    assert D.grid_1d(1000) == (4, 256)
-    gx, gy = D.grid_2d(7168, 18432, (32, 8))
+def test_grid_choices():
+    """Each device's geometry: the simulator's small grids, an H200's (132 multiprocessors) full ones."""
+    from planc.execute.geometry import GpuGrid, SimGrid
+
+    sim = SimGrid()
+    blocks, threads = sim.map(10**6)
+    assert blocks * threads <= 64 and threads == 32
+    assert sim.map(5) == (1, 32)
+    gpu = GpuGrid(132)
+    assert gpu.map(10**9) == (132 * 32, 256)
+    assert gpu.map(1000) == (4, 256)
+    gx, gy = gpu.grid_2d(7168, 18432, (32, 8))
     assert gx == 576 and gx * gy <= 132 * 32 and gy >= 1
-    assert D.grid_2d(1, 1, (32, 8)) == (1, 1)
+    assert gpu.grid_2d(1, 1, (32, 8)) == (1, 1)

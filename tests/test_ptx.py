@@ -2,7 +2,7 @@
 
 Complete: every launch the executor can make (each op and dtype pair the compiler can emit, each
 scatter width the schedule picks) is in `planc.execute.signatures`, found here by driving the
-real dispatchers under the simulator and recording what they hand to `launch.go`; and every one of
+real dispatchers under the simulator on a recording device (what they hand to `device.launch`); and every one of
 those has a PTX file per shipped compute capability. Current: the index's source hash is that of
 today's kernel sources, so a kernel edited without building the PTX again fails here, with the
 command that rebuilds it.
@@ -68,7 +68,7 @@ def test_every_ptx_has_machine_code_built_from_it():
     assert {p.name for p in ptxindex.DIR.glob("*.cubin")} == {v["cubin"] for v in doc["cubins"].values()}
 
 
-def test_machine_code_serves_only_its_major_capability(monkeypatch, tmp_path):
+def test_machine_code_serves_only_its_major_capability(tmp_path):
     name, sig = signatures.zero_launch()
     e90 = ptxindex.choose(name, sig, (9, 0))[0]
     assert ptxindex.cubin_for(e90, (9, 0)).name == e90.file.replace(".ptx", ".cubin")
@@ -77,8 +77,7 @@ def test_machine_code_serves_only_its_major_capability(monkeypatch, tmp_path):
     assert ptxindex.cubin_for(e86, (8, 6)).name.endswith(".sm80.cubin")
     # a cubin built from another PTX than the one shipped is not used
     table = dict(ptxindex._cubins())
-    monkeypatch.setattr(ptxindex, "_cubins", lambda: {**table, e90.file: (table[e90.file][0], "0" * 64)})
-    assert ptxindex.cubin_for(e90, (9, 0)) is None
+    assert ptxindex.cubin_for(e90, (9, 0), {**table, e90.file: (table[e90.file][0], "0" * 64)}) is None
 
 
 def test_choose_takes_the_highest_capability_not_above_the_device():
@@ -101,15 +100,10 @@ def test_signature_strings_are_numpys():
 # -- every launch the executor makes is listed ------------------------------------------------------
 
 
-@pytest.fixture
-def recorded(monkeypatch):
-    if not numba.config.ENABLE_CUDASIM:
-        pytest.skip("records launches under the simulator")
-    from planc.execute import launch
-
+def _recorded_signatures(dev) -> set:
+    """(name, signature) of every launch `dev` (an execute_support.RecordingDevice) recorded."""
     seen = set()
-
-    def record(name, grid, block, stream, *args, kernel=None):
+    for name, _grid, _block, args in dev.launches:
         sig = []
         for a in args:
             if isinstance(a, (int, np.integer)):
@@ -118,14 +112,23 @@ def recorded(monkeypatch):
                 assert a.flags["C_CONTIGUOUS"] if hasattr(a, "flags") else a.is_c_contiguous(), name
                 sig.append(("a", np.dtype(a.dtype).str, a.ndim))
         seen.add((name, tuple(sig)))
-
-    monkeypatch.setattr(launch, "go", record)
     return seen
 
 
-def test_the_table_is_every_launch_the_dispatchers_make(recorded):
-    from planc.execute import dispatch as kernels
+def test_the_table_is_every_launch_the_dispatchers_make():
+    if not numba.config.ENABLE_CUDASIM:
+        pytest.skip("records launches under the simulator")
+    from functools import partial
+
+    from execute_support import RecordingDevice
+
+    from planc.execute import dispatch
+    from planc.execute.seam import default_device
     from planc.schedule import _width
+
+    dev = RecordingDevice(default_device(), forward=False)
+    kernels = type("Dispatch", (), {n: staticmethod(partial(getattr(dispatch, n), dev=dev))
+                                    for n in ("convert", "dequantize_fp8", "transpose2d", "scatter", "zero")})
 
     buf = cuda.device_array(4096, dtype=np.uint8)
     out = cuda.device_array(4096, dtype=np.uint8)
@@ -150,6 +153,7 @@ def test_the_table_is_every_launch_the_dispatchers_make(recorded):
     for w in sorted(widths):
         kernels.scatter(buf, out, table, 0, 1, w, 0)
     kernels.zero(out, [(0, 64)], 0)
+    recorded = _recorded_signatures(dev)
     listed = set(signatures.launches())
     assert recorded - listed == set(), f"launches without shipped PTX: {sorted(recorded - listed)}"
     assert listed - recorded == set(), f"listed but never launched: {sorted(listed - recorded)}"
@@ -166,7 +170,7 @@ def test_every_listed_kernel_name_has_a_dispatcher():
 
 
 class _Kernel:
-    """A numba kernel as `launch.go` sees it: `kernel[grid, block, stream](*args)` launches (and compiles)."""
+    """A numba kernel as `Launcher.go` sees it: `kernel[grid, block, stream](*args)` launches (and compiles)."""
 
     def __init__(self):
         self.launched = 0
@@ -178,44 +182,61 @@ class _Kernel:
         return run
 
 
+class _StandInDriver(list):
+    """The driver calls of a launcher (`launch.DriverCalls`) on a device of capability 9.0: each
+    module load is recorded (image head, entry), then each launch; `refuse`: a CUresult it answers
+    cuModuleLoadData with; `refuse_cubin`: whether it refuses machine code (ELF) but takes PTX.
+    Arguments are stand-ins: two make the zero kernel's signature, any other count none."""
+
+    refuse = None
+    refuse_cubin = False
+    loads_kernels = True
+
+    def context(self) -> int:
+        return 1
+
+    def compute_capability(self) -> tuple:
+        return (9, 0)
+
+    def module_function(self, image, entry, keep):
+        self.append((image[:200], entry))
+        if self.refuse_cubin and image[:4] == b"\x7fELF":
+            return None, 209  # CUDA_ERROR_NO_BINARY_FOR_GPU
+        return (len(self), 0) if self.refuse is None else (None, self.refuse)
+
+    def error_text(self, rc: int) -> str:
+        return f"error {rc}"
+
+    def signature(self, args):
+        return signatures.zero_launch()[1] if len(args) == 2 else None
+
+    def cache_dir(self):
+        return None
+
+    def launch(self, fn, grid, block, stream, args) -> None:
+        self.append(("launch", fn))
+
+
 @pytest.fixture
-def driver(monkeypatch):
-    """launch.py with a stand-in driver on a device of capability 9.0; returns the loaded images."""
+def driver():
+    """A `launch.Launcher` of its own on a stand-in driver (`_StandInDriver`, also the device: its
+    capability is asked of it); returns the stand-in, `go` launching through the launcher."""
     from planc.execute import launch
 
-    class Loaded(list):
-        refuse = None  # a CUresult the stand-in driver answers cuModuleLoadData with
-        refuse_cubin = False  # whether it refuses machine code (ELF) but takes PTX
-
-    loaded = Loaded()
-
-    def module_function(image, entry):
-        loaded.append((image[:200], entry))
-        if loaded.refuse_cubin and image[:4] == b"\x7fELF":
-            return None, 209  # CUDA_ERROR_NO_BINARY_FOR_GPU
-        return (len(loaded), 0) if loaded.refuse is None else (None, loaded.refuse)
-
-    for name, value in (("_functions", {}), ("_given_up", set()), ("_compiled", set()), ("_bad_ptx", {}),
-                        ("_fallbacks", []), ("_stats", dict.fromkeys(launch._stats, 0))):
-        monkeypatch.setattr(launch, name, value)
-    monkeypatch.setattr(launch, "enabled", lambda: True)
-    monkeypatch.setattr(launch, "_context", lambda: 1)
-    monkeypatch.setattr(launch, "_compute_capability", lambda: (9, 0))
-    monkeypatch.setattr(launch, "_cache_dir", lambda: None)
-    monkeypatch.setattr(launch, "_module_function", module_function)
-    monkeypatch.setattr(launch, "_error_text", lambda rc: f"error {rc}")
-    monkeypatch.setattr(launch, "_raw_launch", lambda fn, grid, block, stream, args: loaded.append(("launch", fn)))
-    monkeypatch.setattr(launch, "signature", lambda args: signatures.zero_launch()[1] if len(args) == 2 else None)
-    return loaded
+    calls = _StandInDriver()
+    launcher = launch.Launcher(calls)
+    calls.launcher = launcher
+    calls.go = lambda *a, **k: launcher.go(calls, *a, **k)
+    return calls
 
 
 def test_a_launch_loads_its_shipped_ptx_once_and_compiles_nothing(driver):
     from planc.execute import launch
 
-    k, before = _Kernel(), launch.stats()
+    k, before = _Kernel(), driver.launcher.stats()
     for _ in range(3):
-        launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
-    got = launch.since(before)
+        driver.go("zero", 1, 32, 0, object(), 5, kernel=k)
+    got = launch.since(before, driver.launcher.stats())
     assert k.launched == 0 and got == {"kernels_from_shipped_cubin": 1, "kernels_from_ptx": 0, "kernels_from_cubin": 0,
                                        "kernels_compiled": 0, "fallbacks": []}
     image, entry = driver[0]
@@ -227,51 +248,43 @@ def test_machine_code_the_driver_refuses_leaves_the_ptx(driver):
     from planc.execute import launch
 
     driver.refuse_cubin = True
-    k, before = _Kernel(), launch.stats()
-    launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
-    got = launch.since(before)
+    k, before = _Kernel(), driver.launcher.stats()
+    driver.go("zero", 1, 32, 0, object(), 5, kernel=k)
+    got = launch.since(before, driver.launcher.stats())
     assert k.launched == 0 and got["kernels_from_ptx"] == 1 and got["kernels_from_shipped_cubin"] == 0
     assert driver[0][0][:4] == b"\x7fELF" and b".target sm_90" in driver[1][0]
 
 
 def test_a_signature_without_ptx_is_compiled_and_counted_once(driver):
-    from planc.execute import launch
-
     k = _Kernel()
     for _ in range(2):
-        launch.go("zero", 1, 32, 0, object(), 5, 6, kernel=k)  # signature None: numba's launch
-        launch.go("nonesuch", 1, 32, 0, object(), 5, kernel=k)
-    got = launch.stats()
+        driver.go("zero", 1, 32, 0, object(), 5, 6, kernel=k)  # signature None: numba's launch
+        driver.go("nonesuch", 1, 32, 0, object(), 5, kernel=k)
+    got = driver.launcher.stats()
     assert k.launched == 4 and got["kernels_compiled"] == 2 and got["kernels_from_ptx"] == 0
     assert "no shipped PTX for this signature; compiled by numba" in got["fallbacks"][1]
 
 
 def test_ptx_the_driver_refuses_falls_back_with_the_reason(driver):
-    from planc.execute import launch
-
     driver.refuse = 222
     k = _Kernel()
-    launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
-    launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
-    got = launch.stats()
+    driver.go("zero", 1, 32, 0, object(), 5, kernel=k)
+    driver.go("zero", 1, 32, 0, object(), 5, kernel=k)
+    got = driver.launcher.stats()
     assert k.launched == 2 and got["kernels_compiled"] == 1 and len(driver) == 2  # cubin and PTX once, not retried
     assert "refused PTX" in got["fallbacks"][0] and "older than the NVVM" in got["fallbacks"][0]
 
 
-def test_a_stale_index_is_not_used(driver, monkeypatch):
+def test_a_stale_index_is_not_used(driver):
     from planc.execute import launch
 
-    monkeypatch.setattr(signatures, "source_hash", lambda: "changed")
-    ptxindex.usable.cache_clear()
-    try:
-        k = _Kernel()
-        launch.go("zero", 1, 32, 0, object(), 5, kernel=k)
-        got = launch.stats()
-        assert k.launched == 1 and driver == [] and got["kernels_compiled"] == 1
-        assert signatures.REBUILD in got["fallbacks"][0]
-    finally:
-        monkeypatch.undo()
-        ptxindex.usable.cache_clear()
+    stale = ptxindex.table_of({**ptxindex.read(), "source_hash": "built from other sources"})
+    launcher = launch.Launcher(driver, index=lambda: stale)
+    k = _Kernel()
+    launcher.go(driver, "zero", 1, 32, 0, object(), 5, kernel=k)
+    got = launcher.stats()
+    assert k.launched == 1 and driver == [] and got["kernels_compiled"] == 1
+    assert signatures.REBUILD in got["fallbacks"][0]
 
 
 def test_raw_launch_off_goes_through_numba(monkeypatch):

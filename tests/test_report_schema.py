@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TYPES = {"simulator": bool, "device": str, "tensor_parallel": dict, "wall_seconds": float,
          "gb_per_s": (float, type(None)), "payload_bytes": int, "bytes_read": dict, "requests": dict,
          "copies": dict, "kernels": dict, "run_waits": int, "timings": dict, "kernel_code": dict,
-         "files": dict, "retries": int, "verify": dict}
+         "files": dict, "retries": int, "verify": dict, "digest": dict}
 
 
 def documented() -> list[str]:
@@ -38,7 +38,11 @@ def report(tmp_path_factory):
     path, _ = synth(tmp, "dense", layers=1)
     plan = compile_spec(spec_file(tmp, path, [{"match": "*.mlp.*", "dtype": "float32"}, {"match": "*"}],
                                   io=SMALL_IO))
-    model = execute(plan, verify=True)
+    from planc import digest
+
+    d = tmp / "digest.json"  # a digest-verified load: the report's `digest` too
+    d.write_bytes(digest.encode(digest.make_digest(path, extent_bytes=64 << 10)))
+    model = execute(plan, verify=True, digest=d)
     yield plan, model.report, model
     model.free()
 
@@ -62,6 +66,8 @@ def test_the_report_json_is_the_documented_contract(report):
     assert set(doc["bytes_read"]) == {"predicted", "measured"}
     assert set(doc["tensor_parallel"]) == {"rank", "size"}
     assert set(doc["verify"]) == {"ok", "tensors", "parts", "bytes", "mismatches"}
+    assert set(doc["digest"]) == {"ok", "kind", "digest_file", "extent_bytes", "extents", "hashed_bytes", "fill_bytes",
+                                  "reread_bytes"}
     for f in dataclasses.fields(HostMemory):
         assert f"host.{f.name}" in names
     for f in dataclasses.fields(DeviceMemory):

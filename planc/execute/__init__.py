@@ -72,15 +72,14 @@ def check_against_headers(plan) -> None:
                     f"the plan does not match its checkpoint: compile again", code="plan-header-mismatch")
 
 
-def admit_live(plan, room) -> tuple:
-    """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory;
-    returns (room, the device's (free, total) bytes or None)."""
-    from .seam import memory_info, simulated
-
+def admit_live(plan, room, dev, reused_bytes: int = 0) -> tuple:
+    """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory of
+    `dev` (a `seam.Device`); returns (room, the device's (free, total) bytes or None).
+    `reused_bytes`: device bytes the load writes into without allocating them (a reload's arena)."""
     need = plan.peak.host_bytes
     what = "the plan's host peak"
-    if simulated():  # the simulator's device memory is host memory: the regions count against the room
-        need += plan.layout.device_bytes
+    if dev.memory_is_host:  # the simulator's device memory is host memory: the regions count against the room
+        need += plan.layout.device_bytes - reused_bytes
         what = "the plan's host peak plus its simulated device regions"
     if need > room.room_bytes:
         raise AdmissionError(
@@ -88,8 +87,8 @@ def admit_live(plan, room) -> tuple:
             f"{room.room_bytes:,} bytes ({gib(room.room_bytes)}) (available {room.available_bytes}, cgroup "
             f"room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}); lower io.slots/io.slot or io.run",
             code="live-room", refusal={"run": 0, "needed_bytes": need, "allowed_bytes": room.room_bytes})
-    info = memory_info()
-    dev_need = plan.peak.device_bytes
+    info = dev.memory_info()
+    dev_need = plan.peak.device_bytes - reused_bytes
     if info is not None and dev_need > info[0]:
         raise AdmissionError(
             f"refused before allocating: the plan needs {dev_need:,} bytes ({gib(dev_need)}) of device memory, "
@@ -112,34 +111,49 @@ def resolve_settings(settings):
         raise
 
 
-def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device: str | None = None,
-            settings=None, observer=None, parts=None, timings=None):
+def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, device=None,
+            settings=None, observer=None, parts=None, timings=None, digest=None, into=None):
     """Load `plan` onto the device. Returns a LoadedModel; raises a PlancError subclass on failure.
+
+    `device`: where the load goes. A name (`cuda`, `cuda:N`: that index of the process's device,
+    `seam.default_device()`), or a `seam.Device` (a `Gpu`, a `Simulator`, or a test's wrapper of
+    one: it owns the memory, streams, copies, launches and launch geometry of the load, at the
+    plan's device index); None: the plan's device on the process's device.
 
     `settings`: a `planc.settings.Settings`, or name -> value over the environment's
     (`{"host_reserve": "1GiB", "raw_launch": False, "kernel_dir": "/tmp/k"}`), resolved once here and
-    in force for this call only (this thread, and the threads the load starts). `observer`: called
+    in force for this call only (this thread, and the threads the load starts). `digest`: a digest
+    file's path (or a read `planc.digest.Digest`) that every byte read is hashed against as it passes
+    through the ring (`planc.digest`); a mismatch is a `DigestError` and no model. `into`: a
+    `reload.Into`, the device memory the load writes into instead of a new arena. `observer`: called
     with each `events` record of the load. `parts`: the `parts.Parts` the pipeline is composed of
     (default: the real ones). `timings`: phases timed before this call (the API's compile), put
     in the report as they are."""
     from .. import settings as _settings
     from ..plan import checked
 
+    from . import seam
+
     plan = checked(plan)  # a Plan edited or built by the caller goes through the plan file's checks
     s = resolve_settings(settings)
-    with _settings.using(s):
-        return _execute(plan, progress=progress, verify=verify, device=device, settings=s, observer=observer,
-                        parts=parts, before=timings or {})
+    if device is None or isinstance(device, str):
+        dev, name = seam.default_device(), device
+    else:
+        dev, name = device, None
+    with _settings.using(s), seam.using(dev):
+        return _execute(plan, progress=progress, verify=verify, device=name, dev=dev, settings=s,
+                        observer=observer, parts=parts, before=timings or {}, digest=digest, into=into)
 
 
-def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, settings, observer, parts, before):
+def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, dev, settings, observer, parts,
+             before, digest=None, into=None):
     from . import launch
     from .events import LoadEnded, Step, fanout
     from .loader import Pipeline, new_counters, new_timings
     from .memory import hwm_bytes, reset_hwm, rss_bytes
     from .model import DeviceTensor, LoadedModel
     from .records import build_report
-    from .seam import device as the_device, memory_info, release, select, settle_released, simulated
+    from .seam import release, select, settle_released
 
     t_call = time.perf_counter()
     if not plan.fits:
@@ -148,18 +162,22 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     from . import parts as _parts
 
     parts = parts or _parts.DEFAULT
+    if into is not None:
+        import dataclasses
+
+        parts = dataclasses.replace(parts, regions=into.regions)
     t_prep = time.perf_counter()
     settle_released()  # an earlier load's ring is unpinned before this one measures and admits
     check_fingerprints(plan)
     check_against_headers(plan)
+    verifier = _verifier(plan, digest)
     dev_name = plan.device if device is None else _device_arg(device)
-    idx = select(dev_name)  # attaches to the device's primary context (made here if no one made it yet)
-    room, _ = admit_live(plan, parts.live_room(settings.host_reserve))
+    idx = select(dev_name)  # on `dev`, in force: attaches to its primary context (made here if no one made it yet)
+    room, _ = admit_live(plan, parts.live_room(settings.host_reserve), dev, into.arena_bytes if into is not None else 0)
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()
-    free_before = memory_info()
-    kernel_code = launch.stats()
-    dev = the_device()
+    free_before = dev.memory_info()
+    kernel_code = dev.kernel_stats()
     counters, timings = new_counters(), new_timings()
     timings["prepare"] = time.perf_counter() - t_prep
     bar = _progress(plan) if progress else None
@@ -173,6 +191,10 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             regions = parts.regions(plan, dev, stream, counters, timings, observer)
             warmer = parts.warmer(plan)
             reader = parts.reader(plan)
+            if verifier is not None:
+                from .digestread import DigestReader
+
+                reader = DigestReader(reader, verifier)
             pool = parts.pool(plan)
             regions.pin_ring()
             kernels = parts.kernels(plan, dev, stream, regions, warmer, counters, timings, observer)
@@ -186,7 +208,8 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             if bar:
                 bar[0].start()
             pipeline.run()
-            free_alloc = memory_info()  # arena, landing and staging all still held
+            digested = verifier.finish() if verifier is not None else None
+            free_alloc = dev.memory_info()  # arena, landing and staging all still held
         finally:
             if bar:
                 bar[0].stop()
@@ -223,7 +246,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     if verify:
         from .verify import verify_model
 
-        unchecked = LoadedModel(tensors, None, arena, simulated())
+        unchecked = LoadedModel(tensors, None, arena, dev.simulated)
         try:
             checked = verify_model(plan, unchecked)
         except BaseException:
@@ -234,18 +257,35 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     if before:  # the phases before this call, and this call's own time next to them
         timings.update(before)
         timings["execute"] = time.perf_counter() - t_call
-    report = build_report(plan, device=dev_name, simulator=simulated(), counters=counters, timings=timings,
+    report = build_report(plan, device=dev_name, simulator=dev.simulated, counters=counters, timings=timings,
                           wall=wall, reader=reader, pinned_by=dev.pin_method(), base_rss=base_rss, hwm=hwm,
                           hwm_reset=hwm_reset, rss_after=rss_after, free_before=free_before, free_alloc=free_alloc,
-                          live_room_bytes=room.room_bytes, kernel_code=launch.since(kernel_code), verify=checked)
+                          live_room_bytes=room.room_bytes, kernel_code=launch.since(kernel_code, dev.kernel_stats()),
+                          verify=checked, digest=digested)
     observer(LoadEnded(True, start=t0))
     return LoadedModel(tensors, report, arena, report.simulator)
+
+
+def _verifier(plan, digest):
+    """The load's `planc.digest.Verifier` (None without `digest`), its files' fingerprints checked."""
+    if digest is None or digest is False:
+        return None
+    from ..digest import Digest, Verifier, default_path, read_digest
+
+    if digest is True:
+        digest = default_path(plan.checkpoint.source, plan.checkpoint.root)
+    d = digest if isinstance(digest, Digest) else read_digest(digest)
+    v = Verifier(plan, d)
+    v.check_files()
+    return v
 
 
 def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool = True) -> None:
     """Stop and release every part of a load that was built (None: not built), also after a failure;
     a failed load (`full`) drops its arena too. A finished load keeps its arena: `take_arena` has
     handed it over."""
+    if reader is not None and hasattr(reader, "abort"):  # a digest-verified read waiting for an earlier one
+        reader.abort()
     if regions is not None:
         regions.stop()
     if kernels is not None:

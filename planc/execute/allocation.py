@@ -123,7 +123,7 @@ class Regions:
         job.wait()
         zero = self.plan.layout.zero
         if zero:
-            self.counters["kernels"] += dispatch.zero(self.arena, zero, self.stream)
+            self.counters["kernels"] += dispatch.zero(self.arena, zero, self.stream, dev=self.dev)
         self.timings["wait_device"] = time.perf_counter() - t0
 
     def dst(self, space: str, r, off: int, n: int):

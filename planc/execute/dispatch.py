@@ -1,9 +1,10 @@
 """Kernel launchers: sizes and alignment checked, the launch geometry chosen, each launch named.
 
-Input: flat uint8 device arrays of the process's device (`seam.device()`: slices of an arena are
-fine) and explicit sizes. Output: one launch through `planc.execute.launch.go`, by the kernel's
-stable name (`planc.execute.signatures`), which on a GPU runs the machine code shipped with the
-package. The kernels' source is `planc.execute.kernels` and `planc.execute.scatter`; this module
+Input: flat uint8 device arrays of a device (`dev`, a `seam.Device`; None: the device in force,
+`seam.device()`; slices of an arena are fine) and explicit sizes. Output: one launch through
+`dev.launch`, by the kernel's stable name (`planc.execute.signatures`), on the grid the device
+chooses (`dev.grid`, `planc.execute.geometry`); on a GPU it runs the machine code shipped with
+the package. The kernels' source is `planc.execute.kernels` and `planc.execute.scatter`; this module
 imports neither, nor numba.
 
 * `convert`: F32 / F16 / BF16 to each other (BF16 <-> F16 may run in place);
@@ -12,9 +13,7 @@ imports neither, nor numba.
 * `scatter`: one staged request's segments to their arena places (the table from `scatter_table`);
 * `zero`: zero-fill of arena regions (tensor-parallel padding).
 
-The `launch_*` functions take arrays already viewed with the element type of the kernel. Under
-the simulator every simulated thread is a Python thread, so launches use one or two small blocks
-and the kernels' grid-stride loops cover the rest.
+The `launch_*` functions take arrays already viewed with the element type of the kernel.
 """
 
 from __future__ import annotations
@@ -24,121 +23,71 @@ import threading
 import numpy as np
 
 from ..dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
-from . import launch, seam
+from . import seam
+from .geometry import cdiv
 from .refconv import fp8_table
 from .signatures import CONVERT_KERNEL
 
-_THREADS_1D = 256  # threads per block on a GPU
-_BLOCK_2D = (32, 8)  # dequantization and transpose blocks on a GPU (x along the contiguous axis)
-_BLOCKS_PER_SM = 32  # grid cap: this many blocks per multiprocessor
-_DEFAULT_SMS = 132  # H100 / H200, when the device cannot be asked
-_SIM_THREADS_1D = 32
-_SIM_BLOCKS_1D = 2
-_SIM_BLOCK_DEQUANT = (8, 4)
-_SIM_GRID_DEQUANT = (2, 1)
-_SIM_BLOCK_TRANSPOSE = (32, 4)
-_SIM_GRID_TRANSPOSE = (2, 2)
-_TILE = 32  # the transpose kernel's tile edge
-_SCATTER_THREADS, _SIM_SCATTER_THREADS = 256, 32
-# Blocks one scatter launch aims for (132 multiprocessors on an H100 / H200, four blocks each).
-SCATTER_BLOCKS = 528
-
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_cdiv = cdiv
 
 
-def simulated() -> bool:
-    return seam.simulated()
+def _dev(dev):
+    return seam.device() if dev is None else dev
 
 
-# -- launch geometry ------------------------------------------------------------------------------
-
-_max_blocks_cache: list[int] = []
-
-
-def _max_blocks() -> int:
-    if not _max_blocks_cache:
-        try:
-            sms = int(seam.device().sm_count())
-        except Exception:  # noqa: BLE001 - the device cannot be asked: the H200's count
-            sms = _DEFAULT_SMS
-        _max_blocks_cache.append(max(1, sms) * _BLOCKS_PER_SM)
-    return _max_blocks_cache[0]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def grid_1d(n: int) -> tuple[int, int]:
-    """(blocks, threads) for a 1-D grid-stride launch over n > 0 elements."""
-    if simulated():
-        return min(_SIM_BLOCKS_1D, _cdiv(n, _SIM_THREADS_1D)), _SIM_THREADS_1D
-    return min(_cdiv(n, _THREADS_1D), _max_blocks()), _THREADS_1D
-
-
-def grid_2d(rows: int, cols: int, per_block: tuple[int, int]) -> tuple[int, int]:
-    """(grid x, grid y) covering [rows, cols] with per_block (columns, rows) a block, capped."""
-    cap = _max_blocks()
-    gx = min(_cdiv(cols, per_block[0]), cap)
-    gy = min(_cdiv(rows, per_block[1]), max(1, cap // gx), 65535)
-    return gx, gy
+def grid_1d(n: int, dev=None) -> tuple[int, int]:
+    """(blocks, threads) for a 1-D grid-stride launch over n > 0 elements on `dev` (None: the
+    device in force)."""
+    return _dev(dev).grid.map(n)
 
 
 # -- launchers: arrays already viewed with the kernel's element type ------------------------------
 
-def launch_map(name: str, src, dst, n: int, stream=0) -> None:
+def launch_map(name: str, src, dst, n: int, stream=0, dev=None) -> None:
     """One elementwise kernel `name` (`f32_to_bf16`, `bf16_to_f16`, `copy`, ...) over `n` elements of
     arrays already viewed with its element types; the 16-bit conversions may run in place."""
     if n <= 0:
         return
-    blocks, threads = grid_1d(n)
-    launch.go(name, blocks, threads, stream, src, dst, n)
+    dev = _dev(dev)
+    blocks, threads = dev.grid.map(n)
+    dev.launch(name, blocks, threads, stream, src, dst, n)
 
 
 def launch_dequant_fp8(
-    w_u8, scale_f32, table_f32, out, out_dtype: str, rows: int, cols: int, block: int, stream=0
+    w_u8, scale_f32, table_f32, out, out_dtype: str, rows: int, cols: int, block: int, stream=0, dev=None
 ) -> None:
     """out: uint16 for BF16/F16, uint32 for F32; table_f32: the 256-entry decode table."""
     if rows <= 0 or cols <= 0:
         return
-    if simulated():
-        grid, threads = _SIM_GRID_DEQUANT, _SIM_BLOCK_DEQUANT
-    else:
-        threads = _BLOCK_2D
-        grid = grid_2d(rows, cols, (_BLOCK_2D[0], _BLOCK_2D[1] * 4))  # 4 rows a thread
+    dev = _dev(dev)
+    grid, threads = dev.grid.dequant(rows, cols)
     scols = _cdiv(cols, block)
-    launch.go(f"dequant_{out_dtype}", grid, threads, stream, w_u8, scale_f32, table_f32, out, rows, cols, block,
-              scols)
+    dev.launch(f"dequant_{out_dtype}", grid, threads, stream, w_u8, scale_f32, table_f32, out, rows, cols, block,
+               scols)
 
 
-def launch_transpose(src, dst, rows: int, cols: int, stream=0) -> None:
+def launch_transpose(src, dst, rows: int, cols: int, stream=0, dev=None) -> None:
     """src, dst: uint8, uint16, uint32 or uint64 arrays of rows * cols elements."""
     if rows <= 0 or cols <= 0:
         return
-    if simulated():
-        threads = _SIM_BLOCK_TRANSPOSE
-        grid = (
-            min(_SIM_GRID_TRANSPOSE[0], _cdiv(cols, _TILE)),
-            min(_SIM_GRID_TRANSPOSE[1], _cdiv(rows, _TILE)),
-        )
-    else:
-        threads = _BLOCK_2D
-        grid = grid_2d(rows, cols, (_TILE, _TILE))
+    dev = _dev(dev)
+    grid, threads = dev.grid.transpose(rows, cols)
     size = np.dtype(src.dtype).itemsize
-    launch.go(f"transpose_{size}", grid, threads, stream, src, dst, rows, cols)
+    dev.launch(f"transpose_{size}", grid, threads, stream, src, dst, rows, cols)
 
 
 # -- FP8 decode tables, one device copy per (dtype, device), made on first use ---------------------
 
-_tables: dict[tuple[str, int, bool], object] = {}
+_tables: dict[tuple[str, int, bool], object] = {}  # (dtype, device index, whether device memory is host memory)
 _tables_lock = threading.Lock()
 
 
-def fp8_device_table(fp8_dtype: str):
-    """The device copy of the 256-entry float32 decode table of `fp8_dtype`."""
-    dev = seam.device()
-    key = (fp8_dtype, dev.current_device(), dev.simulated)
+def fp8_device_table(fp8_dtype: str, dev=None):
+    """The device copy of the 256-entry float32 decode table of `fp8_dtype` on `dev`."""
+    dev = _dev(dev)
+    key = (fp8_dtype, dev.current_device(), dev.memory_is_host)
     with _tables_lock:
         table = _tables.get(key)
         if table is None:
@@ -174,7 +123,7 @@ def _check_apart(pa: int, a_bytes: int, pb: int, b_bytes: int, what: str) -> Non
         raise ValueError(f"{what}: source and destination overlap")
 
 
-def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0) -> None:
+def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0, dev=None) -> None:
     """Convert `numel` floats between F32, F16 and BF16 (safetensors spellings).
 
     `src_u8` and `dst_u8` are flat uint8 device arrays holding at least the bytes needed, aligned
@@ -197,11 +146,11 @@ def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0
     else:
         _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
     name = "copy" if src_dtype == dst_dtype else CONVERT_KERNEL[(src_dtype, dst_dtype)]
-    launch_map(name, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream)
+    launch_map(name, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream, dev)
 
 
 def dequantize_fp8(w_u8, scale_u8, out_u8, fp8_dtype: str, out_dtype: str, rows: int, cols: int,
-                   block: int = 128, stream=0) -> None:
+                   block: int = 128, stream=0, dev=None) -> None:
     """Dequantize a row-major [rows, cols] FP8 matrix with float32 scales of one per block.
 
     `scale_u8` holds float32 [ceil(rows / block), ceil(cols / block)], row-major; the result,
@@ -223,11 +172,11 @@ def dequantize_fp8(w_u8, scale_u8, out_u8, fp8_dtype: str, out_dtype: str, rows:
     out, po = _bytes(out_u8, n * o_size, "output", o_size)
     _check_apart(pw, n, po, n * o_size, "dequantize_fp8 weight/output")
     _check_apart(ps, n_scale * 4, po, n * o_size, "dequantize_fp8 scale/output")
-    launch_dequant_fp8(w, sc.view(np.float32), fp8_device_table(fp8_dtype), out.view(_UINT[o_size]), out_dtype,
-                       rows, cols, block, stream)
+    launch_dequant_fp8(w, sc.view(np.float32), fp8_device_table(fp8_dtype, dev), out.view(_UINT[o_size]), out_dtype,
+                       rows, cols, block, stream, dev)
 
 
-def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0) -> None:
+def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0, dev=None) -> None:
     """Write the [cols, rows] transpose of the row-major [rows, cols] matrix in `src_u8`.
 
     Elements of 1, 2, 4 or 8 bytes; source and destination must not overlap.
@@ -242,7 +191,7 @@ def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0) -
     src, ps = _bytes(src_u8, nbytes, "source", itemsize)
     dst, pd = _bytes(dst_u8, nbytes, "destination", itemsize)
     _check_apart(ps, nbytes, pd, nbytes, "transpose2d")
-    launch_transpose(src.view(_UINT[itemsize]), dst.view(_UINT[itemsize]), rows, cols, stream)
+    launch_transpose(src.view(_UINT[itemsize]), dst.view(_UINT[itemsize]), rows, cols, stream, dev)
 
 
 # -- scatter and zero-fill ------------------------------------------------------------------------
@@ -265,18 +214,14 @@ def scatter_table(plan) -> tuple[np.ndarray, dict]:
     return table, where
 
 
-def scatter_grid(nseg: int, longest: int) -> tuple[int, int]:
-    """(segments, blocks per segment) of one scatter launch: the blocks follow the bytes, not the
-    segments. A request of four 4 MiB pieces on four blocks moved a few GB/s while the stream's
-    copies waited behind it; split over `SCATTER_BLOCKS` blocks it keeps every multiprocessor busy."""
-    if simulated():
-        return min(2, nseg), min(2, max(1, -(-longest // _SIM_SCATTER_THREADS)))
-    gx = min(nseg, 65535)
-    per = max(1, min(-(-SCATTER_BLOCKS // gx), -(-longest // _SCATTER_THREADS), 65535))
-    return gx, per
+def scatter_grid(nseg: int, longest: int, dev=None) -> tuple[int, int]:
+    """(segments, blocks per segment) of one scatter launch on `dev` (`geometry.GpuGrid.scatter`:
+    on a GPU the blocks follow the bytes, not the segments)."""
+    return _dev(dev).grid.scatter(nseg, longest)[0]
 
 
-def scatter(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, stream, longest: int = 1) -> None:
+def scatter(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, stream, longest: int = 1,
+            dev=None) -> None:
     """Move segments [first, last) of the table from the staging slot to the arena (`longest`: the
     most elements one of them moves, which sets the blocks each gets)."""
     if last <= first:
@@ -285,19 +230,19 @@ def scatter(staging_u8, arena_u8, table_dev, first: int, last: int, width: int, 
     # scattered copy lies in its width-aligned prefix (the plan codec checks offsets and lengths).
     src = staging_u8[:len(staging_u8) // width * width].view(_UINT[width])
     dst = arena_u8[:len(arena_u8) // width * width].view(_UINT[width])
-    threads = _SIM_SCATTER_THREADS if simulated() else _SCATTER_THREADS
-    launch.go(f"scatter_{width}", scatter_grid(last - first, longest), threads, stream, src, dst, table_dev, first, last)
+    dev = _dev(dev)
+    grid, threads = dev.grid.scatter(last - first, longest)
+    dev.launch(f"scatter_{width}", grid, threads, stream, src, dst, table_dev, first, last)
 
 
-def zero(arena_u8, regions, stream) -> int:
+def zero(arena_u8, regions, stream, dev=None) -> int:
     """Zero-fill (offset, bytes) regions of the arena: the padding of uneven tensor-parallel splits.
     Returns the kernels launched (one per non-empty region)."""
-    launched = 0
+    launched, dev = 0, _dev(dev)
     for off, n in regions:
         if n <= 0:
             continue
-        blocks, threads = ((2, _SIM_SCATTER_THREADS) if simulated()
-                           else (min(1024, -(-n // _SCATTER_THREADS)), _SCATTER_THREADS))
-        launch.go("zero", blocks, threads, stream, arena_u8[off:off + n], n)
+        blocks, threads = dev.grid.zero(n)
+        dev.launch("zero", blocks, threads, stream, arena_u8[off:off + n], n)
         launched += 1
     return launched

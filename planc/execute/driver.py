@@ -173,20 +173,21 @@ def make_current(idx: int) -> None:
     _selected[0] = idx
 
 
-def ensure_context() -> int:
+def ensure_context(cu=None) -> int:
     """This thread's current context; a thread that has none gets the primary context of the device
     the process selected last (device 0 before any selection). The runtime API would give such a
-    thread device 0; here a helper thread of a load on cuda:1 works on cuda:1 without being told."""
-    ctx = current_context()
+    thread device 0; here a helper thread of a load on cuda:1 works on cuda:1 without being told.
+    `cu`: the driver library to ask (None: libcuda, `lib()`; a test passes a stand-in)."""
+    ctx = current_context(cu)
     if not ctx:
         ctx = primary_context(_selected[0])
         check(lib().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     return ctx
 
 
-def current_context() -> int:
+def current_context(cu=None) -> int:
     h = _vp()
-    check(lib().cuCtxGetCurrent(ctypes.byref(h)), "cuCtxGetCurrent")
+    check((cu or lib()).cuCtxGetCurrent(ctypes.byref(h)), "cuCtxGetCurrent", cu)
     return int(h.value or 0)
 
 
@@ -223,11 +224,11 @@ def memory_info() -> tuple[int, int]:
 class _Current:
     """Within: `ctx` is this thread's current context (pushed only when it is not already)."""
 
-    def __init__(self, ctx: int):
-        self.ctx, self.pushed = ctx, False
+    def __init__(self, ctx: int, cu=None):
+        self.ctx, self.pushed, self.cu = ctx, False, cu
 
     def __enter__(self):
-        if current_context() != self.ctx:
+        if current_context(self.cu) != self.ctx:
             check(lib().cuCtxPushCurrent_v2(self.ctx), "cuCtxPushCurrent")
             self.pushed = True
 
@@ -243,14 +244,18 @@ class _Owned:
     in that context, and so does the last reference going (`_give_back(ptr)` says how)."""
 
     __slots__ = ()
+    cu = None  # the driver library it came from (None: libcuda, `lib()`; a test's stand-in otherwise)
 
     def _give_back(self, ptr: int) -> None:
         raise NotImplementedError
 
+    def _lib(self):
+        return _lib if self.cu is None else self.cu
+
     def free(self) -> None:
         ptr, self.ptr = self.ptr, 0
-        if ptr and _lib is not None:
-            with _Current(self.ctx):
+        if ptr and self._lib() is not None:
+            with _Current(self.ctx, self.cu):
                 self._give_back(ptr)
 
     def __del__(self):
@@ -389,21 +394,22 @@ class PinnedMemory(_Owned):
     """One `cuMemHostAlloc` (page-locked, mapped into every context); numpy arrays made from it
     (`np.asarray`) hold it, and it is freed when the last of them goes."""
 
-    def __init__(self, nbytes: int):
-        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), ensure_context()
+    def __init__(self, nbytes: int, cu=None):
+        self.cu = cu
+        self.ptr, self.nbytes, self.ctx = 0, int(nbytes), ensure_context(cu)
         p = _vp()
-        rc = lib().cuMemHostAlloc(ctypes.byref(p), max(1, self.nbytes), 0)
+        rc = (cu or lib()).cuMemHostAlloc(ctypes.byref(p), max(1, self.nbytes), 0)
         if rc:
             from ..errors import ExecuteError
 
-            raise ExecuteError(f"cuMemHostAlloc of {self.nbytes:,} pinned bytes failed: {error_text(rc)}",
+            raise ExecuteError(f"cuMemHostAlloc of {self.nbytes:,} pinned bytes failed: {error_text(rc, cu)}",
                                code="cuda")
         self.ptr = int(p.value)
         self.__array_interface__ = {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
                                     "version": 3}
 
     def _give_back(self, ptr: int) -> None:
-        _lib.cuMemFreeHost(ptr)
+        self._lib().cuMemFreeHost(ptr)
 
 
 class RegisteredMemory(_Owned):
@@ -417,10 +423,11 @@ class RegisteredMemory(_Owned):
     drivers; the caller may fall back to `cuMemHostAlloc`), `host-memory` when the memory itself
     cannot be had (mapping, populating, or the driver out of memory). Nothing is left mapped."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, cu=None):
         from ..errors import ExecuteError
 
-        self.ptr, self.base, self.nbytes, self.ctx = 0, 0, int(nbytes), ensure_context()
+        self.cu = cu
+        self.ptr, self.base, self.nbytes, self.ctx = 0, 0, int(nbytes), ensure_context(cu)
         self.mapped = -(-max(1, self.nbytes) // _PAGE) * _PAGE
         self.base, self.length = _map_anonymous(self.mapped)
         try:
@@ -428,9 +435,9 @@ class RegisteredMemory(_Owned):
             if self.mapped >= _HUGE:
                 libc().madvise(_vp(ptr), _sz(self.mapped // _HUGE * _HUGE), _MADV_HUGEPAGE)
             _populate(ptr, self.mapped)
-            rc = lib().cuMemHostRegister_v2(_vp(ptr), self.mapped, 0)
+            rc = (cu or lib()).cuMemHostRegister_v2(_vp(ptr), self.mapped, 0)
             if rc:
-                raise ExecuteError(f"cuMemHostRegister of {self.nbytes:,} host bytes failed: {error_text(rc)}",
+                raise ExecuteError(f"cuMemHostRegister of {self.nbytes:,} host bytes failed: {error_text(rc, cu)}",
                                    code="host-memory" if rc == _OUT_OF_MEMORY else "pin-refused")
         except BaseException:
             self._unmap()
@@ -460,7 +467,7 @@ class RegisteredMemory(_Owned):
             libc().munmap(_vp(base), _sz(self.length))
 
     def _give_back(self, ptr: int) -> None:
-        _lib.cuMemHostUnregister(_vp(ptr))
+        self._lib().cuMemHostUnregister(_vp(ptr))
 
     def free(self) -> None:
         try:
@@ -510,12 +517,12 @@ def _map_anonymous(nbytes: int) -> tuple[int, int]:
     return int(p), length
 
 
-def pinned_array(nbytes: int, how: str = "register") -> np.ndarray:
+def pinned_array(nbytes: int, how: str = "register", cu=None) -> np.ndarray:
     """`nbytes` of page-locked host memory as a uint8 array: `register` (huge pages registered with
-    the driver, the default) or `alloc` (`cuMemHostAlloc`)."""
+    the driver, the default) or `alloc` (`cuMemHostAlloc`); `cu` as for `ensure_context`."""
     import numpy as np
 
-    return np.asarray(RegisteredMemory(nbytes) if how == "register" else PinnedMemory(nbytes))
+    return np.asarray(RegisteredMemory(nbytes, cu) if how == "register" else PinnedMemory(nbytes, cu))
 
 
 # -- streams and events ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from numba import cuda
 
 from planc.execute.kernels import CACHE, _ops, simulated
 
-if simulated():
+if simulated():  # the target numba compiles for: the simulator's libdevice calls return NaN
 
     @cuda.jit(device=True)
     def _mul_rn(a, b):
@@ -123,16 +123,16 @@ GGUF_KERNELS = {f"gguf_{t}_{o}": _kernel(v, b) for t, v in _VALUES.items() for o
 __all__ = ["GGUF_KERNELS"]
 
 
-def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0) -> None:
+def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0, dev=None) -> None:
     """Launch `gguf_{type_name}_{out_dtype}` over `numel` elements: `src_u8` the stored blocks (flat
     uint8 device array), `dst` a flat uint32 (F32) or uint16 (F16, BF16) device array of `numel`."""
-    from planc.execute import launch
-    from planc.execute.dispatch import grid_1d
+    from planc.execute import seam
 
     name = f"gguf_{type_name}_{out_dtype}"
     if name not in GGUF_KERNELS:
         raise ValueError(f"no GGUF dequantization kernel {name}")
     if numel <= 0:
         return
-    blocks, threads = grid_1d(numel)
-    launch.go(name, blocks, threads, stream, src_u8, dst, numel, kernel=GGUF_KERNELS[name])
+    dev = seam.device() if dev is None else dev
+    blocks, threads = dev.grid.map(numel)
+    dev.launch(name, blocks, threads, stream, src_u8, dst, numel, kernel=GGUF_KERNELS[name])

@@ -74,14 +74,15 @@ class KernelRuns:
         src = self.regions.dst(k.src_space, r, k.src_offset, max(1, numel * max(1, s_size)))
         dst = self.regions.arena[k.dst_offset:k.dst_offset + numel * d_size]
         if k.op == "convert":
-            dispatch.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.stream)
+            dispatch.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.stream, dev=self.dev)
         elif k.op == "dequantize":
             rows, cols, b = k.rows, k.cols, k.block
             n_scale = -(-rows // b) * -(-cols // b)
             scale = self.regions.dst("landing", r, k.scale_offset, n_scale * 4)
-            dispatch.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.stream)
+            dispatch.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.stream,
+                                    dev=self.dev)
         else:  # transpose (the codec admits no other op)
-            dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream)
+            dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream, dev=self.dev)
 
 
 def reads_landing(r) -> bool:
@@ -89,14 +90,16 @@ def reads_landing(r) -> bool:
     return any(k.src_space != "arena" or k.op == "dequantize" for k in r.kernels)
 
 
-def warm_kernels(plan):
+def warm_kernels(plan, dev=None):
     """Load the kernels the plan will launch, in a thread, while the first reads run.
 
     A kernel's first launch in a process loads its module (from the shipped machine code, a few
     milliseconds; compiled by numba where none fits, about half a second): done here on tiny arrays,
-    that overlaps the I/O instead of stalling the stream. Returns the thread.
+    that overlaps the I/O instead of stalling the stream (on a device that loads modules: not the
+    simulator). `dev`: the load's device (None: the device in force). Returns the thread, or None.
     """
-    if seam.simulated():
+    dev = seam.device() if dev is None else dev
+    if not dev.loads_kernels:
         return None
     need = set()
     for r in plan.runs:
@@ -114,34 +117,33 @@ def warm_kernels(plan):
 
     # The thread selects the load's device itself, whatever a new thread would default to; the
     # caller's context (the load's settings) goes with it.
-    t = threading.Thread(target=contextvars.copy_context().run, args=(_warm, seam.current_device(),
+    t = threading.Thread(target=contextvars.copy_context().run, args=(_warm, dev, dev.current_device(),
                                                                        sorted(need, key=str)),
                          name="planc-warm", daemon=True)
     t.start()
     return t
 
 
-def _warm(idx: int, need) -> None:
+def _warm(dev, idx: int, need) -> None:
     from ..dtypes import DTYPES
 
     try:
-        dev = seam.device()
         dev.select(idx)
         stream = dev.stream()
         buf = dev.device_bytes(64)
         out = dev.device_bytes(64)
         for op, a, b in need:
             if op == "convert":
-                dispatch.convert(buf, out if DTYPES[a].bits != DTYPES[b].bits else buf, a, b, 1, stream=stream)
+                dispatch.convert(buf, out if DTYPES[a].bits != DTYPES[b].bits else buf, a, b, 1, stream=stream, dev=dev)
             elif op == "dequantize":
-                dispatch.dequantize_fp8(buf[:8], buf[8:16], out, a, b, 1, 1, 128, stream=stream)
+                dispatch.dequantize_fp8(buf[:8], buf[8:16], out, a, b, 1, 1, 128, stream=stream, dev=dev)
             elif op == "transpose":
-                dispatch.transpose2d(buf, out, 1, 1, DTYPES[a].bits // 8, stream=stream)
+                dispatch.transpose2d(buf, out, 1, 1, DTYPES[a].bits // 8, stream=stream, dev=dev)
             elif op == "scatter":
                 table = dev.to_device(np.zeros((1, 3), np.int64))
-                dispatch.scatter(buf, out, table, 0, 1, a, stream, 1)
+                dispatch.scatter(buf, out, table, 0, 1, a, stream, 1, dev=dev)
             elif op == "zero":
-                dispatch.zero(out, [(0, 1)], stream)
+                dispatch.zero(out, [(0, 1)], stream, dev=dev)
         stream.synchronize()
     except Exception:  # noqa: BLE001 - warming is an optimization; the real launch reports errors
         pass

@@ -18,14 +18,16 @@ Only when a launch has no usable PTX (a signature not shipped, a device below th
 capability, a driver that refuses the PTX's ISA version, or an index built from other kernel
 sources) does it take the earlier path: numba compiles the kernel at its first launch, its cubin
 is written to `~/.cache/planc/kernels` (or `PLANC_KERNEL_DIR`), and later launches, in this process
-or the next, load that cubin. `stats()` counts each kind of load (`kernels_compiled` is the number
+or the next, load that cubin. `Launcher.stats()` counts each kind of load (`kernels_compiled` is the number
 of launches numba compiled) and says why each fallback happened.
 
 The cubin's file name hashes the kernel's name and signature, the device's compute capability,
 the numba-cuda version and the source of the kernel modules, so a changed kernel is compiled anew.
-Under the simulator and with `PLANC_RAW_LAUNCH=0` every launch goes through numba. Launches are
-named (`go(name, ...)`); the numba kernel behind a name is looked up, and numba imported, only when
-a launch goes through numba.
+With `PLANC_RAW_LAUNCH=0` every launch goes through numba; the simulator's launches never come here
+(`seam.Simulator.launch` runs numba's kernels as threads). Launches are named (`device.launch(name,
+...)`, on a GPU `Launcher.go`); the numba kernel behind a name is looked up, and numba imported,
+only when a launch goes through numba. The driver calls a launcher makes are an object
+(`DriverCalls`) it is given, so a test stands in for the driver without patching this module.
 """
 
 from __future__ import annotations
@@ -40,38 +42,33 @@ from pathlib import Path
 import numpy as np
 
 from .. import settings
-from . import driver, ptxindex, seam
+from . import driver, ptxindex
 
-_lock = threading.Lock()
-_functions: dict = {}  # (name, signature, context) -> CUfunction handle (int)
-_modules: list = []  # loaded modules stay for the process (a few KiB each)
-_given_up: set = set()  # (name, signature) whose cubin could not be written
-_compiled: set = set()  # (name, signature) launched through numba on a GPU: compiled in this process
-_bad_ptx: dict = {}  # (name, signature, cc) -> why the driver refused the shipped PTX
-_stats = {"kernels_from_shipped_cubin": 0, "kernels_from_ptx": 0, "kernels_from_cubin": 0, "kernels_compiled": 0}
-_fallbacks: list[str] = []  # why each compiled launch had no shipped PTX (in order)
 _dir: Path | None = None
 _salt: str | None = None
+_COUNTS = ("kernels_from_shipped_cubin", "kernels_from_ptx", "kernels_from_cubin", "kernels_compiled")
 
 
-def enabled() -> bool:
-    """Launch through the driver: on a GPU, unless PLANC_RAW_LAUNCH=0."""
-    return settings.raw_launch() and not seam.simulated()
+def enabled(dev=None) -> bool:
+    """Launch through the driver: on a device that loads kernel modules (a GPU, not the simulator;
+    `dev` None: the device in force), unless PLANC_RAW_LAUNCH=0."""
+    if dev is None:
+        from .seam import device
+
+        dev = device()
+    return settings.raw_launch() and dev.loads_kernels
 
 
-def stats() -> dict:
-    """Module loads in this process so far: from shipped PTX, from the cubin cache, compiled by numba
-    (with why each had no shipped PTX). `since` turns two snapshots into one load's counts."""
-    with _lock:
-        return {**_stats, "fallbacks": list(_fallbacks)}
-
-
-def since(before: dict) -> dict:
-    """The counts of `stats()` now, less those of the snapshot `before`."""
-    now = stats()
-    out = {k: now[k] - before.get(k, 0) for k in _stats}
+def since(before: dict, now: dict) -> dict:
+    """The counts of the `Launcher.stats()` snapshot `now`, less those of the snapshot `before`."""
+    out = {k: now[k] - before.get(k, 0) for k in _COUNTS}
     out["fallbacks"] = now["fallbacks"][len(before.get("fallbacks", [])):]
     return out
+
+
+def no_stats() -> dict:
+    """The counts of a device that loads no modules (the simulator runs numba's kernels as threads)."""
+    return {**dict.fromkeys(_COUNTS, 0), "fallbacks": []}
 
 
 def _cache_dir() -> Path | None:
@@ -140,19 +137,9 @@ def _dims(x) -> tuple[int, int, int]:
     return t[0], t[1], t[2]
 
 
-def _file(name: str, sig: tuple, cc: tuple) -> Path:
+def _file(folder: Path, name: str, sig: tuple, cc: tuple) -> Path:
     key = json.dumps([name, sig, list(cc), _source_salt()])
-    return _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".cubin")
-
-
-def _compute_capability() -> tuple:
-    return tuple(seam.device().compute_capability())
-
-
-def _context() -> int:
-    """This thread's current CUDA context (made current first where the thread has none, so that a
-    module load never fails for want of one): loaded modules belong to it."""
-    return driver.ensure_context()
+    return folder / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".cubin")
 
 
 def kernel_of(name: str):
@@ -166,8 +153,8 @@ _numba_streams: dict = {}
 
 
 def _numba_stream(stream):
-    """The stream as numba launches on it: the simulator's own, or numba's view of a driver stream."""
-    if stream == 0 or seam.simulated() or not hasattr(stream, "handle") or not isinstance(stream.handle, int):
+    """The stream as numba launches on it: numba's view of a driver stream."""
+    if stream == 0 or not hasattr(stream, "handle") or not isinstance(stream.handle, int):
         return stream
     s = _numba_streams.get(stream.handle)
     if s is None:
@@ -175,126 +162,6 @@ def _numba_stream(stream):
 
         s = _numba_streams[stream.handle] = cuda.external_stream(stream.handle)
     return s
-
-
-def _module_function(image: bytes, entry: str) -> tuple[int | None, int]:
-    """(CUfunction, 0) of `entry` in a PTX or cubin image, or (None, the failing CUresult)."""
-    cu = driver.lib()
-    mod, f = ctypes.c_void_p(), ctypes.c_void_p()
-    rc = cu.cuModuleLoadData(ctypes.byref(mod), image)
-    if rc == 0:
-        _modules.append(mod)
-        rc = cu.cuModuleGetFunction(ctypes.byref(f), mod, entry.encode())
-    return (int(f.value), 0) if rc == 0 else (None, rc)
-
-
-def _error_text(rc: int) -> str:
-    return driver.error_text(rc)
-
-
-def _load_shipped(name: str, sig: tuple, cc: tuple) -> tuple[int | None, str | None]:
-    """(the function from the shipped PTX, None), or (None, why it cannot serve this launch)."""
-    bad = _bad_ptx.get((name, sig, cc))
-    if bad:
-        return None, bad
-    e, why = ptxindex.choose(name, sig, cc)
-    if e is None:
-        return None, why
-    cubin = ptxindex.cubin_for(e, cc)
-    if cubin is not None:  # machine code built ahead for this capability: the driver compiles nothing
-        try:
-            fn, _rc = _module_function(cubin.read_bytes(), e.entry)
-        except OSError:
-            fn = None
-        if fn is not None:
-            _stats["kernels_from_shipped_cubin"] += 1
-            return fn, None
-    try:
-        image = ptxindex.path_of(e).read_bytes()
-    except OSError as err:
-        why = f"{name} {e.file}: shipped PTX unreadable ({err})"
-    else:
-        fn, rc = _module_function(image, e.entry)
-        if fn is not None:
-            _stats["kernels_from_ptx"] += 1
-            return fn, None
-        why = (f"{name} {e.file}: the driver refused PTX {e.ptx_version} for sm_{cc[0]}{cc[1]}: {_error_text(rc)}"
-               + (" (the driver is older than the NVVM that built it)" if rc == 222 else ""))
-    _bad_ptx[(name, sig, cc)] = why
-    return None, why
-
-
-def _load(name: str, sig: tuple) -> tuple[int | None, str | None]:
-    """(CUfunction for the launch, None), or (None, why there is no shipped PTX for it): from the
-    shipped PTX first, then from the cubin cache of an earlier numba compile."""
-    key = (name, sig, _context())
-    fn = _functions.get(key)
-    if fn is not None:
-        return fn, None
-    with _lock:
-        if key in _functions:
-            return _functions[key], None
-        cc = _compute_capability()
-        fn, why = _load_shipped(name, sig, cc)
-        if fn is not None:
-            _functions[key] = fn
-            return fn, None
-        if _cache_dir() is None:
-            return None, why
-        path = _file(name, sig, cc)
-        try:
-            meta = json.loads(path.with_suffix(".json").read_text())
-            image = path.read_bytes()
-        except (OSError, ValueError):
-            meta = None
-        if meta is not None:
-            fn, _rc = _module_function(image, str(meta.get("entry", "")))
-            if fn is None:
-                # A damaged or foreign file: dropped, so that numba compiles the kernel and writes it anew.
-                for p in (path, path.with_suffix(".json")):
-                    try:
-                        p.unlink()
-                    except OSError:
-                        pass
-                return None, why
-            _functions[key] = fn
-            _stats["kernels_from_cubin"] += 1
-            if (name, sig) not in _compiled:  # not this process's own compile, counted already
-                _fallbacks.append(f"{why}; loaded the cubin of an earlier compile")
-        return fn, why
-
-
-def _save(kernel, name: str, sig: tuple) -> bool:
-    """After numba launched `kernel`, write its cubin for `sig`; False when it could not (best
-    effort: a failure only means that launches of it go through numba)."""
-    if _cache_dir() is None:
-        return False
-    try:
-        cc = _compute_capability()
-        for types, ov in list(kernel.overloads.items()):
-            if _matches(types, sig):
-                lib = ov._codelibrary
-                if getattr(lib, "_setup_functions", None) or getattr(lib, "_teardown_functions", None):
-                    return False
-                obj = lib.get_cubin(cc=cc)  # bytes, or a cuda.core ObjectCode holding them
-                image = getattr(obj, "code", obj)
-                if not isinstance(image, (bytes, bytearray)):
-                    return False
-                entry = lib._entry_name
-                entry = (getattr(obj, "symbol_mapping", None) or {}).get(entry, entry)
-                path = _file(name, sig, cc)
-                ident = f".{os.getpid()}.{threading.get_ident()}.tmp"
-                tmp = path.with_suffix(ident)
-                tmp.write_bytes(bytes(image))
-                os.replace(tmp, path)
-                meta = path.with_suffix(".json")
-                tmp = meta.with_suffix(ident)
-                tmp.write_text(json.dumps({"entry": entry, "name": name, "signature": sig}))
-                os.replace(tmp, meta)
-                return True
-    except Exception:  # noqa: BLE001 - the cache is an optimization
-        return False
-    return False
 
 
 def _matches(types, sig: tuple) -> bool:
@@ -312,46 +179,209 @@ def _matches(types, sig: tuple) -> bool:
     return True
 
 
-def _raw_launch(fn: int, grid, block, stream, args) -> None:
-    vals = pack(args)
-    n = len(vals)
-    buf = (ctypes.c_uint64 * n)(*[v & 0xFFFFFFFFFFFFFFFF for v in vals])
-    base = ctypes.addressof(buf)
-    params = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
-    gx, gy, gz = _dims(grid)
-    bx, by, bz = _dims(block)
-    h = stream if isinstance(stream, int) else stream.handle
-    h = int(getattr(h, "value", h) or 0)  # a driver.Stream's int, or a numba stream's CUstream object
-    driver.check(driver.lib().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
+class DriverCalls:
+    """The driver calls a launch makes: the thread's context, module loads, the launch itself, the
+    argument signature and the cubin cache's folder (a test of the launcher passes a stand-in)."""
+
+    def context(self) -> int:
+        """This thread's current CUDA context (made current first where the thread has none, so that
+        a module load never fails for want of one): loaded modules belong to it."""
+        return driver.ensure_context()
+
+    def module_function(self, image: bytes, entry: str, keep: list) -> tuple[int | None, int]:
+        """(CUfunction, 0) of `entry` in a PTX or cubin image, or (None, the failing CUresult);
+        the loaded module goes into `keep` (modules stay for the process: a few KiB each)."""
+        cu = driver.lib()
+        mod, f = ctypes.c_void_p(), ctypes.c_void_p()
+        rc = cu.cuModuleLoadData(ctypes.byref(mod), image)
+        if rc == 0:
+            keep.append(mod)
+            rc = cu.cuModuleGetFunction(ctypes.byref(f), mod, entry.encode())
+        return (int(f.value), 0) if rc == 0 else (None, rc)
+
+    def error_text(self, rc: int) -> str:
+        return driver.error_text(rc)
+
+    def signature(self, args) -> tuple | None:
+        return signature(args)
+
+    def cache_dir(self) -> Path | None:
+        return _cache_dir()
+
+    def launch(self, fn: int, grid, block, stream, args) -> None:
+        vals = pack(args)
+        n = len(vals)
+        buf = (ctypes.c_uint64 * n)(*[v & 0xFFFFFFFFFFFFFFFF for v in vals])
+        base = ctypes.addressof(buf)
+        params = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+        gx, gy, gz = _dims(grid)
+        bx, by, bz = _dims(block)
+        h = stream if isinstance(stream, int) else stream.handle
+        h = int(getattr(h, "value", h) or 0)  # a driver.Stream's int, or a numba stream's CUstream object
+        driver.check(driver.lib().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
 
 
-def _count_compile(name: str, sig, why: str) -> None:
-    with _lock:
-        if (name, sig) not in _compiled:
-            _compiled.add((name, sig))
-            _stats["kernels_compiled"] += 1
-            _fallbacks.append(f"{why}; compiled by numba")
+class Launcher:
+    """A GPU's kernel launches by name: the loaded functions, what fell back to numba and why, and
+    the counts of each kind of module load (`stats`). `LAUNCHER` is the process's; `calls` are the
+    driver calls it makes (`DriverCalls`); `index`: a callable giving the shipped PTX's table as
+    `ptxindex.usable()` does (None: that)."""
 
+    def __init__(self, calls=None, index=None):
+        self.calls = DriverCalls() if calls is None else calls
+        self.index = ptxindex.usable if index is None else index
+        self.lock = threading.Lock()
+        self.functions: dict = {}  # (name, signature, context) -> CUfunction handle (int)
+        self.modules: list = []  # loaded modules stay for the process (a few KiB each)
+        self.given_up: set = set()  # (name, signature) whose cubin could not be written
+        self.compiled: set = set()  # (name, signature) launched through numba: compiled in this process
+        self.bad_ptx: dict = {}  # (name, signature, cc) -> why the driver refused the shipped PTX
+        self.counts = dict.fromkeys(_COUNTS, 0)
+        self.fallbacks: list[str] = []  # why each compiled launch had no shipped PTX (in order)
 
-def go(name: str, grid, block, stream, *args, kernel=None) -> None:
-    """Launch the kernel named `name` with `args` on `stream` (`kernel`: its numba kernel, when the
-    caller has it; looked up by name only if the launch goes through numba)."""
-    if enabled():
-        sig = signature(args)
-        if sig is None:
-            _count_compile(name, sig, f"{name}: an argument other than a C-contiguous array or an int")
-        elif (name, sig) not in _given_up:
-            fn, why = _load(name, sig)
+    def stats(self) -> dict:
+        """Module loads so far: from shipped PTX, from the cubin cache, compiled by numba (with why
+        each had no shipped PTX). `since` turns two snapshots into one load's counts."""
+        with self.lock:
+            return {**self.counts, "fallbacks": list(self.fallbacks)}
+
+    def _module_function(self, image: bytes, entry: str):
+        return self.calls.module_function(image, entry, self.modules)
+
+    def _load_shipped(self, name: str, sig: tuple, cc: tuple) -> tuple[int | None, str | None]:
+        """(the function from the shipped PTX, None), or (None, why it cannot serve this launch)."""
+        bad = self.bad_ptx.get((name, sig, cc))
+        if bad:
+            return None, bad
+        e, why = ptxindex.choose(name, sig, cc, self.index())
+        if e is None:
+            return None, why
+        cubin = ptxindex.cubin_for(e, cc)
+        if cubin is not None:  # machine code built ahead for this capability: the driver compiles nothing
+            try:
+                fn, _rc = self._module_function(cubin.read_bytes(), e.entry)
+            except OSError:
+                fn = None
             if fn is not None:
-                _raw_launch(fn, grid, block, stream, args)
+                self.counts["kernels_from_shipped_cubin"] += 1
+                return fn, None
+        try:
+            image = ptxindex.path_of(e).read_bytes()
+        except OSError as err:
+            why = f"{name} {e.file}: shipped PTX unreadable ({err})"
+        else:
+            fn, rc = self._module_function(image, e.entry)
+            if fn is not None:
+                self.counts["kernels_from_ptx"] += 1
+                return fn, None
+            why = (f"{name} {e.file}: the driver refused PTX {e.ptx_version} for sm_{cc[0]}{cc[1]}: "
+                   f"{self.calls.error_text(rc)}"
+                   + (" (the driver is older than the NVVM that built it)" if rc == 222 else ""))
+        self.bad_ptx[(name, sig, cc)] = why
+        return None, why
+
+    def load(self, dev, name: str, sig: tuple) -> tuple[int | None, str | None]:
+        """(CUfunction for the launch on `dev`, None), or (None, why there is no shipped PTX for it):
+        from the shipped PTX first, then from the cubin cache of an earlier numba compile."""
+        key = (name, sig, self.calls.context())
+        fn = self.functions.get(key)
+        if fn is not None:
+            return fn, None
+        with self.lock:
+            if key in self.functions:
+                return self.functions[key], None
+            cc = tuple(dev.compute_capability())
+            fn, why = self._load_shipped(name, sig, cc)
+            if fn is not None:
+                self.functions[key] = fn
+                return fn, None
+            folder = self.calls.cache_dir()
+            if folder is None:
+                return None, why
+            path = _file(folder, name, sig, cc)
+            try:
+                meta = json.loads(path.with_suffix(".json").read_text())
+                image = path.read_bytes()
+            except (OSError, ValueError):
+                meta = None
+            if meta is not None:
+                fn, _rc = self._module_function(image, str(meta.get("entry", "")))
+                if fn is None:
+                    # A damaged or foreign file: dropped, so that numba compiles the kernel and writes it anew.
+                    for p in (path, path.with_suffix(".json")):
+                        try:
+                            p.unlink()
+                        except OSError:
+                            pass
+                    return None, why
+                self.functions[key] = fn
+                self.counts["kernels_from_cubin"] += 1
+                if (name, sig) not in self.compiled:  # not this process's own compile, counted already
+                    self.fallbacks.append(f"{why}; loaded the cubin of an earlier compile")
+            return fn, why
+
+    def _save(self, dev, kernel, name: str, sig: tuple) -> bool:
+        """After numba launched `kernel`, write its cubin for `sig`; False when it could not (best
+        effort: a failure only means that launches of it go through numba)."""
+        folder = self.calls.cache_dir()
+        if folder is None:
+            return False
+        try:
+            cc = tuple(dev.compute_capability())
+            for types, ov in list(kernel.overloads.items()):
+                if _matches(types, sig):
+                    lib = ov._codelibrary
+                    if getattr(lib, "_setup_functions", None) or getattr(lib, "_teardown_functions", None):
+                        return False
+                    obj = lib.get_cubin(cc=cc)  # bytes, or a cuda.core ObjectCode holding them
+                    image = getattr(obj, "code", obj)
+                    if not isinstance(image, (bytes, bytearray)):
+                        return False
+                    entry = lib._entry_name
+                    entry = (getattr(obj, "symbol_mapping", None) or {}).get(entry, entry)
+                    path = _file(folder, name, sig, cc)
+                    ident = f".{os.getpid()}.{threading.get_ident()}.tmp"
+                    tmp = path.with_suffix(ident)
+                    tmp.write_bytes(bytes(image))
+                    os.replace(tmp, path)
+                    meta = path.with_suffix(".json")
+                    tmp = meta.with_suffix(ident)
+                    tmp.write_text(json.dumps({"entry": entry, "name": name, "signature": sig}))
+                    os.replace(tmp, meta)
+                    return True
+        except Exception:  # noqa: BLE001 - the cache is an optimization
+            return False
+        return False
+
+    def _count_compile(self, name: str, sig, why: str) -> None:
+        with self.lock:
+            if (name, sig) not in self.compiled:
+                self.compiled.add((name, sig))
+                self.counts["kernels_compiled"] += 1
+                self.fallbacks.append(f"{why}; compiled by numba")
+
+    def go(self, dev, name: str, grid, block, stream, *args, kernel=None) -> None:
+        """Launch the kernel named `name` with `args` on `stream` of GPU `dev` (`kernel`: its numba
+        kernel, when the caller has it; looked up by name only if the launch goes through numba)."""
+        if enabled(dev):
+            sig = self.calls.signature(args)
+            if sig is None:
+                self._count_compile(name, sig, f"{name}: an argument other than a C-contiguous array or an int")
+            elif (name, sig) not in self.given_up:
+                fn, why = self.load(dev, name, sig)
+                if fn is not None:
+                    self.calls.launch(fn, grid, block, stream, args)
+                    return
+                self._count_compile(name, sig, why)
+                kernel = kernel or kernel_of(name)
+                kernel[grid, block, _numba_stream(stream)](*args)
+                if not self._save(dev, kernel, name, sig):
+                    self.given_up.add((name, sig))  # numba launches this one from now on, without asking the disk
                 return
-            _count_compile(name, sig, why)
-            kernel = kernel or kernel_of(name)
-            kernel[grid, block, _numba_stream(stream)](*args)
-            if not _save(kernel, name, sig):
-                _given_up.add((name, sig))  # numba launches this one from now on, without asking the disk
-            return
-    elif not seam.simulated():
-        _count_compile(name, signature(args), f"{name}: PLANC_RAW_LAUNCH=0")
-    kernel = kernel or kernel_of(name)
-    kernel[grid, block, _numba_stream(stream)](*args)
+        else:
+            self._count_compile(name, self.calls.signature(args), f"{name}: PLANC_RAW_LAUNCH=0")
+        kernel = kernel or kernel_of(name)
+        kernel[grid, block, _numba_stream(stream)](*args)
+
+
+LAUNCHER = Launcher()

@@ -200,7 +200,7 @@ class Pipeline:
             first, last, longest = g.scatter_rows[(r.index, qi)]
             self.kernels.join_warmer()
             dispatch.scatter(g.staging[base:base + needed], g.arena, g.table, first, last, req.width,
-                             self.stream, longest)
+                             self.stream, longest, dev=self.dev)
             self.counters["copies"] += 1
             self.counters["kernels"] += 1
             moved = sum(c.nbytes for c in req.copies)

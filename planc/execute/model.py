@@ -28,11 +28,29 @@ def storage_dtype(name: str) -> np.dtype:
     return np.dtype(_STORAGE[d.itemsize])
 
 
+class State:
+    """Shared by a model and its tensors: `torn` is why the bytes cannot be trusted (a reload that
+    failed after it began writing), else None."""
+
+    __slots__ = ("torn",)
+
+    def __init__(self):
+        self.torn = None
+
+    def check(self, what: str) -> None:
+        if self.torn is not None:
+            from ..errors import TornModelError
+
+            raise TornModelError(f"{what}: the model is torn ({self.torn}); its bytes mix two checkpoints. "
+                                 f"Reload it (LoadedModel.reload) before reading", code="torn")
+
+
 class DeviceTensor:
     def __init__(self, name: str, dtype: str, shape: tuple, offset: int, nbytes: int, arena, device_index: int):
         self.name, self.dtype, self.shape, self.offset_bytes, self.nbytes = name, dtype, tuple(shape), offset, nbytes
         self._arena = arena
         self.device_index = device_index
+        self._state = State()
 
     @property
     def storage(self) -> np.dtype:
@@ -41,20 +59,21 @@ class DeviceTensor:
     @property
     def raw(self):
         """The tensor's bytes: a uint8 device array view."""
+        self._state.check(self.name)
         return self._arena[self.offset_bytes:self.offset_bytes + self.nbytes]
 
     @property
     def array(self):
         """A device array of the storage dtype, shaped (bfloat16 and FP8 as unsigned ints)."""
         n = math.prod(self.shape)
-        if n == 0 and seam.simulated():  # the simulator's arrays cannot view zero bytes
-            from numba import cuda
-
-            return cuda.device_array(self.shape, dtype=self.storage)
+        dev = seam.device()
+        if n == 0 and not dev.views_empty:  # the simulator's arrays cannot view zero bytes
+            return dev.empty(self.shape, self.storage)
         return self.raw.view(self.storage).reshape(self.shape)
 
     @property
     def __cuda_array_interface__(self) -> dict:
+        self._state.check(self.name)
         ptr = seam.device_pointer(self._arena) + self.offset_bytes if self.nbytes else 0
         return {"shape": self.shape, "typestr": self.storage.str, "data": (ptr, False), "version": 3,
                 "strides": None, "stream": None}
@@ -70,6 +89,7 @@ class DeviceTensor:
 
     def to_host(self) -> np.ndarray:
         """Copy back to the host in the true dtype (ml_dtypes for bfloat16/FP8)."""
+        self._state.check(self.name)
         raw = self.raw.copy_to_host() if self.nbytes else np.zeros(0, np.uint8)
         d = DTYPES[self.dtype].numpy
         return raw.view(d).reshape(self.shape) if d is not None else raw
@@ -81,13 +101,33 @@ class DeviceTensor:
 class LoadedModel:
     """The loaded tensors (a mapping) and the measured report (`records.Report`, typed and immutable).
     `simulated`: whether the tensors live in the CUDA simulator (host memory standing in for the
-    device). `free()` releases the device memory."""
+    device). `free()` releases the device memory. `reload(target)` writes another checkpoint of the
+    same layout into the same memory (docs/reload.md); `torn` says why a failed reload left the
+    bytes unusable (None: they are a checkpoint's)."""
 
     def __init__(self, tensors: dict, report, arena, simulated: bool):
         self.tensors = tensors
         self.report = report
         self.simulated = simulated
         self._arena = arena
+        self._state = State()
+        for t in tensors.values():
+            t._state = self._state
+
+    @property
+    def torn(self) -> str | None:
+        return self._state.torn
+
+    def reload(self, target, *, rank: int | None = None, device: str | None = None, verify: bool = False,
+               digest=None, settings=None):
+        """Load `target` (a spec, a plan file or a `Plan` of a checkpoint with this model's layout)
+        into this model's device memory: every tensor keeps its address. The layout is checked
+        first (`ReloadError`, nothing written); a failure after writing began leaves the model
+        torn (reads raise `TornModelError`) until a reload succeeds. Returns the load's report
+        (also `self.report`). `digest`: verify every byte against a digest file (`planc.digest`)."""
+        from .reload import reload_model
+
+        return reload_model(self, target, rank=rank, device=device, verify=verify, digest=digest, settings=settings)
 
     def __getitem__(self, name: str) -> DeviceTensor:
         return self.tensors[name]
@@ -106,6 +146,7 @@ class LoadedModel:
 
     def state_dict(self) -> dict:
         """name -> torch.Tensor in the true dtype, sharing the arena (copied to host under the simulator)."""
+        self._state.check("state_dict")
         from ..torch_handoff import state_dict
 
         return state_dict(self)

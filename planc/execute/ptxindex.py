@@ -83,6 +83,11 @@ def usable() -> tuple[dict, str | None]:
         doc = read()
     except PtxIndexError as e:
         return {}, str(e)
+    return table_of(doc)
+
+
+def table_of(doc: dict) -> tuple[dict, str | None]:
+    """`usable()` of the index `doc` (as `read` returns it)."""
     why = stale_reason(doc)
     if why:
         return {}, why
@@ -94,9 +99,10 @@ def usable() -> tuple[dict, str | None]:
     return table, None
 
 
-def choose(name: str, sig: tuple, cc: tuple[int, int]) -> tuple[Entry | None, str | None]:
-    """(the entry to load on a device of capability `cc`, None), or (None, why there is none)."""
-    table, why = usable()
+def choose(name: str, sig: tuple, cc: tuple[int, int], index=None) -> tuple[Entry | None, str | None]:
+    """(the entry to load on a device of capability `cc`, None), or (None, why there is none);
+    `index`: a `usable()` answer (None: the shipped index's)."""
+    table, why = usable() if index is None else index
     if why:
         return None, why
     cands = [e for e in table.get((name, tuple(sig)), []) if e.cc <= tuple(cc)]
@@ -122,13 +128,14 @@ def _cubins() -> dict:
         return {}
 
 
-def cubin_for(e: Entry, cc: tuple[int, int]) -> Path | None:
+def cubin_for(e: Entry, cc: tuple[int, int], cubins: dict | None = None) -> Path | None:
     """The machine code of entry `e` for a device of capability `cc`, or None (take the PTX):
     present only for a device of the entry's major capability, and only when the cubin was built
-    from the PTX file as it is now."""
+    from the PTX file as it is now (`cubins`: PTX file -> (cubin file, sha256 of its PTX); None:
+    as `cubins.json` lists them)."""
     if tuple(cc)[0] != e.cc[0] or tuple(cc) < e.cc:
         return None
-    got = _cubins().get(e.file)
+    got = (_cubins() if cubins is None else cubins).get(e.file)
     if got is None:
         return None
     try:

@@ -110,7 +110,7 @@ class DeviceMemory(Record):
 @dataclass(frozen=True)
 class Report(Record):
     """What one load did, next to what its plan predicted."""
-    OPTIONAL = ("verify",)
+    OPTIONAL = ("verify", "digest")
 
     simulator: bool
     device: str
@@ -131,6 +131,7 @@ class Report(Record):
     kernel_code: Mapping
     predicted: Mapping  # the plan's predicted wall beside the measured one (planc.predict.beside)
     verify: Mapping | None = None
+    digest: Mapping | None = None  # the digest check (`planc.digest.Verifier.summary`)
 
     def with_timings(self, **seconds: float) -> "Report":
         """This report with more phases timed (rounded to the microsecond)."""
@@ -140,7 +141,7 @@ class Report(Record):
 def build_report(plan, *, device: str, simulator: bool, counters: Mapping, timings: Mapping, wall: float,
                  reader, pinned_by: str, base_rss: int, hwm: int, hwm_reset: bool, rss_after: int,
                  free_before, free_alloc, live_room_bytes: int, kernel_code: Mapping,
-                 verify: Mapping | None) -> Report:
+                 verify: Mapping | None, digest: Mapping | None = None) -> Report:
     t = plan.totals
     c = counters
     lay = plan.layout
@@ -186,4 +187,5 @@ def build_report(plan, *, device: str, simulator: bool, counters: Mapping, timin
         retries=reader.retries if reader else 0,
         kernel_code=kernel_code,
         verify=verify,
+        digest=digest,
     )

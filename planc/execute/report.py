@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from ..errors import printable
 from ..units import fmt_bytes
 
 
@@ -42,3 +44,8 @@ def render_report(rep: dict, console: Console) -> None:
         v = rep["verify"]
         console.print(f"verify: {v['tensors']} tensors, {fmt_bytes(v['bytes'])} compared, "
                       f"{'[green]bit-exact[/green]' if v['ok'] else '[red]MISMATCH[/red]'}")
+    if "digest" in rep:
+        d = rep["digest"]
+        console.print(f"digest: {d['extents']} extents of {fmt_bytes(d['extent_bytes'])} match "
+                      f"{escape(printable(d['digest_file']))}: {fmt_bytes(d['hashed_bytes'])} hashed in the ring, "
+                      f"{fmt_bytes(d['fill_bytes'] + d['reread_bytes'])} read besides")

@@ -3,7 +3,7 @@
 `Slots` is the ring (a list that can be weakly referenced, so tests can watch it go); `Pinner`
 pins its slots in order on a few threads of its own, so that slot k's pinning overlaps the reads
 and copies already running in slots < k; `Background` runs a function on a thread of
-its own, on the caller's device.
+its own, on the caller's device (the device in force, `seam.device()`, and its index there).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ class Background:
 
         self.fn, self.on_error = fn, on_error
         self.error: BaseException | None = None
-        self.dev = None if seam.simulated() else seam.current_device()
+        self.device = seam.device()  # the device in force (a load's: `seam.using`), the caller's index on it
+        self.idx = self.device.current_device()
         # the caller's context goes with it: the load's settings (`settings.using`) hold in the thread
         self.thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name=name,
                                        daemon=True)
@@ -38,8 +39,7 @@ class Background:
 
     def _run(self) -> None:
         try:
-            if self.dev is not None:
-                seam.select(f"cuda:{self.dev}")
+            self.device.select(self.idx)
             self.fn()
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
             self.error = e

@@ -1,31 +1,74 @@
-"""The one seam between the executor and a device: `device()` gives the process's `Device`.
+"""The one seam between the executor and a device: a `Device` owns everything device-side.
 
-Two implementations of the same interface:
+A device owns memory (device bytes, host copies to it, pinned ring slots and how they are pinned),
+streams, events, copies (1-D and 2-D: `stage`), kernel launch (`launch`, by the kernel's stable
+name) and launch geometry (`grid`: the grids and blocks each kernel gets). Two implementations:
 
 * `Gpu` talks to the CUDA driver through ctypes (`planc.execute.driver`): the primary context,
   `cuMemAlloc`, `cuMemHostAlloc`, one stream, events, `cuMemcpy*Async`, and kernels launched from
-  the machine code shipped with the package. A load on a GPU imports no numba.
+  the machine code shipped with the package (`planc.execute.launch`), on full grids. A load on a
+  GPU imports no numba.
 * `Simulator` runs the same calls on numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), where
-  device memory is host memory and kernels run as Python threads: the CPU test suite goes through
-  the same loader, the same copy list and the same kernel dispatch as a GPU.
+  device memory is host memory and kernels run as Python threads on small grids: the CPU test
+  suite goes through the same loader, the same copy list and the same kernel dispatch as a GPU.
 
-Which one is decided by NUMBA_ENABLE_CUDASIM, as numba decides it (numba's own flag once numba is
-imported), so a process never mixes them. Device memory is a flat uint8 array of the
-implementation (`driver.DeviceArray` or numba's), sliced, viewed and copied to the host alike.
+Whether a process is simulated is asked here alone, where its device is chosen (`default_device`:
+NUMBA_ENABLE_CUDASIM as numba reads it, numba's own flag once numba is imported, so a process never
+mixes them). The rest of the package asks the device it was given (`execute(plan, device=...)`)
+or, outside a load, `device()`: the device a load put in force for its thread and the threads it
+starts (`using`), else the default. Where behaviour must differ it asks a capability
+(`memory_is_host`, `loads_kernels`, `views_empty`), not the kind. Device memory is a flat uint8
+array of the implementation (`driver.DeviceArray` or numba's), sliced, viewed and copied alike.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import gc
 import sys
 import threading
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from .geometry import GpuGrid, SimGrid
 
 ALIGN = 4096  # the ring's slots start at this alignment (O_DIRECT)
 
 
-def simulated() -> bool:
+@runtime_checkable
+class Device(Protocol):
+    """What the executor asks of a device (`Gpu`, `Simulator`, or a test's wrapper of one)."""
+
+    simulated: bool  # for what the report and `LoadedModel` say, not for choosing behaviour
+    memory_is_host: bool  # device memory is host memory: it counts against the host room
+    loads_kernels: bool  # a kernel's first launch loads a module (worth loading ahead: the warmer)
+    views_empty: bool  # a zero-byte slice can be viewed and shaped (else `empty` makes the array)
+
+    def select(self, idx: int) -> None: ...
+    def current_device(self) -> int: ...
+    def memory_info(self) -> tuple[int, int] | None: ...
+    def compute_capability(self) -> tuple[int, int]: ...
+    def sm_count(self) -> int: ...
+    def device_bytes(self, nbytes: int): ...
+    def to_device(self, host: np.ndarray): ...
+    def empty(self, shape, dtype): ...
+    def pinned_bytes(self, nbytes: int) -> np.ndarray: ...
+    def pin_method(self) -> str: ...
+    def stream(self): ...
+    def event(self): ...
+    def pointer(self, arr) -> int: ...
+    def stage(self, buf: np.ndarray, copies, stream) -> int: ...
+    @property
+    def grid(self): ...
+    def launch(self, name: str, grid, block, stream, *args, kernel=None) -> None: ...
+    def kernel_stats(self) -> dict: ...
+    def prewarm(self, idx: int | None): ...
+
+
+def _simulator_chosen() -> bool:
+    """NUMBA_ENABLE_CUDASIM, as numba reads it (numba's own flag once numba is imported)."""
     numba = sys.modules.get("numba")
     if numba is not None and hasattr(numba, "config"):
         return bool(numba.config.ENABLE_CUDASIM)
@@ -38,12 +81,52 @@ class Gpu:
     """A CUDA device through the driver API."""
 
     simulated = False
+    memory_is_host = False
+    loads_kernels = True
+    views_empty = True
 
-    def __init__(self):
+    def __init__(self, launcher=None, cu=None):
         from . import driver
 
         self.d = driver
+        self.cu = cu  # the driver library its pinned memory comes from (None: libcuda; a test's stand-in)
         self.register_refused = False
+        self._launcher = launcher  # `launch.Launcher` (None: the process's, `launch.LAUNCHER`)
+        self._grid = None
+
+    @property
+    def grid(self) -> GpuGrid:
+        """Full grids for this GPU's multiprocessors (asked once; the H200's count if it cannot be)."""
+        if self._grid is None:
+            try:
+                sms = int(self.sm_count())
+            except Exception:  # noqa: BLE001 - the device cannot be asked: the H200's count
+                sms = None
+            self._grid = GpuGrid() if sms is None else GpuGrid(sms)
+        return self._grid
+
+    @property
+    def launcher(self):
+        if self._launcher is None:
+            from . import launch
+
+            self._launcher = launch.LAUNCHER
+        return self._launcher
+
+    def launch(self, name: str, grid, block, stream, *args, kernel=None) -> None:
+        """Launch kernel `name` from the shipped machine code (numba's where there is none)."""
+        self.launcher.go(self, name, grid, block, stream, *args, kernel=kernel)
+
+    def kernel_stats(self) -> dict:
+        """The launcher's module loads so far (`launch.Launcher.stats`)."""
+        return self.launcher.stats()
+
+    def prewarm(self, idx: int | None):
+        """Start the driver (and device `idx`'s primary context) on a thread of its own."""
+        return self.d.prewarm(idx)
+
+    def empty(self, shape, dtype):
+        return self.d.device_bytes(0).view(dtype).reshape(shape)
 
     def select(self, idx: int) -> None:
         self.d.make_current(idx)
@@ -72,12 +155,12 @@ class Gpu:
         cuMemHostAlloc (PLANC_PIN=alloc, and wherever the driver refuses a registration)."""
         if self.pin_method() == "register":
             try:
-                return self.d.pinned_array(nbytes, "register")
+                return self.d.pinned_array(nbytes, "register", self.cu)
             except Exception as e:
                 if getattr(e, "code", None) != "pin-refused":
                     raise  # no memory to be had: the load fails, typed, as cuMemHostAlloc's would
                 self.register_refused = True  # a driver or VM that registers no host memory: alloc from now on
-        return self.d.pinned_array(nbytes, "alloc")
+        return self.d.pinned_array(nbytes, "alloc", self.cu)
 
     def pin_method(self) -> str:
         """How this process pins a ring slot now: PLANC_PIN, or `alloc` once registration was refused."""
@@ -97,6 +180,10 @@ class Gpu:
     def stage(self, buf: np.ndarray, copies, stream) -> int:
         """Issue the async copies of one slot: (device array, offset, slot offset, bytes, rows, pitch)
         each, a 2-D copy when rows > 1. Returns the bytes moved."""
+        if any(hasattr(c[0], "pieces") for c in copies):  # a module's own tensors (`reload.ModuleArena`)
+            from .reload import split_copies
+
+            copies = split_copies(copies)
         host, h, moved = buf.ctypes.data, stream.handle, 0
         copy, copy2d = self.d.copy_h2d, self.d.copy_h2d_2d
         for dst, off, slot_off, n, rows, pitch in copies:
@@ -113,11 +200,34 @@ class Simulator:
     """numba's CUDA simulator: device arrays are numpy arrays underneath, kernels run as threads."""
 
     simulated = True
+    memory_is_host = True
+    loads_kernels = False
+    views_empty = False
+    grid = SimGrid()
 
     def __init__(self):
         from numba import cuda
 
         self.cuda = cuda
+
+    def launch(self, name: str, grid, block, stream, *args, kernel=None) -> None:
+        """Run kernel `name` (its numba source) on the simulator's threads."""
+        if kernel is None:
+            from .launch import kernel_of
+
+            kernel = kernel_of(name)
+        kernel[grid, block, stream](*args)
+
+    def prewarm(self, idx: int | None):
+        return None  # no driver to start
+
+    def kernel_stats(self) -> dict:
+        from .launch import no_stats
+
+        return no_stats()  # numba's kernels run as threads: no module is loaded
+
+    def empty(self, shape, dtype):
+        return self.cuda.device_array(shape, dtype=dtype)
 
     def select(self, idx: int) -> None:
         pass
@@ -159,6 +269,10 @@ class Simulator:
         raise RuntimeError("raw device pointers do not exist under the CUDA simulator")
 
     def stage(self, buf: np.ndarray, copies, stream) -> int:
+        if any(hasattr(c[0], "pieces") for c in copies):  # a module's own tensors (`reload.ModuleArena`)
+            from .reload import split_copies
+
+            copies = split_copies(copies)
         moved = 0
         for dst, off, slot_off, n, rows, pitch in copies:
             if rows == 1:
@@ -172,15 +286,32 @@ class Simulator:
 
 
 _devices: dict = {}
+_in_force: contextvars.ContextVar = contextvars.ContextVar("planc_device", default=None)
 
 
-def device():
-    """This process's device implementation (the simulator's or the driver's)."""
-    sim = simulated()
+def default_device() -> Device:
+    """This process's device: the simulator's or the driver's, chosen here and only here."""
+    sim = _simulator_chosen()
     dev = _devices.get(sim)
     if dev is None:
         dev = _devices[sim] = Simulator() if sim else Gpu()
     return dev
+
+
+def device() -> Device:
+    """The device in force: the one a load put in force (`using`) for its thread and the threads it
+    starts with its context, else the process's (`default_device`)."""
+    return _in_force.get() or default_device()
+
+
+@contextlib.contextmanager
+def using(dev: Device):
+    """Put `dev` in force for this thread (and the threads started with a copy of its context)."""
+    token = _in_force.set(dev)
+    try:
+        yield dev
+    finally:
+        _in_force.reset(token)
 
 
 def pinned_ring(nbytes: int):
@@ -229,11 +360,7 @@ def prewarm(device_name: str | None = None):
     own, so that it overlaps what the caller does next (imports, reading the plan); the first real
     call waits for it. Nothing under the simulator. Errors are left for that real call to raise.
     Returns the thread, or None."""
-    if simulated():
-        return None
-    from . import driver
-
-    return driver.prewarm(None if device_name is None else index_of(device_name))
+    return device().prewarm(None if device_name is None else index_of(device_name))
 
 
 def warm_up() -> None:

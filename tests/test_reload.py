@@ -1,0 +1,317 @@
+"""`LoadedModel.reload` and digest-verified loads under the CUDA simulator (docs/reload.md).
+
+Real checkpoints written with the safetensors package in `tmp_path`, real reads, the real
+pipeline; faults come in through the load's parts (`execute_support`). Expected values are the
+arrays the tests wrote.
+"""
+
+import os
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import json  # noqa: E402
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from numba import cuda  # noqa: E402
+
+if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
+    pytest.skip("numba was imported before the CUDA simulator could be switched on, and no GPU is present",
+                allow_module_level=True)
+
+import planc  # noqa: E402
+from execute_support import (SMALL_IO, assert_model, cast, cli_run, fail_read_at, handmade, one_line,  # noqa: E402
+                             record_events, spec_file, synth)
+from planc import digest as dg  # noqa: E402
+from planc.errors import DigestError, FingerprintError, ReadError, ReloadError, TornModelError  # noqa: E402
+from planc.execute.events import CopyIssued  # noqa: E402
+
+EXTENT = 64 << 10  # the smallest extent: a 300 KiB checkpoint spans several
+
+
+def _two(tmp_path, shards=2, size=300_000):
+    """Two dense checkpoints of one layout (other weights), each with its spec; returns
+    (spec_a, want_a, spec_b, want_b)."""
+    a, want_a = synth(tmp_path / "a", "dense", size_bytes=size, shards=shards, seed=0)
+    b, want_b = synth(tmp_path / "b", "dense", size_bytes=size, shards=shards, seed=1)
+    sa = spec_file(tmp_path / "a", a, [{"match": "*"}], io=SMALL_IO)
+    sb = spec_file(tmp_path / "b", b, [{"match": "*"}], io=SMALL_IO)
+    return sa, want_a, sb, want_b
+
+
+@pytest.fixture
+def models():
+    got = []
+    yield got
+    for m in got:
+        m.free()
+
+
+# -- reload ----------------------------------------------------------------------------------------
+
+
+def test_reload_is_bit_exact_at_the_same_addresses(tmp_path, models):
+    sa, want_a, sb, want_b = _two(tmp_path)
+    model = planc.load(sa)
+    models.append(model)
+    assert_model(model, want_a)
+    arena, views = model._arena, {n: (t, t._arena, t.offset_bytes) for n, t in model.items()}
+    rep = model.reload(sb, verify=True)
+    assert rep["verify"]["ok"] and model.report is rep
+    assert_model(model, want_b)
+    assert model._arena is arena and model.torn is None
+    for n, t in model.items():  # the same tensor objects, over the same memory, at the same offsets
+        assert views[n] == (t, t._arena, t.offset_bytes)
+    model.reload(sa)  # and back
+    assert_model(model, want_a)
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "extra"])
+def test_layout_mismatch_refused_before_any_write(tmp_path, models, monkeypatch, change):
+    rng = np.random.default_rng(3)
+    base = {"w.a": rng.standard_normal((8, 16)).astype(np.float32), "w.b": rng.standard_normal(32).astype(np.float32)}
+    other = {k: v + 1 for k, v in base.items()}
+    if change == "shape":
+        other["w.a"] = other["w.a"].reshape(16, 8)
+    elif change == "dtype":
+        other["w.a"] = other["w.a"].view(np.int32)
+    else:
+        other["w.c"] = np.ones(4, np.float32)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    pa, _ = handmade(tmp_path / "a", base)
+    pb, _ = handmade(tmp_path / "b", other)
+    model = planc.load(spec_file(tmp_path / "a", pa, [{"match": "*"}], io=SMALL_IO))
+    models.append(model)
+    events = record_events(monkeypatch)
+    with pytest.raises(ReloadError) as e:
+        model.reload(spec_file(tmp_path / "b", pb, [{"match": "*"}], io=SMALL_IO))
+    assert e.value.code == "reload-layout" and e.value.exit_code == 2
+    assert ("w.a" if change != "extra" else "w.c") in str(e.value)
+    assert {"shape": "shape", "dtype": "dtype", "extra": "lacks"}[change] in str(e.value)
+    assert not events  # nothing started: no read, no copy
+    assert model.torn is None
+    assert_model(model, base)
+
+
+def test_failure_mid_reload_leaves_a_torn_model(tmp_path, models, monkeypatch):
+    sa, want_a, sb, want_b = _two(tmp_path, shards=1)
+    model = planc.load(sa)
+    models.append(model)
+    events = record_events(monkeypatch)
+    fail_read_at(monkeypatch, 4)
+    with pytest.raises(ReadError) as e:
+        model.reload(sb)
+    assert e.value.code == "read-failed"
+    assert any(isinstance(ev, CopyIssued) for ev in events), "the reload failed before it wrote anything: the test would not show a torn model"
+    assert model.torn and "failed while writing" in model.torn
+    name = next(iter(want_a))
+    with pytest.raises(TornModelError) as t:
+        model[name].to_host()
+    assert t.value.code == "torn" and name in str(t.value)
+    with pytest.raises(TornModelError):
+        model.state_dict()
+    monkeypatch.undo()  # reads work again
+    model.reload(sb)
+    assert model.torn is None
+    assert_model(model, want_b)
+
+
+def test_reload_refused_by_a_changed_file_leaves_the_model_intact(tmp_path, models):
+    sa, want_a, sb, want_b = _two(tmp_path, shards=1)
+    from planc.compile import compile_spec
+
+    plan_b = compile_spec(sb)
+    model = planc.load(sa)
+    models.append(model)
+    f = plan_b.checkpoint.files[0]
+    p = os.path.join(plan_b.checkpoint.root, f.path)
+    os.utime(p, ns=(f.mtime_ns + 10**9, f.mtime_ns + 10**9))
+    with pytest.raises(FingerprintError):
+        model.reload(plan_b)
+    assert model.torn is None
+    assert_model(model, want_a)
+
+
+def test_reload_through_device_conversions(tmp_path, models):
+    """A plan whose kernels convert on the device (bf16 -> fp16) reloads into the same arena."""
+    a, want_a = synth(tmp_path / "a", "dense", layers=1, seed=0)
+    b, want_b = synth(tmp_path / "b", "dense", layers=1, seed=1)
+    rules = [{"match": "*.mlp.*", "dtype": "float16"}, {"match": "*"}]
+    model = planc.load(spec_file(tmp_path / "a", a, rules, io=SMALL_IO))
+    models.append(model)
+    arena = model._arena
+    rep = model.reload(spec_file(tmp_path / "b", b, rules, io=SMALL_IO), verify=True)
+    assert rep["verify"]["ok"] and rep["kernels"]["issued"] == rep["kernels"]["predicted"] > 0
+    assert model._arena is arena
+    assert_model(model, {k: cast(v, "F16") if ".mlp." in k else v for k, v in want_b.items()})
+
+
+def test_a_freed_model_is_not_reloaded(tmp_path):
+    sa, _, sb, _ = _two(tmp_path, shards=1, size=50_000)
+    model = planc.load(sa)
+    model.free()
+    with pytest.raises(ReloadError) as e:
+        model.reload(sb)
+    assert e.value.code == "reload-freed"
+
+
+def test_module_arena_splits_copies_at_tensor_boundaries():
+    from planc.execute.reload import ModuleArena, split_copies
+
+    arena = ModuleArena([(0, 10, "a"), (16, 8, "b"), (24, 4, "c")], 32)  # 6 bytes of padding after a
+    assert arena.pieces(4, 24) == [("a", 4, 0, 6), ("b", 0, 12, 8), ("c", 0, 20, 4)]
+    assert arena.pieces(10, 6) == []  # padding only
+    assert arena.pieces(17, 2) == [("b", 1, 0, 2)]
+    got = split_copies([(arena, 8, 100, 20, 1, 0), ("landing", 0, 5, 7, 1, 0)])
+    assert got == [("a", 8, 100, 2, 1, 0), ("b", 0, 108, 8, 1, 0), ("c", 0, 116, 4, 1, 0), ("landing", 0, 5, 7, 1, 0)]
+
+
+# -- digests ---------------------------------------------------------------------------------------
+
+
+def _digest(ckpt, out, **kw):
+    doc = dg.make_digest(ckpt, extent_bytes=EXTENT, **kw)
+    out.write_bytes(dg.encode(doc))
+    return out
+
+
+def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models):
+    sa, want_a, _, _ = _two(tmp_path)
+    d = _digest(tmp_path / "a" / "dense", tmp_path / "a.digest.json", sha256=True)
+    model = planc.load(sa, verify="digest", digest=d)
+    models.append(model)
+    assert_model(model, want_a)
+    rep = model.report["digest"]
+    assert rep["ok"] and rep["extents"] >= 4
+    sizes = sum(f.stat().st_size for f in (tmp_path / "a" / "dense").glob("*.safetensors"))
+    assert rep["hashed_bytes"] + rep["fill_bytes"] + rep["reread_bytes"] == sizes  # every byte, hashed once
+    assert rep["reread_bytes"] == 0
+    doc = json.loads(d.read_text())
+    import hashlib
+
+    for f in doc["files"]:
+        assert f["sha256"] == hashlib.sha256((tmp_path / "a" / "dense" / f["path"]).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("shard", [0, 1])
+def test_one_flipped_byte_is_caught_with_its_file_and_range(tmp_path, models, shard):
+    sa, _, _, _ = _two(tmp_path)
+    root = tmp_path / "a" / "dense"
+    d = _digest(root, tmp_path / "a.digest.json")
+    files = sorted(root.glob("*.safetensors"))
+    victim = files[shard]
+    data = bytearray(victim.read_bytes())
+    at = len(data) * 2 // 3  # in a tensor's bytes, past the head the fingerprint hashes
+    data[at] ^= 0x10
+    victim.write_bytes(bytes(data))
+    with pytest.raises(DigestError) as e:
+        planc.load(sa, verify="digest", digest=d)
+    msg = str(e.value)
+    lo = at // EXTENT * EXTENT
+    assert e.value.code == "digest-mismatch" and e.value.exit_code == 2
+    assert str(victim) in msg and f"[{lo:,}, {min(lo + EXTENT, len(data)):,})" in msg
+    from planc.manifest import read_manifest
+
+    hit = [t.name for t in read_manifest(victim).tensors if t.start <= at < t.end]
+    assert hit and hit[0] in msg
+
+
+def test_cli_digest_then_run_verified(tmp_path, capsys):
+    sa, _, _, _ = _two(tmp_path)
+    root = tmp_path / "a" / "dense"
+    rc, out, err = cli_run(capsys, "digest", root, "--extent", "64KiB", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["path"] == str(root / "planc-digest.json") and doc["extents"] >= 4
+    rc, out, err = cli_run(capsys, "run", sa, "--json", "--verify-digest")
+    assert rc == 0, err
+    assert json.loads(out)["digest"]["ok"]
+    rc, out, err = cli_run(capsys, "explain", sa, "--verify-digest")
+    assert rc == 0 and "verified: yes" in out
+    rc, out, err = cli_run(capsys, "explain", sa, "--json")
+    assert json.loads(out)["verification"] == {"kind": "none"}
+    victim = sorted(root.glob("*.safetensors"))[-1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) - 5] ^= 1
+    victim.write_bytes(bytes(data))
+    rc, out, err = cli_run(capsys, "run", sa, "--verify-digest", root / "planc-digest.json")
+    assert rc == 2
+    line = one_line(err)
+    assert "digest-mismatch" in line and str(victim) in line
+
+
+def test_digest_of_another_checkpoint_refused(tmp_path, capsys):
+    sa, _, sb, _ = _two(tmp_path)
+    other = _digest(tmp_path / "b" / "dense", tmp_path / "b.digest.json")
+    rc, out, err = cli_run(capsys, "run", sa, "--verify-digest", other)
+    assert rc == 2
+    assert "[digest-other]" in one_line(err)
+    small, _ = synth(tmp_path / "c", "dense", size_bytes=100_000, shards=2, seed=0)
+    other = _digest(small, tmp_path / "c.digest.json")
+    rc, out, err = cli_run(capsys, "run", sa, "--verify-digest", other)
+    assert rc == 2 and "[digest-other]" in one_line(err)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited", "extra-key", "huge", "not-json", "bad-path", "extents"])
+def test_damaged_digest_file_refused(tmp_path, capsys, damage):
+    sa, _, _, _ = _two(tmp_path)
+    d = _digest(tmp_path / "a" / "dense", tmp_path / "a.digest.json")
+    raw = d.read_bytes()
+    doc = json.loads(raw)
+    if damage == "truncated":
+        d.write_bytes(raw[:len(raw) // 2])
+    elif damage == "edited":
+        h = doc["files"][0]["extents"][1]
+        doc["files"][0]["extents"][1] = ("0" if h[0] != "0" else "1") + h[1:]
+        d.write_text(json.dumps(doc))
+    elif damage == "extra-key":
+        doc["note"] = "x"
+        d.write_text(json.dumps(doc))
+    elif damage == "huge":
+        with open(d, "ab") as f:
+            f.truncate(dg.MAX_FILE_BYTES + 1)
+    elif damage == "not-json":
+        d.write_bytes(b"\xff\xfe garbage")
+    elif damage == "bad-path":
+        doc["files"][0]["path"] = "../etc/passwd"
+        doc["check"] = dg._check(doc)
+        d.write_text(json.dumps(doc))
+    else:
+        doc["files"][0]["extents"].pop()
+        doc["check"] = dg._check(doc)
+        d.write_text(json.dumps(doc))
+    with pytest.raises(DigestError) as e:
+        dg.read_digest(d)
+    assert e.value.exit_code == 2
+    if damage == "edited":
+        assert e.value.code == "digest-edited"
+    rc, out, err = cli_run(capsys, "run", sa, "--verify-digest", d)
+    assert rc == 2
+    assert "digest" in one_line(err)
+
+
+def test_coverage_counts_what_the_verifier_reads_besides(tmp_path):
+    """A plan that skips a tensor: its bytes inside touched extents are read by the verifier (fill),
+    and the load still verifies."""
+    sa, want_a, _, _ = _two(tmp_path, shards=1)
+    from planc.compile import compile_spec
+    from planc.manifest import read_manifest
+
+    root = tmp_path / "a" / "dense"
+    m = read_manifest(root)
+    big = max(m.tensors, key=lambda t: t.nbytes)
+    spec = spec_file(tmp_path / "a", root, [{"match": big.name, "skip": True}, {"match": "*"}], io=SMALL_IO,
+                     name="skip.yaml")
+    plan = compile_spec(spec)
+    cov = dg.coverage(plan, EXTENT)
+    assert cov["fill_bytes"] > 0 and cov["reread_bytes"] == 0
+    d = _digest(root, tmp_path / "a.digest.json")
+    model = planc.load(plan, verify="digest", digest=d)
+    try:
+        assert model.report["digest"]["fill_bytes"] == cov["fill_bytes"]
+        want_a.pop(big.name)
+        assert_model(model, want_a)
+    finally:
+        model.free()
