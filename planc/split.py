@@ -10,6 +10,12 @@ a [R, C] weight is one segment per row: the compiler reads the segments, and coa
 
 Example: [4, 6] BF16 at file offset 100, ranks 2, dim 1, rank 1: inner = 2, D = 6, per = 3,
 begin = 3 -> start 106, seg 6, stride 12, count 4.
+
+A block-quantized GGUF tensor (Q8_0, Q4_K, ...) stores each row (its last dim) as whole blocks of
+B elements, `block_bytes` each (`ranged_blocks`): a slice of an outer dim takes whole rows, as
+above with a row's bytes for `inner`; a slice of the last dim must start and stop on block
+boundaries (each rank's columns whole blocks), else it would cut a block, whose elements share one
+scale, and it is refused (`split-gguf-block`) with the block size and the sizes that would divide.
 """
 
 from __future__ import annotations
@@ -64,6 +70,12 @@ def rank_range(size: int, world: int, rank: int, pad: bool, what: str, dim: int,
 
 def ranged(start: int, shape: tuple[int, ...], dtype: str, sl: Slice | None) -> Ranged:
     """The file bytes of `sl` of a tensor at `start` with `shape` and `dtype`."""
+    if dtype not in DTYPES:
+        from .manifest.ggml_types import quant_type
+
+        qt = quant_type(dtype)
+        if qt is not None:
+            return ranged_blocks(start, shape, qt, sl)
     item = DTYPES[dtype].bits
     if sl is None:
         n = DTYPES[dtype].nbytes(math.prod(shape)) or 0
@@ -75,6 +87,40 @@ def ranged(start: int, shape: tuple[int, ...], dtype: str, sl: Slice | None) -> 
     outer = math.prod(shape[:d])
     seg = (sl.stop - sl.start) * inner
     out_shape = (*shape[:d], sl.stop - sl.start, *shape[d + 1:])
+    if outer == 1 or seg == 0:
+        return Ranged(start + sl.start * inner, seg * outer, seg * outer, 1, out_shape)
+    return Ranged(start + sl.start * inner, seg, shape[d] * inner, outer, out_shape)
+
+
+def ranged_blocks(start: int, shape: tuple[int, ...], qt, sl: Slice | None, what: str = "") -> Ranged:
+    """The file bytes of `sl` of a block-quantized GGUF tensor (`qt` its `GGMLType`) at `start`:
+    rows of whole blocks along the last dim. A slice of the last dim off block boundaries is refused."""
+    cols = shape[-1]
+    if cols % qt.block:
+        raise BindError(f"{what or 'a ' + qt.name + ' tensor'} {list(shape)}: rows of {cols} elements are not whole "
+                        f"{qt.name} blocks of {qt.block}", code="gguf-bad-shape")
+    row = cols // qt.block * qt.block_bytes
+    rows = math.prod(shape[:-1])
+    if sl is None:
+        return Ranged(start, rows * row, rows * row, 1, tuple(shape))
+    d = sl.dim
+    out_shape = (*shape[:d], sl.stop - sl.start, *shape[d + 1:])
+    if d == len(shape) - 1:
+        if sl.start % qt.block or sl.stop % qt.block:
+            blocks = cols // qt.block
+            raise BindError(f"{what or 'a ' + qt.name + ' tensor'} {list(shape)}: a rank's columns "
+                            f"[{sl.start}, {sl.stop}) of dim {d} would cut a {qt.name} block ({qt.block} elements "
+                            f"sharing one scale); each rank needs whole blocks: a tensor_parallel.size that divides "
+                            f"{blocks} (its {cols} columns are {blocks} blocks), a split of dim 0, or replicate",
+                            code="split-gguf-block")
+        seg = (sl.stop - sl.start) // qt.block * qt.block_bytes
+        first = start + sl.start // qt.block * qt.block_bytes
+        if rows == 1 or seg == 0:
+            return Ranged(first, seg * rows, seg * rows, 1, out_shape)
+        return Ranged(first, seg, row, rows, out_shape)
+    inner = math.prod(shape[d + 1:-1]) * row
+    outer = math.prod(shape[:d])
+    seg = (sl.stop - sl.start) * inner
     if outer == 1 or seg == 0:
         return Ranged(start + sl.start * inner, seg * outer, seg * outer, 1, out_shape)
     return Ranged(start + sl.start * inner, seg, shape[d] * inner, outer, out_shape)

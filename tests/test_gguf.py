@@ -175,6 +175,32 @@ def test_device_dequant_bit_exact_under_simulator(qtype):
         np.testing.assert_array_equal(dst.copy_to_host(), want, err_msg=f"{qtype}->{out}")
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_kernel_values_typed_by_numba_match_gguf(qtype):
+    """The kernels' per-element functions compiled by numba's CPU target, whose typing is the GPU's:
+    the simulator runs any Python, so code numba cannot type (a device function reached through a
+    namespace object) or integer widths it types otherwise pass there and fail on the GPU."""
+    import numba
+
+    from planc.execute.gguf_kernels import _value_fns
+    from planc.execute.kernels import _scalar_ops
+    from planc.synth_gguf import GGUFTensor, tensor_bytes
+
+    ops = _scalar_ops(numba.njit)
+    fn = _value_fns(numba.njit, ops.f16_to_f32, lambda a, b: np.float32(a * b))[qtype]
+
+    @numba.njit
+    def run(src, dst):
+        for i in range(dst.size):
+            dst[i] = fn(src, i)
+
+    raw = tensor_bytes(GGUFTensor(f"n.{qtype}", qtype, (2, 256)))
+    ref = gguf.quants.dequantize(raw.reshape(2, -1), T[qtype]).reshape(-1)
+    got = np.zeros(512, np.float32)
+    run(raw, got)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
 def test_cli_synth_inspect_and_compile(tmp_path):
     import json
     import subprocess
@@ -196,3 +222,42 @@ def test_cli_synth_inspect_and_compile(tmp_path):
         assert (r.returncode == 0) == ok, r.stderr
         if not ok:
             assert r.returncode == 2 and "gguf-quantized" in r.stderr and r.stderr.count("\n") == 1
+
+
+def _read(path, r):
+    with open(path, "rb") as f:
+        parts = []
+        for k in range(r.count):
+            f.seek(r.start + k * r.stride)
+            parts.append(f.read(r.seg))
+    return np.frombuffer(b"".join(parts), np.uint8)
+
+
+@pytest.mark.parametrize("name,dim,world", [("blk.0.ffn_gate.weight", 0, 4), ("blk.0.attn_k.weight", 0, 2),
+                                            ("blk.0.ffn_down.weight", 1, 2), ("blk.0.ffn_down.weight", 0, 2)])
+def test_rank_slices_of_quantized_tensors_are_whole_blocks(tmp_path, name, dim, world):
+    """A rank's rows (or whole-block columns) of a Q4_K / Q6_K tensor, read from the file by the
+    ranges `planc.split` computes, dequantize to that rank's slice of the whole tensor."""
+    from planc.split import Slice, rank_range, ranged
+
+    res = write_gguf(tmp_path, quant="Q4_K_M", layers=1)
+    t = {x.name: x for x in read_manifest(res.path).tensors}[name]
+    whole = dequantize(_read(res.path, ranged(t.start, t.shape, t.dtype, None)), t.dtype, t.shape)
+    for rank in range(world):
+        a, b, _ = rank_range(t.shape[dim], world, rank, False, name, dim)
+        r = ranged(t.start, t.shape, t.dtype, Slice(dim, a, b))
+        got = dequantize(_read(res.path, r), t.dtype, r.shape)
+        want = whole[a:b] if dim == 0 else whole[:, a:b]
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes(), (name, dim, rank)
+
+
+def test_a_split_cutting_a_quantization_block_is_refused_with_the_reason(tmp_path):
+    from planc.errors import BindError
+    from planc.split import Slice, ranged
+
+    res = write_gguf(tmp_path, quant="Q4_K_M", layers=1)
+    t = {x.name: x for x in read_manifest(res.path).tensors}["blk.0.ffn_down.weight"]  # Q6_K [256, 512]
+    with pytest.raises(BindError) as e:
+        ranged(t.start, t.shape, t.dtype, Slice(1, 128, 256))  # 4 ranks: 128 columns each, half a block
+    assert e.value.code == "split-gguf-block"
+    assert "Q6_K block (256 elements" in str(e.value) and "divides 2" in str(e.value)

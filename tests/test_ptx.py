@@ -153,6 +153,15 @@ def test_the_table_is_every_launch_the_dispatchers_make():
     for w in sorted(widths):
         kernels.scatter(buf, out, table, 0, 1, w, 0)
     kernels.zero(out, [(0, 64)], 0)
+    from planc.execute.gguf_kernels import dequantize_gguf
+    from planc.manifest.ggml_types import DEQUANTIZABLE
+
+    assert sorted(DEQUANTIZABLE) == list(signatures.GGUF_DEQUANTIZABLE)
+    wide = {"F32": cuda.device_array(256, np.uint32), "F16": cuda.device_array(256, np.uint16),
+            "BF16": cuda.device_array(256, np.uint16)}
+    for t in sorted(DEQUANTIZABLE):  # GGUF blocks into each float target
+        for b in sorted(FLOAT_CONVERTIBLE):
+            dequantize_gguf(buf, wide[b], t, b, 256, dev=dev)
     recorded = _recorded_signatures(dev)
     listed = set(signatures.launches())
     assert recorded - listed == set(), f"launches without shipped PTX: {sorted(recorded - listed)}"

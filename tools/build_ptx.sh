@@ -5,7 +5,7 @@
 # its own. An older NVVM writes an older PTX ISA (8.4), which more drivers accept (r550 and later);
 # a newer driver JIT-compiles it just the same.
 #   bash tools/build_ptx.sh [--out DIR]          (then commit planc/execute/ptx)
-# Run it after any change to planc/execute/kernels.py or scatter.py: tests/test_ptx.py fails until then.
+# Run it after any change to planc/execute/kernels.py, scatter.py or gguf_kernels.py: tests/test_ptx.py fails until then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -22,83 +22,90 @@ from planc.execute.kernels import CACHE, _ops, simulated
 
 if simulated():  # the target numba compiles for: the simulator's libdevice calls return NaN
 
-    @cuda.jit(device=True)
-    def _mul_rn(a, b):
+    def _mul_rn_py(a, b):
         return np.float32(a * b)
 else:  # pragma: no cover - compiled for the GPU only
     from numba.cuda import libdevice
 
-    @cuda.jit(device=True)
-    def _mul_rn(a, b):
+    def _mul_rn_py(a, b):
         return libdevice.fmul_rn(a, b)
 
 
-@cuda.jit(device=True)
-def _half(src, at):
-    """float32 of the little-endian float16 at src[at]."""
-    h = np.int64(src[at]) | (np.int64(src[at + 1]) << 8)
-    return np.uint32(_ops.f16_to_f32(h)).view(np.float32)
+def _value_fns(jit, f16_to_f32, mul_rn_py) -> dict:
+    """The per-element dequantizers, type name -> device function(src, i) -> float32, built by `jit`.
 
+    A factory, as `kernels._scalar_ops`, so that the same source compiles as CUDA device functions
+    and, in tests on a machine without a GPU, under numba's CPU target (`numba.njit`), whose typing
+    is the GPU's: the simulator runs any Python and so hides code numba cannot type. Each helper is
+    a closure variable (a dispatcher numba types), never an attribute of a module or namespace
+    object: numba cannot type `_ops.f16_to_f32` (a `SimpleNamespace` global), and on the GPU the
+    K-quant kernels, which read a float16 scale through it, failed to compile.
+    """
+    mul_rn = jit(mul_rn_py)
 
-@cuda.jit(device=True)
-def _signed(b):
-    return b - 256 if b >= 128 else b
+    @jit
+    def half(src, at):
+        """float32 of the little-endian float16 at src[at]."""
+        h = np.int64(src[at]) | (np.int64(src[at + 1]) << 8)
+        return np.uint32(f16_to_f32(h)).view(np.float32)
 
+    @jit
+    def signed(b):
+        return b - 256 if b >= 128 else b
 
-@cuda.jit(device=True)
-def _q8_0(src, i):
-    base = (i // 32) * 34
-    d = _half(src, base)
-    q = _signed(np.int64(src[base + 2 + i % 32]))
-    return np.float32(np.float32(q) * d)
+    @jit
+    def q8_0(src, i):
+        base = (i // 32) * 34
+        d = half(src, base)
+        q = signed(np.int64(src[base + 2 + i % 32]))
+        return np.float32(np.float32(q) * d)
 
+    @jit
+    def q4_0(src, i):
+        base = (i // 32) * 18
+        j = i % 32
+        d = half(src, base)
+        b = np.int64(src[base + 2 + (j % 16)])
+        q = ((b >> 4) if j >= 16 else b) & 0xF
+        return np.float32(d * np.float32(q - 8))
 
-@cuda.jit(device=True)
-def _q4_0(src, i):
-    base = (i // 32) * 18
-    j = i % 32
-    d = _half(src, base)
-    b = np.int64(src[base + 2 + (j % 16)])
-    q = ((b >> 4) if j >= 16 else b) & 0xF
-    return np.float32(d * np.float32(q - 8))
+    @jit
+    def q4_k(src, i):
+        base = (i // 256) * 144
+        j = i % 256
+        d = half(src, base)
+        dmin = half(src, base + 2)
+        s = j // 32
+        sb = base + 4
+        if s < 4:
+            sc = np.int64(src[sb + s]) & 63
+            m = np.int64(src[sb + 4 + s]) & 63
+        else:
+            md = np.int64(src[sb + 8 + s - 4])
+            sc = (md & 0xF) | ((np.int64(src[sb + s - 4]) >> 2) & 0x30)
+            m = (md >> 4) | ((np.int64(src[sb + s]) >> 2) & 0x30)
+        b = np.int64(src[base + 16 + (s // 2) * 32 + j % 32])
+        q = (b >> (4 * (s % 2))) & 0xF
+        ds = np.float32(d * np.float32(sc))
+        dm = mul_rn(dmin, np.float32(m))
+        return np.float32(mul_rn(ds, np.float32(q)) - dm)
 
+    @jit
+    def q6_k(src, i):
+        base = (i // 256) * 210
+        j = i % 256
+        h = j // 128
+        lo = np.int64(src[base + h * 64 + j % 64])
+        lo = (lo >> (4 * ((j // 64) % 2))) & 0xF
+        hi = np.int64(src[base + 128 + h * 32 + j % 32])
+        hi = (hi >> (2 * ((j // 32) % 4))) & 3
+        q = (lo | (hi << 4)) - 32
+        sc = signed(np.int64(src[base + 192 + j // 16]))
+        d = half(src, base + 208)
+        ds = np.float32(d * np.float32(sc))
+        return np.float32(ds * np.float32(q))
 
-@cuda.jit(device=True)
-def _q4_k(src, i):
-    base = (i // 256) * 144
-    j = i % 256
-    d = _half(src, base)
-    dmin = _half(src, base + 2)
-    s = j // 32
-    sb = base + 4
-    if s < 4:
-        sc = np.int64(src[sb + s]) & 63
-        m = np.int64(src[sb + 4 + s]) & 63
-    else:
-        md = np.int64(src[sb + 8 + s - 4])
-        sc = (md & 0xF) | ((np.int64(src[sb + s - 4]) >> 2) & 0x30)
-        m = (md >> 4) | ((np.int64(src[sb + s]) >> 2) & 0x30)
-    b = np.int64(src[base + 16 + (s // 2) * 32 + j % 32])
-    q = (b >> (4 * (s % 2))) & 0xF
-    ds = np.float32(d * np.float32(sc))
-    dm = _mul_rn(dmin, np.float32(m))
-    return np.float32(_mul_rn(ds, np.float32(q)) - dm)
-
-
-@cuda.jit(device=True)
-def _q6_k(src, i):
-    base = (i // 256) * 210
-    j = i % 256
-    h = j // 128
-    lo = np.int64(src[base + h * 64 + j % 64])
-    lo = (lo >> (4 * ((j // 64) % 2))) & 0xF
-    hi = np.int64(src[base + 128 + h * 32 + j % 32])
-    hi = (hi >> (2 * ((j // 32) % 4))) & 3
-    q = (lo | (hi << 4)) - 32
-    sc = _signed(np.int64(src[base + 192 + j // 16]))
-    d = _half(src, base + 208)
-    ds = np.float32(d * np.float32(sc))
-    return np.float32(ds * np.float32(q))
+    return {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_K": q4_k, "Q6_K": q6_k}
 
 
 def _kernel(value, out_bits):
@@ -114,7 +121,7 @@ def _kernel(value, out_bits):
     return kernel
 
 
-_VALUES = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_K": _q4_k, "Q6_K": _q6_k}
+_VALUES = _value_fns(cuda.jit(device=True), _ops.f16_to_f32, _mul_rn_py)
 _BITS = {"F32": _ops.identity, "F16": _ops.f32_to_f16, "BF16": _ops.f32_to_bf16}
 
 # name -> kernel: "gguf_{type}_{out}", e.g. gguf_Q4_K_BF16

@@ -57,9 +57,9 @@ def _versions() -> dict:
 
 def registry() -> dict:
     """Kernel name -> numba dispatcher, for every name `signatures.launches()` uses."""
-    from . import kernels, scatter
+    from . import gguf_kernels, kernels, scatter
 
-    return {**kernels.KERNELS, **scatter.KERNELS}
+    return {**kernels.KERNELS, **scatter.KERNELS, **gguf_kernels.GGUF_KERNELS}
 
 
 @contextlib.contextmanager
@@ -91,7 +91,7 @@ def build(out: Path, ccs=signatures.CCS, log=print) -> dict:
     entries = []
     for name, sig in signatures.launches():
         if name not in reg:
-            raise PtxBuildError(f"no kernel named {name!r} (kernels.KERNELS, scatter.KERNELS)")
+            raise PtxBuildError(f"no kernel named {name!r} (kernels.KERNELS, scatter.KERNELS, gguf_kernels.GGUF_KERNELS)")
         fn = reg[name].py_func
         for cc in ccs:
             try:

@@ -10,7 +10,8 @@ complete, explicit set of launches, derived from the dtype tables the compiler i
   kernel: only its 256-entry decode table differs);
 * transpose: elements of 1, 2, 4 and 8 bytes (every whole-byte dtype in `planc.dtypes`);
 * scatter: the request widths the schedule picks (1, 2, 4, 8 bytes);
-* zero: the zero-fill of tensor-parallel padding.
+* zero: the zero-fill of tensor-parallel padding;
+* gguf: the dequantization of each `GGUF_DEQUANTIZABLE` GGML block type to each `FLOAT_CONVERTIBLE` dtype.
 
 A signature is what `planc.execute.launch.signature` computes from the arguments of a launch:
 ('a', numpy dtype string, ndim) per C-contiguous device array, ('i',) per integer (int64).
@@ -31,7 +32,7 @@ CCS: tuple[tuple[int, int], ...] = ((8, 0), (9, 0))
 
 # The files whose text the kernels' machine code depends on. Any change to them needs the PTX built
 # again (`REBUILD`); the shipped index records the hash of these sources.
-SOURCES = ("kernels.py", "scatter.py")
+SOURCES = ("kernels.py", "scatter.py", "gguf_kernels.py")
 REBUILD = "bash tools/build_ptx.sh"
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
@@ -50,6 +51,9 @@ CONVERT_KERNEL = {
     ("F16", "BF16"): "f16_to_bf16",
 }
 TRANSPOSE_SIZES = (1, 2, 4, 8)
+# GGML block types the device dequantizes: `planc.manifest.ggml_types.DEQUANTIZABLE` (a test holds
+# them equal; spelled here because importing planc.manifest brings in the safetensors reader).
+GGUF_DEQUANTIZABLE = ("Q4_0", "Q4_K", "Q6_K", "Q8_0")
 SCATTER_WIDTHS = (1, 2, 4, 8)
 
 
@@ -82,6 +86,11 @@ def zero_launch() -> tuple[str, tuple]:
     return "zero", (arr(_UINT[1]), INT)
 
 
+def gguf_launch(type_name: str, out_dtype: str) -> tuple[str, tuple]:
+    """(name, signature) of the dequantization of GGML `type_name` blocks (bytes) into `out_dtype`."""
+    return f"gguf_{type_name}_{out_dtype}", (arr(_UINT[1]), arr(_UINT[_ITEMSIZE[out_dtype]]), INT)
+
+
 def launches() -> list[tuple[str, tuple]]:
     """Every (kernel name, signature) the executor launches, each once, in a stable order."""
     out = [convert_launch(a, b) for a in sorted(FLOAT_CONVERTIBLE) for b in sorted(FLOAT_CONVERTIBLE)]
@@ -89,6 +98,7 @@ def launches() -> list[tuple[str, tuple]]:
     out += [transpose_launch(s) for s in TRANSPOSE_SIZES]
     out += [scatter_launch(w) for w in SCATTER_WIDTHS]
     out.append(zero_launch())
+    out += [gguf_launch(t, d) for t in sorted(GGUF_DEQUANTIZABLE) for d in sorted(FLOAT_CONVERTIBLE)]
     seen, unique = set(), []
     for x in out:
         if x not in seen:

@@ -1,6 +1,6 @@
 """GGUF dequantization on the GPU: each kernel's GB/s against a plain device copy of the same bytes.
 
-    python bench/gguf.py [--quant Q8_0 Q4_K_M] [--size 2GiB] [--folder /tmp/planc-gguf]
+    python bench/gguf_dequant.py [--quant Q8_0 Q4_K_M] [--size 2GiB] [--folder /tmp/planc-gguf]
 
 Writes a Llama-shaped GGUF per quantization with planc's synth (the `gguf` package), reads each
 2-D weight's stored blocks from the file, and times on the device (CUDA events, after a warm-up

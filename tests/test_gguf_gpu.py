@@ -1,0 +1,67 @@
+"""The GGUF dequantization kernels on a real GPU (marked `gpu`): bit-exact to the `gguf` package.
+
+Run this file alone, in a process where the CUDA simulator is off:
+
+    python -m pytest -m gpu -p no:cacheprovider tests/test_gguf_gpu.py
+
+Each type into each float dtype, over tensors of many blocks (full grids, several grid-stride
+steps), twice: from the shipped PTX (`planc/execute/ptx`, nothing compiled) and compiled by numba
+(`launch.go` with the raw launch off), so that a kernel the GPU's compiler cannot type, or types
+otherwise than the simulator, fails here.
+"""
+
+import os
+
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+    pytest.skip("the CUDA simulator is on in this process; run this file alone, without NUMBA_ENABLE_CUDASIM",
+                allow_module_level=True)
+
+import numba  # noqa: E402
+from numba import cuda  # noqa: E402
+
+if numba.config.ENABLE_CUDASIM or not cuda.is_available():
+    pytest.skip("no CUDA GPU here", allow_module_level=True)
+
+import numpy as np  # noqa: E402
+
+gguf = pytest.importorskip("gguf")
+
+from planc.execute import launch, seam  # noqa: E402
+from planc.execute.gguf_kernels import dequantize_gguf  # noqa: E402
+from planc.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]
+
+QTYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K"]
+ROWS, COLS = 300, 4096  # 1.2 M elements: more than one grid-stride step
+
+
+def _want(raw, qtype, out):
+    import ml_dtypes
+
+    ref = gguf.quants.dequantize(raw.reshape(ROWS, -1), gguf.GGMLQuantizationType[qtype]).reshape(-1)
+    return {"F32": ref.view(np.uint32), "F16": ref.astype(np.float16).view(np.uint16),
+            "BF16": ref.astype(ml_dtypes.bfloat16).view(np.uint16)}[out]
+
+
+@pytest.mark.parametrize("raw_launch", ["1", "0"], ids=["shipped-ptx", "numba"])
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_dequant_bit_exact_on_the_gpu(qtype, raw_launch, monkeypatch):
+    monkeypatch.setenv("PLANC_RAW_LAUNCH", raw_launch)
+    raw = tensor_bytes(GGUFTensor(f"gpu.{qtype}", qtype, (ROWS, COLS)))
+    src = cuda.to_device(raw)
+    dev = seam.device()
+    before = dev.kernel_stats()
+    for out in ("F32", "F16", "BF16"):
+        dst = cuda.device_array(ROWS * COLS, np.uint32 if out == "F32" else np.uint16)
+        dequantize_gguf(src, dst, qtype, out, ROWS * COLS, dev=dev)
+        got = dst.copy_to_host()
+        want = _want(raw, qtype, out)
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (f"{qtype}->{out}: {bad.size} elements differ, first at {bad[:4].tolist()}: "
+                               f"{got[bad[:4]].tolist()} != {want[bad[:4]].tolist()}")
+    used = launch.since(before, dev.kernel_stats())
+    if raw_launch == "1":
+        assert used["kernels_compiled"] == 0, used["fallbacks"]
