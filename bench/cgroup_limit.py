@@ -31,6 +31,22 @@ runs in flight are done. planc reads a cgroup v2 limit from the process's own cg
 that mounts cgroup v1 it reads /sys/fs/cgroup/memory itself, so a child v1 cgroup would not be seen:
 this script needs v2.
 
+`--paths` runs instead one case per path that holds host memory, each `planc run` under a
+memory.max just above what it should need (nothing held uncounted makes each complete):
+
+  direct      BF16 copied through the ring (the host peak is the ring)
+  host        BF16 -> F32 on the host (`on: host`)
+  fp8-block   FP8 dequantized on the host, 128 x 128 block scales
+  fp8-tensor  FP8 dequantized on the host, one scale for the whole tensor (block = the matrix)
+  verify      `--verify` after a load that transposes on the device (the verify holds the most)
+  tp-rank     rank 0 of tensor_parallel size 2, weights split along dim 1 (strided reads)
+
+Each case runs twice: roomy (memory.max = need + 2 GiB) for the process's baseline at admission,
+then limited at baseline + need + PATHS_RESERVE + PATHS_MARGIN with PLANC_HOST_RESERVE =
+PATHS_RESERVE, where need = the plan's predicted host peak (and, with --verify, what the verify
+holds, `planc.verifycost`, when more). It passes when the limited run exits 0 without an OOM kill;
+the summary gives predicted and measured (memory.peak of the cgroup less the baseline) per case.
+
 The plan: every tensor converted BF16 -> F32 on the host (`on: host`), so the host peak is the
 host-path buffers of two runs in flight (hundreds of MiB from a 512 MiB checkpoint), not just the
 ring. bench/common.py's `write_spec` has no host-path rule set, so the specs are written here the
@@ -63,6 +79,29 @@ from planc.units import fmt_bytes, parse_bytes  # noqa: E402
 MIB = 2**20
 GIB = 2**30
 CG = Path("/sys/fs/cgroup")
+# The files of a cgroup's memory controller: v2, or v1 (`--paths` on a host that mounts cgroup v1,
+# in a child of this process's own v1 memory cgroup: planc does not read that limit, so there the
+# cases show only that the load completes under it).
+FILES = {"max": "memory.max", "current": "memory.current", "peak": "memory.peak", "events": "memory.events"}
+FILES_V1 = {"max": "memory.limit_in_bytes", "current": "memory.usage_in_bytes", "peak": "memory.max_usage_in_bytes",
+            "events": "memory.oom_control"}
+V1_PARENT: Path | None = None  # set by --paths when cgroup v2 is not usable and v1 is
+
+
+def v1_parent() -> Path | None:
+    """This process's own v1 memory cgroup, when a child can be made in it."""
+    for line in (_read(Path("/proc/self/cgroup")) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "memory" in parts[1].split(","):
+            d = CG / "memory" / parts[2].lstrip("/")
+            probe = d / f"planc-limit-probe-{os.getpid()}"
+            try:
+                probe.mkdir()
+            except OSError:
+                return None
+            _rmdir(probe)
+            return d
+    return None
 RESERVE = 256 * MIB  # PLANC_HOST_RESERVE for roomy and tight (planc's default)
 HOG_RESERVE = 512 * MIB  # for the hog case: room for one host part on top of the hog, whatever the timing
 ADMIT_SPARE = 256 * MIB  # the hog case's plan is admitted with this much room to spare
@@ -214,12 +253,15 @@ class Limited:
         self.events: dict = {}
         self.current_max = 0
         self._stop = threading.Event()
+        self.f = FILES_V1 if V1_PARENT is not None else FILES
         if direct:
-            self.path = CG / f"planc-limit-{name}-{os.getpid()}"
+            self.path = (V1_PARENT or CG) / f"planc-limit-{name}-{os.getpid()}"
             self.path.mkdir()
-            (self.path / "memory.max").write_text(str(limit))
+            (self.path / self.f["max"]).write_text(str(limit))
             if (self.path / "memory.swap.max").exists():
                 (self.path / "memory.swap.max").write_text("0")  # the limit is real memory, not swap
+            if (self.path / "memory.memsw.limit_in_bytes").exists():
+                (self.path / "memory.memsw.limit_in_bytes").write_text(str(limit))
 
     def _join(self) -> None:
         _join(self.path)
@@ -270,17 +312,17 @@ class Limited:
     def _take(self) -> None:
         if self.path is None:
             return
-        ev = _flat(_read(self.path / "memory.events"))
+        ev = _flat(_read(self.path / self.f["events"]))
         if ev:
             self.events = ev
-        cur = _read(self.path / "memory.current")
+        cur = _read(self.path / self.f["current"])
         if cur is not None:
             self.current_max = max(self.current_max, int(cur))
 
     def finish(self) -> dict:
         self._stop.set()
         self._take()
-        peak = _read(self.path / "memory.peak") if self.path else None
+        peak = _read(self.path / self.f["peak"]) if self.path else None
         out = {"cgroup": str(self.path), "memory_events": self.events, "sampled_current_max_bytes": self.current_max,
                "memory_peak_bytes": int(peak) if peak and peak.strip().isdigit() else None}
         if self.direct and self.path is not None:
@@ -294,7 +336,8 @@ class Limited:
 
 def _env(reserve: int) -> dict:
     env = dict(os.environ, PLANC_HOST_RESERVE=str(reserve), PYTHONUNBUFFERED="1")
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    if os.environ.get("PLANC_CGROUP_SIM") != "1":  # PLANC_CGROUP_SIM=1: keep the simulator (no GPU here)
+        env.pop("NUMBA_ENABLE_CUDASIM", None)
     env.pop("PLANC_DEBUG", None)
     return env
 
@@ -313,7 +356,8 @@ def _holds_open(pid: int, paths: set[str]) -> bool:
     return False
 
 
-def run_case(name: str, spec: Path, limit: int, reserve: int, direct: bool, hog: dict | None = None) -> dict:
+def run_case(name: str, spec: Path, limit: int, reserve: int, direct: bool, hog: dict | None = None,
+             args: list | None = None, env_extra: dict | None = None) -> dict:
     """`planc run SPEC --json` under memory.max = `limit`; with `hog`, a second process in the cgroup
     takes memory once the load runs, leaving planc a live room of hog['room'] bytes."""
     box = Limited(name, limit, direct)
@@ -327,7 +371,8 @@ def run_case(name: str, spec: Path, limit: int, reserve: int, direct: bool, hog:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             if hog_proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("the hog process did not start")
-        proc = box.popen([sys.executable, "-m", "planc", "run", str(spec), "--json"], _env(reserve), cwd=ROOT,
+        proc = box.popen([sys.executable, "-m", "planc", "run", str(spec), "--json", *(args or [])],
+                         {**_env(reserve), **(env_extra or {})}, cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         box.start_sampling()
         if hog is not None and box.path is None:
@@ -358,7 +403,9 @@ def run_case(name: str, spec: Path, limit: int, reserve: int, direct: bool, hog:
         rec["report"] = {"live_room_bytes": h["live_room_bytes"], "baseline_rss_bytes": h["baseline_rss_bytes"],
                          "hwm_bytes": h["hwm_bytes"], "growth_bytes": h["growth_bytes"],
                          "predicted_peak_bytes": h["predicted_peak_bytes"], "gb_per_s": rep["gb_per_s"],
-                         "run_waits": rep["run_waits"]}
+                         "run_waits": rep["run_waits"],
+                         "verify": {k: rep["verify"].get(k) for k in ("ok", "chunk_bytes", "predicted_host_bytes")}
+                         if rep.get("verify") else None}
     rec["planc_killed"] = proc.returncode in (-signal.SIGKILL, 137)
     rec["oom_kills"] = rec["memory_events"].get("oom_kill", 0)
     return rec
@@ -411,6 +458,112 @@ def judge(rec: dict, expect: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------
+# --paths: one case per path that holds host memory
+
+PATHS_RESERVE = 16 * MIB  # PLANC_HOST_RESERVE of the limited runs
+PATHS_MARGIN = 32 * MIB  # memory.max above baseline + need + reserve
+
+
+def write_fp8(d: Path, block: int | None, n: int = 8, rows: int = 2048, cols: int = 4096) -> Path:
+    """n FP8 weights [rows, cols] (8 MiB each) with their scales: `block` x `block` blocks, or one scale
+    per tensor (None: a [1, 1] grid, dequantized with a block as large as the matrix)."""
+    import math
+
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    if (d / ".complete").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    b = block or max(rows, cols)
+    out = {}
+    for i in range(n):
+        name = f"model.layers.{i}.mlp.w.weight"
+        out[name] = (rng.standard_normal((rows, cols), dtype=np.float32) * 2).astype(ml_dtypes.float8_e4m3fn)
+        out[f"{name}_scale_inv"] = (rng.random((math.ceil(rows / b), math.ceil(cols / b))) * 0.01 + 0.001
+                                    ).astype(np.float32)
+    save_file(out, str(d / "model.safetensors"))
+    (d / ".complete").write_text("ok")
+    return d
+
+
+def path_specs(data: Path, size: int) -> dict:
+    """name -> (spec path, run arguments beyond the spec)."""
+    dense = ensure_checkpoint(data, "dense", size, 2)
+    fp8b, fp8t = write_fp8(data / "fp8-block", 128), write_fp8(data / "fp8-tensor", None)
+    io = {"workers": 4, "slot": "4MiB", "slots": 8, "run": "64MiB", "direct": "off", "merge_gap": "1MiB"}
+    weights = "*proj.weight"
+    cases = {
+        "direct": (dense, [{"match": "*"}], {}),
+        "host": (dense, [{"match": "*", "dtype": "float32", "on": "host"}], {}),
+        "fp8-block": (fp8b, [{"match": "*", "source_dtype": ["F8_E4M3"], "dtype": "bfloat16", "on": "host", "dequantize": {"block": 128}}], {}),
+        "fp8-tensor": (fp8t, [{"match": "*", "source_dtype": ["F8_E4M3"], "dtype": "bfloat16", "on": "host", "dequantize": {"block": 4096}}], {}),
+        # a two-slot ring, so that what the verify holds after the load is more than the load's peak
+        "verify": (dense, [{"match": weights, "transpose": True}, {"match": "*"}], {"io": {**io, "slots": 2}}),
+        "tp-rank": (dense, [{"match": weights, "split": {"dim": 1}}, {"match": "*"}], {"tensor_parallel": {"size": 2}}),
+    }
+    if os.environ.get("PLANC_CGROUP_SIM") == "1":  # the simulator's transposes take minutes: verify copies
+        cases["verify"] = (dense, [{"match": "*"}], cases["verify"][2])
+    out = {}
+    for name, (ckpt, rules, extra) in cases.items():
+        spec = {"checkpoint": str(ckpt), "budget": {"host": "16GiB"}, "io": io, "rules": rules}
+        spec.update(extra)
+        p = data / f"paths.{name}.yaml"
+        p.write_text(yaml.safe_dump(spec, sort_keys=False))
+        out[name] = (p, ["--verify"] if name == "verify" else [], 0 if name == "tp-rank" else None)
+    return out
+
+
+def path_need(spec: Path, verify: bool, rank) -> dict:
+    from planc.compile import compile_spec
+    from planc.verifycost import verify_host_bytes
+
+    plan = compile_spec(spec, rank=rank) if rank is not None else compile_spec(spec)
+    if not plan.fits:
+        raise SystemExit(f"{spec}: refused at compile time: {plan.refusal.message}")
+    peak, v = plan.peak.host_bytes, verify_host_bytes(plan)
+    need = max(peak, v) if verify else peak
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator's device memory is host memory
+        need += plan.layout.device_bytes
+    return {"host_peak_bytes": peak, "verify_host_bytes": v, "need_bytes": need,
+            "ring_bytes": plan.layout.ring_bytes, "map_bytes": plan.layout.map_bytes,
+            "device_peak_bytes": plan.peak.device_bytes}
+
+
+def paths_main(data: Path, size: int, direct: bool, summary: dict) -> int:
+    for name, (spec, extra, rank) in path_specs(data, size).items():
+        need = path_need(spec, bool(extra), rank)
+        env_rank = {} if rank is None else {"RANK": str(rank), "WORLD_SIZE": "2"}
+        roomy = need["need_bytes"] + RESERVE + 2 * GIB
+        rec = run_case(f"{name}-roomy", spec, roomy, RESERVE, direct, args=extra, env_extra=env_rank)
+        judge(rec, "loads")
+        case = {"case": name, "predicted": need, "roomy": rec}
+        summary["cases"].append(case)
+        if rec["rc"] != 0:
+            case.update(ok=False, why=f"the roomy run failed: {rec['why']}")
+            continue
+        if V1_PARENT is not None:
+            # planc does not see a child v1 limit, and its RSS counts pages charged elsewhere: the
+            # process's own use is taken from the first case (direct: the ring alone), its cgroup
+            # peak less its need, and held for every case.
+            if "v1_baseline_bytes" not in summary:
+                summary["v1_baseline_bytes"] = rec["memory_peak_bytes"] - need["need_bytes"]
+            baseline = summary["v1_baseline_bytes"]
+        else:
+            baseline = roomy - RESERVE - rec["report"]["live_room_bytes"]
+        # v1: planc sees no limit, so no reserve; the margin is half of v2's (a 3.67x float32 temporary
+        # of one 8 MiB FP8 weight, ~30 MiB, would not fit in it)
+        limit = baseline + need["need_bytes"] + (PATHS_MARGIN // 2 if V1_PARENT is not None else PATHS_RESERVE + PATHS_MARGIN)
+        lim = judge(run_case(f"{name}-limited", spec, limit, PATHS_RESERVE, direct, args=extra, env_extra=env_rank),
+                    "loads")
+        peak = lim.get("memory_peak_bytes") or lim.get("sampled_current_max_bytes")
+        case.update(limited=lim, baseline_bytes=baseline, limit_bytes=limit, ok=lim["ok"], why=lim["why"],
+                    measured_above_baseline_bytes=(peak - baseline) if peak else None)
+        print(f"planc cgroup_limit --paths: {name}: predicted {fmt_bytes(need['need_bytes'])}, limit {fmt_bytes(limit)} "
+              f"(baseline {fmt_bytes(baseline)}), cgroup peak {fmt_bytes(peak or 0)} -> {lim['why']}", flush=True)
+    return _done(summary)
 
 
 def main() -> int:
@@ -419,6 +572,8 @@ def main() -> int:
     ap.add_argument("--data", type=Path, help="folder for the checkpoint (default: a temporary one, removed)")
     ap.add_argument("--size", default="512MiB", help="checkpoint size (default 512MiB)")
     ap.add_argument("--no-hog", action="store_true", help="skip the case of a second process taking memory")
+    ap.add_argument("--paths", action="store_true",
+                    help="one case per path that holds host memory, each under a limit just above its need")
     ap.add_argument("--dry-run", action="store_true",
                     help="write the checkpoint and specs, print the plans and the limits; no cgroup, no load")
     a = ap.parse_args()
@@ -429,6 +584,20 @@ def main() -> int:
     data = a.data or Path(tempfile.mkdtemp(prefix="planc-cgroup-"))
     summary: dict = {"size_bytes": size, "cases": []}
     try:
+        if a.paths:
+            global V1_PARENT
+            problem = cgroup_v2_problem()
+            if problem and v1_parent() is not None:
+                V1_PARENT = v1_parent()
+                summary["mechanism"] = f"cgroup v1 child of {V1_PARENT} ({problem})"
+                print(f"planc cgroup_limit: {problem}; using a child of this process's v1 memory cgroup", flush=True)
+                problem = None
+            elif problem and not systemd_scope_ok():
+                summary["skipped"] = problem
+                print(f"planc cgroup_limit: skipped: {problem}", flush=True)
+                return 2
+            summary["mem_available_bytes"] = mem_available()
+            return paths_main(data, size, problem is None, summary)
         ckpt = ensure_checkpoint(data, "dense", size, 2)
         # tight and roomy: 128 MiB runs, a host peak of ~760 MiB from 512 MiB, so half of it is a wide
         # margin against the baseline moving between processes; hog: 64 MiB runs, more of them to refuse.

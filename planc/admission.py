@@ -149,7 +149,7 @@ def _device_refusal(w: Window, plan: Plan) -> Refusal | None:
         return None
     lay, io = plan.layout, plan.io
     biggest = max(plan.parts, key=lambda p: (p.out_bytes, p.label), default=None)
-    step, size = ALLOC_DEVICE, lay.landing_bytes + lay.staging_bytes
+    step, size = ALLOC_DEVICE, lay.landing_bytes + lay.staging_bytes + lay.scatter_table_bytes
     if biggest is not None and biggest.out_bytes > size:
         step, size = f"stage:{biggest.label}", biggest.out_bytes
     knob = f"raise budget.device to {_fmt(w.device_bytes)}, skip tensors, or load them in a smaller dtype"
@@ -159,6 +159,7 @@ def _device_refusal(w: Window, plan: Plan) -> Refusal | None:
         else:
             knob = f"lower io.run (now {io.run_bytes:,} bytes) to shrink the landing buffers, or " + knob
     msg = (f"refused: run {w.run} needs {_fmt(w.device_bytes)} of device memory (arena {_fmt(lay.arena_bytes)} + "
-           f"landing {_fmt(lay.landing_bytes)} + staging {_fmt(lay.staging_bytes)}), budget.device allows "
+           f"landing {_fmt(lay.landing_bytes)} + staging {_fmt(lay.staging_bytes)} + scatter table "
+           f"{_fmt(lay.scatter_table_bytes)}), budget.device allows "
            f"{_fmt(budget)}; largest step: {step} ({_fmt(size)}); {knob}")
     return Refusal("device-budget", w.run, step, w.device_bytes, budget, msg)

@@ -480,9 +480,6 @@ def _fp4_companions(t: TensorEntry, r: Rule, i: int, manifest: Manifest):
     weight, each checked against the weight: a missing or misshapen one names both tensors."""
     dq = r.dequantize
     fmt = dq.format
-    if r.on != "host":
-        raise BindError(f"rules[{i}] dequantizes {t.name} as {fmt} on the device; FP4 dequantization runs on the "
-                        f"host for now (add on: host)", code="fp4-device")
     why = fp4.weight_problem(fmt, tuple(t.shape), t.dtype, r.transpose)
     if why:
         raise BindError(f"rules[{i}] dequantizes {t.name} as {fmt}, but {why} (narrow the rule with "

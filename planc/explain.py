@@ -14,6 +14,7 @@ from .errors import printable
 from .ir import Plan
 from .predict import predict
 from .units import fmt_bytes
+from .verifycost import verify_chunk, verify_host_bytes
 
 TOP = 10
 
@@ -52,8 +53,9 @@ def explain_doc(plan: Plan, node=None) -> dict:
             "device_bytes": None if budget.device_bytes is None else budget.device_bytes - peak.device_bytes,
         },
         "layout": {**lay._asdict(), "landing_region_bytes": list(lay.landing_region_bytes),
-                   "zero": [list(z) for z in lay.zero]},
+                   "zero": [list(z) for z in lay.zero], "scatter_table_bytes": lay.scatter_table_bytes},
         "io": plan.io._asdict(),
+        "verify": {"chunk_bytes": verify_chunk(plan), "host_bytes": verify_host_bytes(plan)},
         "totals": plan.totals._asdict(),
         "paths": _paths(parts),
         "tensor_parallel": plan.tensor_parallel._asdict(),
@@ -165,7 +167,8 @@ def _top(plan: Plan) -> list:
     lay = plan.layout
     items = [{"what": "pinned ring", "memory": "host", "bytes": lay.ring_bytes},
              {"what": "landing regions", "memory": "device", "bytes": lay.landing_bytes},
-             {"what": "device staging slots (scatter)", "memory": "device", "bytes": lay.staging_bytes}]
+             {"what": "device staging slots (scatter)", "memory": "device", "bytes": lay.staging_bytes},
+             {"what": "scatter table", "memory": "device", "bytes": lay.scatter_table_bytes}]
     for t in plan.tensors:
         items.append({"what": t.name, "memory": "device", "bytes": t.nbytes})
     for p in plan.parts:
@@ -198,7 +201,11 @@ def render(plan: Plan, console: Console, node=None) -> None:
     console.print(f"host = pinned ring {fmt_bytes(lay['ring_bytes'])} ({e['io']['slots']} x {fmt_bytes(e['io']['slot_bytes'])})"
                   f" + the host-path buffers of one part at a time;  device = arena {fmt_bytes(lay['arena_bytes'])}"
                   f" + landing {fmt_bytes(sum(lay['landing_region_bytes']))}"
-                  f" + staging {fmt_bytes(lay.get('staging_bytes', 0))}")
+                  f" + staging {fmt_bytes(lay.get('staging_bytes', 0))}"
+                  f" + scatter table {fmt_bytes(lay.get('scatter_table_bytes', 0))}")
+    vf = e["verify"]
+    console.print(f"--verify (after the load, the ring released) holds at most {fmt_bytes(vf['host_bytes'])} "
+                  f"of host memory, reading {fmt_bytes(vf['chunk_bytes'])} at a time")
     console.print(f"{t['tensors']} tensors from {t['source_tensors']} source tensors, {fmt_bytes(t['read_bytes'])} read "
                   f"({fmt_bytes(t['payload_bytes'])} payload) in {t['runs']} runs; requests {t['requests']} "
                   f"(uncoalesced {t['requests_uncoalesced']}), copies {t['copies']} (uncoalesced {t['copies_uncoalesced']}), "

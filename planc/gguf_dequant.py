@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planc.hostcost import CHUNK_VALUES
 from planc.manifest.ggml_types import BY_NAME, DEQUANTIZABLE
 
 _OUT = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -87,14 +88,21 @@ def dequantize(raw, type_name: str, shape: tuple[int, ...], out_dtype: str = "F3
     if numel % t.block or raw.size != numel // t.block * t.block_bytes:
         raise ValueError(f"{raw.size} bytes are not {numel} {type_name} elements "
                          f"({numel // t.block} blocks of {t.block_bytes} bytes)")
-    x = _BLOCKS[type_name](raw.reshape(-1, t.block_bytes)).reshape(shape)
-    if out_dtype == "F32":
-        return x
-    if out_dtype == "F16":
-        return x.astype(np.float16)
-    import ml_dtypes
+    if out_dtype == "BF16":
+        import ml_dtypes
 
-    return x.astype(ml_dtypes.bfloat16)
+        d_np = ml_dtypes.bfloat16
+    else:
+        d_np = np.float32 if out_dtype == "F32" else np.float16
+    # A chunk of blocks at a time (at most `planc.hostcost.CHUNK_VALUES` values), written into the
+    # output: the float32 temporaries stay one chunk's, whatever the tensor (elementwise, so the bits
+    # are those of the whole tensor at once).
+    blocks = raw.reshape(-1, t.block_bytes)
+    out = np.empty(numel, dtype=d_np)
+    step = max(1, CHUNK_VALUES // t.block)
+    for a in range(0, blocks.shape[0], step):
+        out[a * t.block:(a + step) * t.block] = _BLOCKS[type_name](blocks[a:a + step]).reshape(-1)
+    return out.reshape(shape)
 
 
 __all__ = ["dequantize"]

@@ -22,6 +22,7 @@ from .bind import Binding, Placement
 from .bind import Part as BoundPart
 from .ir import Input, Part
 from .dtypes import DTYPES
+from .hostcost import scratch_bytes
 from .split import ranged
 
 _tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
@@ -69,7 +70,8 @@ def _part_node(pid: int, pl: Placement, k: int, part: BoundPart, inputs: tuple[I
         path, reason, landing, host = "direct", "pure copy into the final place", 0, 0
     elif pl.on == "host":
         path, reason, landing = "host", _reason("host", pl.rule), 0
-        host = in_bytes + part.out_bytes * (2 if pl.op == "transpose" and src.dtype != pl.dtype else 1)
+        host = (in_bytes + part.out_bytes * (2 if pl.op == "transpose" and src.dtype != pl.dtype else 1)
+                + scratch_bytes(pl.op, src.dtype, pl.dtype, part.out_bytes, DTYPES[pl.dtype].itemsize))
     elif pl.op == "convert" and DTYPES[src.dtype].bits == DTYPES[pl.dtype].bits:
         path, reason, landing, host = "direct", "same-size conversion runs in place on the device", 0, 0
     else:

@@ -94,6 +94,9 @@ class Costs(NamedTuple):
     request_s: float
 
 
+SCATTER_ROW_BYTES = 24  # a scatter-table row: (slot offset, arena offset, length), int64 each
+
+
 class Layout(NamedTuple):
     """Device regions and the host ring, each allocated once before the first read."""
 
@@ -115,8 +118,13 @@ class Layout(NamedTuple):
         return self.landing_region_bytes[0] + self.landing_region_bytes[1]
 
     @property
+    def scatter_table_bytes(self) -> int:
+        """The scatter table on the device: three int64 a row, uploaded once with the regions."""
+        return SCATTER_ROW_BYTES * self.scatter_segments
+
+    @property
     def device_bytes(self) -> int:
-        return self.arena_bytes + self.landing_bytes + self.staging_bytes
+        return self.arena_bytes + self.landing_bytes + self.staging_bytes + self.scatter_table_bytes
 
 
 class Tensor(NamedTuple):
@@ -469,7 +477,7 @@ def alloc_steps(lay: Layout) -> tuple[Step, ...]:
     """The allocations made once, before the first read: the pinned ring and the device regions."""
     note = "pinned host ring" + (" + mapped read windows" if lay.map_bytes else "")
     return (Step(ALLOC_RING, "alloc", -1, lay.held_host_bytes, 0, note, ()),
-            Step(ALLOC_DEVICE, "alloc", -1, 0, lay.device_bytes, "arena + landing + staging", ()))
+            Step(ALLOC_DEVICE, "alloc", -1, 0, lay.device_bytes, "arena + landing + staging + scatter table", ()))
 
 
 def part_steps(n: Part) -> list[Step]:
@@ -489,7 +497,9 @@ def part_steps(n: Part) -> list[Step]:
     transform = op in ("convert", "dequantize", "dequantize_t")
     if host:
         if transform:
-            out.append(Step(f"normalize:{p}", "normalize", pid, n.out_bytes, 0, f"{op} on host", prev))
+            # the output and the chunk scratch (`planc.hostcost`): the part's bytes beyond its reads
+            held = n.host_bytes - sum(i.nbytes for i in n.inputs)
+            out.append(Step(f"normalize:{p}", "normalize", pid, held, 0, f"{op} on host", prev))
             prev = (out[-1].id,)
         if op == "transpose":
             extra = n.host_bytes - n.read_bytes - (n.out_bytes if transform else 0)

@@ -1,4 +1,4 @@
-"""The plan codec: `ir.Plan` <-> plan file (JSON, format 3); `plancheck` checks every field on load.
+"""The plan codec: `ir.Plan` <-> plan file (JSON, format 4); `plancheck` checks every field on load.
 
 Encoding is compact and byte-identical for identical inputs: small records are JSON objects, the
 records a plan holds by the thousand (tensors, parts, inputs, runs, requests, copies, kernels,
@@ -31,7 +31,17 @@ from .gcpause import gc_paused
 from .ir import Plan
 from .plancheck import FIELDS, FORMAT, _shown, check
 
-MAX_PLAN_BYTES = 1 << 30  # a plan file larger than this is refused before it is read
+# A plan is about 230-290 bytes a tensor (24 MB for 91k tensors, the largest checkpoints measured):
+# 128 MiB holds about 460k tensors, five times that, and is refused before it is read.
+MAX_PLAN_BYTES = 128 << 20
+# Decoding holds the parsed document: about 18x a plan's bytes (orjson; measured), up to about 36x
+# for text made of the smallest values (`[],` or `{},`). `decode_bound` bounds it from the text's
+# structure before any parse, and a text whose bound passes DECODE_RATIO x its size, or that has
+# more objects than a plan has, is refused: decoding holds at most DECODE_RATIO x MAX_PLAN_BYTES.
+DECODE_RATIO = 40
+MAX_OBJECTS = 256  # a plan's objects: its top level and the objects that are its values (about 10)
+_TOKEN_BYTES = 128  # what one JSON value holds once parsed, at most (an object, its pointer, growth)
+_OBJECT_BYTES = 256  # a dict of a few keys
 
 
 def encode(plan: Plan) -> str:
@@ -147,13 +157,38 @@ def decode(data: bytes | str, where: str = "<plan>") -> Plan:
     return trust(_decode(data, where))
 
 
+def decode_bound(raw: bytes) -> int:
+    """Bytes a parse of `raw` holds at most, from its structure (every value follows a `[`, `{`, `,`
+    or `:`); a test holds orjson's and the standard library's peaks under it, plans and hostile text."""
+    values = raw.count(b"[") + raw.count(b",") + raw.count(b":") + 1
+    return 2 * len(raw) + _TOKEN_BYTES * values + _OBJECT_BYTES * raw.count(b"{")
+
+
+def _check_bound(raw: bytes, where: str) -> None:
+    objects = raw.count(b"{")
+    if objects > MAX_OBJECTS:
+        raise PlanFormatError(f"{where}: not a planc plan ({objects:,} JSON objects; a plan has at most "
+                              f"{MAX_OBJECTS})", code="plan-too-large")
+    bound = decode_bound(raw)
+    if bound > DECODE_RATIO * max(len(raw), 1 << 16):
+        raise PlanFormatError(f"{where}: not a planc plan (its {len(raw):,} bytes would take up to {bound:,} "
+                              f"bytes to decode, more than {DECODE_RATIO}x: a plan's values are not that small)",
+                              code="plan-too-large")
+
+
 def _decode(data: bytes | str, where: str) -> Plan:
-    doc = _fast_parse(data)
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if len(raw) > MAX_PLAN_BYTES:
+        raise PlanFormatError(f"{where}: plan is {len(raw):,} bytes, more than the {MAX_PLAN_BYTES:,}-byte cap "
+                              f"for plans", code="plan-too-large")
+    _check_bound(raw, where)
+    doc = _fast_parse(raw)
     if doc is not None:
         try:
             return _checked(doc, where)
         except PlanFormatError:
             pass  # the exact parser's reading of the text decides, and names the fault
+    doc = None  # not held while the exact parser builds its own
     try:
         text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
         doc = json.loads(text, object_pairs_hook=_no_duplicates)

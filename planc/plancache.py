@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .ir import Plan
 
-MAX_ENTRY_BYTES = 1 << 30
+MAX_ENTRY_BYTES = 128 << 20  # an entry is a plan file: planc.plan.MAX_PLAN_BYTES
 
 
 def _stamp(path: str) -> list:

@@ -25,12 +25,13 @@ from .units import MAX_BYTES
 from .limits import (MAX_BLOCK, MAX_DIM, MAX_DIMS, MAX_MAP_LANES, MAX_MAP_WINDOW, MAX_SLOT, MAX_SLOTS, MAX_TP,
                      MAX_WORKERS, MIN_MAP_WINDOW)
 from . import fp4
+from .hostcost import scratch_bytes
 from .ir import (DEQUANTIZE_OPS, DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
 from .device import DIRECT_ALIGN, check_device
 
-FORMAT = 3
+FORMAT = 4
 
 # The field order of each array record, as the file states it.
 # Names repeated by the thousand are written once, in a table, and referred to by index: the
@@ -492,9 +493,10 @@ class _Checker:
         if n.path == "host":
             if n.op == "copy":
                 raise _bad(f"{at}.path", "a pure copy takes the direct path")
-            host = reads + n.out_bytes * (2 if n.op == "transpose" and w.dtype != n.out_dtype else 1)
+            host = (reads + n.out_bytes * (2 if n.op == "transpose" and w.dtype != n.out_dtype else 1)
+                    + scratch_bytes(n.op, w.dtype, n.out_dtype, n.out_bytes, DTYPES[n.out_dtype].itemsize))
             if n.host_bytes != host or n.landing_bytes:
-                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {host:,} bytes (reads + scratch), got "
+                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {host:,} bytes (reads + output + scratch), got "
                                                f"{n.host_bytes:,} (and landing {n.landing_bytes:,})")
         elif n.host_bytes:
             raise _bad(f"{at}.host_bytes", f"a direct-path part holds no host bytes, got {n.host_bytes:,}")
@@ -753,9 +755,11 @@ class _Checker:
                                           f"are {want:,} bytes")
         reads = sum(i.nbytes for i in n.inputs)
         if n.path == "host":
-            if n.host_bytes != reads + n.out_bytes or n.landing_bytes:
-                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {reads + n.out_bytes:,} bytes (reads + "
-                                               f"output), got {n.host_bytes:,} (and landing {n.landing_bytes:,})")
+            host = reads + n.out_bytes + scratch_bytes(n.op, w.dtype, n.out_dtype, n.out_bytes,
+                                                       DTYPES[n.out_dtype].itemsize)
+            if n.host_bytes != host or n.landing_bytes:
+                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {host:,} bytes (reads + output + "
+                                               f"scratch), got {n.host_bytes:,} (and landing {n.landing_bytes:,})")
         elif n.host_bytes or n.landing_bytes != reads:
             raise _bad(f"{at}.landing_bytes", f"a direct-path {n.op} lands its {reads:,} read bytes and holds no "
                                               f"host bytes, got {n.landing_bytes:,} and {n.host_bytes:,}")
@@ -874,6 +878,8 @@ def _run_coverage(r, parts, bisect_right) -> None:
             if k[0] != "landing":
                 raise _bad(f"{at}.kernels", f"part {pid} lands its bytes: its kernel reads the landing region")
             space, bases = "landing", (k[1], k[2])
+            if len(p.inputs) == 3:  # NVFP4's per-tensor scale: right after its block scales (`fp4.scale2_offset`)
+                bases += (fp4.scale2_offset(k[2], p.inputs[1].nbytes),)
         for inp, base in zip(p.inputs, bases):
             if inp.count == 1:
                 maps.append((inp.file, inp.start, inp.start + inp.nbytes, space, base))

@@ -9,6 +9,9 @@
   ``weight_scale`` F8_E4M3 ``[R, C/16]``, ``weight_scale_2`` F32 ``[]`` and ``input_scale`` F32 ``[]``;
   norms, embeddings and ``lm_head`` in BF16.
 
+`write_gpt_oss` writes a small gpt-oss as transformers reads it: the mxfp4 tensors and a
+`config.json` (GptOss, `quantization_config` mxfp4), for `from_pretrained` and `planc.load_into`.
+
 Block bytes are uniform random (every E2M1 pair occurs); scales are drawn from a narrow range
 around 1 (E8M0 120..130, E4M3 of 0.25..2), so the model's activations stay finite. Deterministic for
 a seed.
@@ -110,11 +113,12 @@ def layers_for(family: str, d: FP4Dims, size_bytes: int) -> int:
 
 
 def write_fp4_checkpoint(out_dir: str | os.PathLike, family: str, *, layers: int | None = None,
-                         size_bytes: int | None = None, experts: int | None = None, seed: int = 0):
+                         size_bytes: int | None = None, experts: int | None = None, seed: int = 0,
+                         dims: FP4Dims | None = None):
     """Write `family` (mxfp4 | nvfp4) into `out_dir`/model.safetensors; returns (path, dims).
 
     Tiny by default; with `size_bytes`, the real models' layer shapes and the layers that reach it."""
-    d = LARGE[family] if size_bytes else TINY[family]
+    d = dims or (LARGE[family] if size_bytes else TINY[family])
     if experts is not None:
         if family != "mxfp4" or experts < 1:
             raise ValueError("experts is a positive count, and only for the mxfp4 family")
@@ -135,3 +139,33 @@ def write_fp4_checkpoint(out_dir: str | os.PathLike, family: str, *, layers: int
     os.replace(tmp, out / SINGLE_NAME)
     (out / "planc-synth.json").write_text(json.dumps({"family": family, **asdict(d)}, indent=2) + "\n")
     return str(out / SINGLE_NAME), d, len(data), (out / SINGLE_NAME).stat().st_size
+
+
+# A small gpt-oss: H != I (so a transposed layout shows), 8 experts, both attention kinds.
+GPT_OSS_SMALL = FP4Dims(256, 128, 8, 2, 32, 1024, 8, 2)
+
+
+def gpt_oss_config(d: FP4Dims) -> dict:
+    """transformers' GptOss `config.json` for dims `d` (the rest: transformers' defaults)."""
+    return {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": d.hidden,
+            "intermediate_size": d.intermediate, "num_hidden_layers": d.layers, "num_attention_heads": d.heads,
+            "num_key_value_heads": d.kv_heads, "head_dim": d.head_dim, "vocab_size": d.vocab,
+            "num_local_experts": d.experts, "num_experts_per_tok": min(2, d.experts), "sliding_window": 128,
+            "layer_types": ["sliding_attention" if k % 2 == 0 else "full_attention" for k in range(d.layers)],
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+                "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
+
+
+def write_gpt_oss(out_dir: str | os.PathLike, d: FP4Dims = GPT_OSS_SMALL, seed: int = 0) -> str:
+    """Write a gpt-oss of dims `d` (MXFP4 experts) with its `config.json` into `out_dir`; returns the
+    safetensors path. Written once: a folder holding this very checkpoint is left as it is."""
+    out = Path(out_dir)
+    conf = json.dumps(gpt_oss_config(d), indent=2) + "\n"
+    if (out / SINGLE_NAME).exists() and (out / "config.json").exists() and (out / "config.json").read_text() == conf:
+        return str(out / SINGLE_NAME)
+    path, *_ = write_fp4_checkpoint(out, "mxfp4", layers=d.layers, seed=seed, dims=d)
+    from .outputs import write
+
+    write(out / "config.json", conf, "gpt-oss config.json")
+    return path

@@ -1,5 +1,6 @@
 """MXFP4 and NVFP4: the reference against the formats' definitions, binding and its refusals, and
-the host path (`on: host`) end to end under the CUDA simulator, bit-exact to the reference."""
+the shipped specs end to end on the host path (`on: host`) and the device path under the CUDA
+simulator, bit-exact to the reference (the kernels alone: tests/test_fp4_device.py)."""
 
 import os
 
@@ -84,11 +85,13 @@ def _spec(tmp_path, fam, on="host", **rule):
     return p
 
 
+@pytest.mark.parametrize("on", ["host", "device"])
 @pytest.mark.parametrize("fam", ["mxfp4", "nvfp4"])
-def test_host_path_loads_bit_exact(tmp_path, fam):
+def test_shipped_specs_load_bit_exact(tmp_path, fam, on):
     write_fp4_checkpoint(tmp_path / fam, fam)
     src = tensors(fam, TINY[fam])
-    plan = compile_spec(_spec(tmp_path, fam))
+    plan = compile_spec(_spec(tmp_path, fam, on=on))
+    assert {p.path for p in plan.parts if p.op.startswith("dequantize")} == {"host" if on == "host" else "direct"}
     assert plan.fits
     m = execute(plan, verify=True)
     try:
@@ -133,10 +136,3 @@ def test_missing_tensor_scale_is_refused(tmp_path):
     with pytest.raises(BindError) as ei:
         compile_spec(_spec(tmp_path, "nvfp4"))
     assert ei.value.code == "scale-missing" and "up_proj.weight_scale_2" in str(ei.value)
-
-
-def test_device_path_is_refused_until_its_kernels_exist(tmp_path):
-    write_fp4_checkpoint(tmp_path / "mxfp4", "mxfp4")
-    with pytest.raises(BindError) as ei:
-        compile_spec(_spec(tmp_path, "mxfp4", on="device"))
-    assert ei.value.code == "fp4-device"

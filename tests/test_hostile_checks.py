@@ -269,7 +269,7 @@ def test_a_field_nested_deep_is_one_plan_error(small_plan, capsys, depth, field)
     nested = text[:at] + opener * depth + "1" + closer * depth + text[end:] if field not in ('"parts":', '"costs":') \
         else text[:at] + opener * depth + "1" + closer * depth + "," + text[at:].split(",", 1)[1]
     e = _plan_error(lambda: decode(nested, "deep"))
-    assert len(e.message) < 400 and e.code in ("plan-syntax", "plan-invalid", "plan-version"), e.message
+    assert len(e.message) < 400 and e.code in ("plan-syntax", "plan-invalid", "plan-version", "plan-too-large"), e.message
     p = folder / f"deep-{depth}.json"
     p.write_text(nested)
     rc, out, err = cli_run(capsys, "explain", p)

@@ -1,4 +1,4 @@
-"""Hand-made hostile edits of plan files around strided inputs and landing buffers (format 3).
+"""Hand-made hostile edits of plan files around strided inputs and landing buffers (format 4).
 
 Each edit keeps every derived field (read bytes, ring, peaks) consistent, so only the check it aims
 at can refuse it: a row of a strided slice copied twice (after the slice is already complete), a

@@ -80,7 +80,7 @@ def test_copies_without_merge_whole_plan(abcd):
     alloc = [{"id": "alloc:ring", "kind": "alloc", "part": -1, "host_bytes": 8192, "device_bytes": 0,
               "note": "pinned host ring", "deps": []},
              {"id": "alloc:device", "kind": "alloc", "part": -1, "host_bytes": 0, "device_bytes": 12288,
-              "note": "arena + landing + staging", "deps": []}]
+              "note": "arena + landing + staging + scatter table", "deps": []}]
     expected = {
         "kind": "planc-plan", "planc": __version__,
         "spec": {"path": str(tmp_path / "spec.yaml"), "sha256": hashlib.sha256(spec_text).hexdigest()},
@@ -306,29 +306,31 @@ HOST_IO = {"slot": 4096, "slots": 1, "run": 8192, "merge_gap": 0}
 def test_host_path_costs(host_ckpt):
     tmp_path, ds = host_ckpt
     d = compile_doc(tmp_path, HOST_RULES, io=HOST_IO).to_dict()
-    # host cost of a host part = input bytes + output bytes: a_h1 4096 + 2048, b_h2 8192 + 4096
+    # host cost of a host part = input bytes + output bytes + chunk scratch (planc.hostcost: 24 bytes
+    # a value, the whole tensor being one chunk): a_h1 4096 + 2048 + 1024 x 24, b_h2 8192 + 4096 + 2048 x 24
+    a_h, b_h = 6144 + 1024 * 24, 12288 + 2048 * 24
     assert [(p["tensor"], p["path"], p["host_bytes"], p["landing_bytes"]) for p in d["parts"]] == [
-        ("a_h1", "host", 6144, 0), ("b_h2", "host", 12288, 0), ("c_g", "direct", 0, 0)]
+        ("a_h1", "host", a_h, 0), ("b_h2", "host", b_h, 0), ("c_g", "direct", 0, 0)]
     steps = {s["id"]: (s["kind"], s["host_bytes"], s["device_bytes"], s["deps"]) for s in d["steps"]}
     assert steps["alloc:ring"] == ("alloc", 4096, 0, [])
     assert steps["alloc:device"] == ("alloc", 0, 10240, [])
     assert steps["read:a_h1#0:weight"] == ("read", 4096, 0, ["alloc:ring"])
-    assert steps["normalize:a_h1#0"] == ("normalize", 2048, 0, ["read:a_h1#0:weight"])
+    assert steps["normalize:a_h1#0"] == ("normalize", 2048 + 1024 * 24, 0, ["read:a_h1#0:weight"])
     assert steps["stage:a_h1#0"] == ("stage", 0, 2048, ["alloc:device", "normalize:a_h1#0"])
     assert steps["stage:c_g#0"] == ("stage", 0, 4096, ["alloc:device", "read:c_g#0:weight"])
     # runs: a_h1 (4096) | b_h2 (8192) | c_g (4096)
     assert [r["parts"] for r in d["runs"]] == [[0], [1], [2]]
     assert [r["host_parts"] for r in d["runs"]] == [[{"part": 0, "dst_offset": 0, "copies": 1}],
                                                     [{"part": 1, "dst_offset": 2048, "copies": 1}], []]
-    assert [r["host_bytes"] for r in d["runs"]] == [6144, 12288, 0]  # each run's largest host-path part
+    assert [r["host_bytes"] for r in d["runs"]] == [a_h, b_h, 0]  # each run's largest host-path part
     assert [r["requests"] for r in d["runs"][:2]] == [[], []]
     assert reqs(d["runs"][2]) == [("m.safetensors", 12288, 4096, [(ds, "arena", 6144, 4096 - ds)]),
                                   ("m.safetensors", 16384, 4096, [(0, "arena", 10240 - ds, ds)])]
     # window k = ring + run k's host-path parts, one at a time (the executor drains a run's reads,
     # then reads, transforms and stages each host-path part, releasing its buffers before the next)
     assert [(w["host_bytes"], w["host_inflight_bytes"]) for w in d["timeline"]] == [
-        (4096 + 6144, 6144), (4096 + 12288, 12288), (4096, 0)]
-    assert d["peak"] == {"host_bytes": 16384, "device_bytes": 10240}
+        (4096 + a_h, a_h), (4096 + b_h, b_h), (4096, 0)]
+    assert d["peak"] == {"host_bytes": 4096 + b_h, "device_bytes": 10240}
     assert d["layout"] == {"arena_bytes": 10240, "landing_region_bytes": [0, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": [], "map_bytes": 0}
     t = d["totals"]
     assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (4, 4, 4, 4)
@@ -336,32 +338,37 @@ def test_host_path_costs(host_ckpt):
     assert [r["read_bytes"] for r in d["runs"]] == [4096, 8192, 8192]
 
 
+# ring 4096 + a host part's reads, output and chunk scratch (planc.hostcost: 24 bytes a value)
+PEAK_H = 4096 + 8192 + 4096 + 2048 * 24  # run 1: b_h2
+PEAK_A = 4096 + 4096 + 2048 + 1024 * 24  # run 0: a_h1
+
+
 def test_host_path_refusal_names_first_failing_run(host_ckpt):
     tmp_path, _ = host_ckpt
-    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 16383})
+    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": PEAK_H - 1})
     r = plan.refusal
     assert not plan.fits
     assert (r.code, r.run, r.step, r.needed_bytes, r.allowed_bytes) == (
-        "host-budget", 1, "read:b_h2#0:weight", 16384, 16383)
+        "host-budget", 1, "normalize:b_h2#0", PEAK_H, PEAK_H - 1)
     assert r.step in {s.id for s in plan.steps}
-    assert "run 1" in r.message and "16,384 bytes" in r.message and "16,383 bytes" in r.message
+    assert f"run 1 needs {PEAK_H:,} bytes" in r.message and f"{PEAK_H - 1:,} bytes" in r.message
     assert "on: device" in r.message
     # the same inputs give the same refusal; the peaks do not depend on the budget
-    again = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 16383})
+    again = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": PEAK_H - 1})
     assert encode(again) == encode(plan)
-    assert plan.peak.host_bytes == 16384
+    assert plan.peak.host_bytes == PEAK_H
 
 
 def test_host_path_refusal_in_run_zero_when_part_alone_too_big(host_ckpt):
     tmp_path, _ = host_ckpt
-    r = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 10239}).refusal
-    assert (r.code, r.run, r.step, r.needed_bytes) == ("host-budget", 0, "read:a_h1#0:weight", 10240)
+    r = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": PEAK_A - 1}).refusal
+    assert (r.code, r.run, r.step, r.needed_bytes) == ("host-budget", 0, "normalize:a_h1#0", PEAK_A)
     assert "on: device" in r.message
 
 
 def test_host_budget_exactly_fits(host_ckpt):
     tmp_path, _ = host_ckpt
-    assert compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 16384}).fits
+    assert compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": PEAK_H}).fits
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -480,11 +487,11 @@ def test_renaming_keeps_costs_with_safetensors_layout(tmp_path):
 
 def test_explain_reads_the_same_timeline(host_ckpt):
     tmp_path, _ = host_ckpt
-    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 16383, "device": "1MiB"})
+    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": PEAK_H - 1, "device": "1MiB"})
     e = explain_doc(plan)
     assert e["fits"] is False and e["refusal"] == plan.to_dict()["refusal"]
     assert [r["host_peak_bytes"] for r in e["runs"]] == [w["host_bytes"] for w in plan.to_dict()["timeline"]]
-    assert e["headroom"] == {"host_bytes": 16383 - 16384, "device_bytes": 2**20 - 10240}
+    assert e["headroom"] == {"host_bytes": -1, "device_bytes": 2**20 - 10240}
     assert [r["requests"] for r in e["runs"]] == [1, 1, 2]
     assert sum(r["requests"] for r in e["runs"]) == e["totals"]["requests"]
     assert [r["dominant_step"] for r in e["runs"]] == ["normalize:a_h1#0", "normalize:b_h2#0", "alloc:ring"]

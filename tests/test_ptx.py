@@ -162,6 +162,12 @@ def test_the_table_is_every_launch_the_dispatchers_make():
     for t in sorted(DEQUANTIZABLE):  # GGUF blocks into each float target
         for b in sorted(FLOAT_CONVERTIBLE):
             dequantize_gguf(buf, wide[b], t, b, 256, dev=dev)
+    from planc.execute.fp4_dispatch import dequantize_fp4
+
+    for fmt in ("mxfp4", "nvfp4"):  # FP4 into every float target, as stored and transposed
+        for b in sorted(FLOAT_CONVERTIBLE):
+            for t in (False, True):
+                dequantize_fp4(buf[:64], buf[64:72], buf[128:132], out, fmt, b, 1, 2, 64, t, dev=dev)
     recorded = _recorded_signatures(dev)
     listed = set(signatures.launches())
     assert recorded - listed == set(), f"launches without shipped PTX: {sorted(recorded - listed)}"

@@ -65,7 +65,7 @@ def test_the_report_json_is_the_documented_contract(report):
         assert set(doc[k]) == {"predicted", "issued"} and all(isinstance(x, int) for x in doc[k].values())
     assert set(doc["bytes_read"]) == {"predicted", "measured"}
     assert set(doc["tensor_parallel"]) == {"rank", "size"}
-    assert set(doc["verify"]) == {"ok", "tensors", "parts", "bytes", "mismatches"}
+    assert set(doc["verify"]) == {"ok", "tensors", "parts", "bytes", "mismatches", "chunk_bytes", "predicted_host_bytes"}
     assert set(doc["digest"]) == {"ok", "kind", "digest_file", "extent_bytes", "extents", "hashed_bytes", "fill_bytes",
                                   "reread_bytes"}
     for f in dataclasses.fields(HostMemory):

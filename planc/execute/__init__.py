@@ -72,12 +72,20 @@ def check_against_headers(plan) -> None:
                     f"the plan does not match its checkpoint: compile again", code="plan-header-mismatch")
 
 
-def admit_live(plan, room, dev, reused_bytes: int = 0) -> tuple:
+def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False) -> tuple:
     """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory of
     `dev` (a `seam.Device`); returns (room, the device's (free, total) bytes or None).
-    `reused_bytes`: device bytes the load writes into without allocating them (a reload's arena)."""
+    `reused_bytes`: device bytes the load writes into without allocating them (a reload's arena).
+    With `verify`, what `--verify` holds after the load (`planc.verifycost`) counts too, where it is
+    more than the load's host peak."""
     need = plan.peak.host_bytes
     what = "the plan's host peak"
+    if verify:
+        from ..verifycost import verify_host_bytes
+
+        v = verify_host_bytes(plan)
+        if v > need:
+            need, what = v, "what --verify holds (planc.verifycost)"
     if dev.memory_is_host:  # the simulator's device memory is host memory: the regions count against the room
         need += plan.layout.device_bytes - reused_bytes
         what = "the plan's host peak plus its simulated device regions"
@@ -173,7 +181,8 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     verifier = _verifier(plan, digest)
     dev_name = plan.device if device is None else _device_arg(device)
     idx = select(dev_name)  # on `dev`, in force: attaches to its primary context (made here if no one made it yet)
-    room, _ = admit_live(plan, parts.live_room(settings.host_reserve), dev, into.arena_bytes if into is not None else 0)
+    room, _ = admit_live(plan, parts.live_room(settings.host_reserve), dev, into.arena_bytes if into is not None else 0,
+                         verify)
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()
     free_before = dev.memory_info()

@@ -199,18 +199,21 @@ def transpose2d(src_u8, dst_u8, rows: int, cols: int, itemsize: int, stream=0, d
 def scatter_table(plan) -> tuple[np.ndarray, dict]:
     """All scattered requests' copies, one row each, in element units: (table int64 [n, 3],
     {(run, req): (first, last, longest)}), `longest` the most elements one of its rows moves."""
-    rows, where = [], {}
+    # Filled in place (24 bytes a row, what the plan counts on the device), not built from a list of
+    # Python tuples (several times that on the host while it is made).
+    n = sum(len(q.copies) for r in plan.runs for q in r.requests if q.scatter)
+    table, where, k = np.empty((n, 3), dtype=np.int64), {}, 0
     for r in plan.runs:
         for qi, q in enumerate(r.requests):
             if not q.scatter:
                 continue
             w = q.width
-            first, longest = len(rows), 0
-            for slot_off, _space, dst, n, _rows, _pitch in q.copies:
-                rows.append((slot_off // w, dst // w, n // w))
-                longest = max(longest, n // w)
-            where[(r.index, qi)] = (first, len(rows), longest)
-    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+            first, longest = k, 0
+            for slot_off, _space, dst, nbytes, _rows, _pitch in q.copies:
+                table[k] = (slot_off // w, dst // w, nbytes // w)
+                longest = max(longest, nbytes // w)
+                k += 1
+            where[(r.index, qi)] = (first, k, longest)
     return table, where
 
 

@@ -16,8 +16,10 @@ The bits every implementation (host path, device kernels, verification) must pro
   positive quiet NaN.
 * `transpose`: the last two dims of the dequantized tensor swapped.
 
-Work goes a chunk of rows at a time, so the float32 intermediate stays small: the host path's
-cost model counts the read buffers and the output, as for the other host-path ops.
+Work goes a chunk of at most `planc.hostcost.CHUNK_VALUES` values at a time (rows, and blocks of a
+row when a row alone is longer), written straight to its place in the output, transposed or not,
+so the float32 temporaries are the chunk scratch the host path's cost model counts beside the read
+buffers and the output (a transpose holds no second copy of the output).
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import numpy as np
 
 from planc import fp4
 from planc.dtypes import dtype
+from planc.hostcost import CHUNK_VALUES
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                  -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
-CHUNK_VALUES = 1 << 18  # values dequantized at a time: 1 MiB of float32 intermediate
 
 
 def e2m1_pairs(b: np.ndarray) -> np.ndarray:
@@ -71,21 +73,30 @@ def mxfp4(blocks: np.ndarray, scales: np.ndarray, out_dtype: str = "BF16", trans
                          f"[..., G, 16] and [..., G]")
     d_np = _target(out_dtype)
     lead, g = blocks.shape[:-2], blocks.shape[-2]
-    flat_b = blocks.reshape(-1, g, 16)
-    flat_s = scales.reshape(-1, g)
-    out = np.empty((flat_b.shape[0], g * 32), dtype=d_np)
-    step = max(1, CHUNK_VALUES // (g * 32 or 1))
-    for a in range(0, flat_b.shape[0], step):
-        s = flat_s[a:a + step]
-        with np.errstate(over="ignore"):  # 6 x 2^127 is past float32: infinity, as in the target
-            v = e2m1_pairs(flat_b[a:a + step]) * e8m0(s)[..., None]  # [n, G, 32], exact or infinite
-        out[a:a + step] = _finish(v, (s == 255)[..., None], d_np).reshape(-1, g * 32)
-    out = out.reshape(*lead, g * 32)
-    if transpose:
-        if out.ndim < 2:
-            raise ValueError("a transpose needs a row dim")
-        out = np.ascontiguousarray(np.swapaxes(out, -1, -2))
-    return out
+    if transpose and not lead:
+        raise ValueError("a transpose needs a row dim")
+    rows = lead[-1] if lead else 1
+    flat_b = blocks.reshape(-1, rows, g, 16)
+    flat_s = scales.reshape(-1, rows, g)
+    batch, cols = flat_b.shape[0], g * 32
+    out = np.empty((batch, cols, rows) if transpose else (batch, rows, cols), dtype=d_np)
+    step = max(1, CHUNK_VALUES // max(1, cols))
+    gw = max(1, min(g, CHUNK_VALUES // 32))  # groups of a row at a time
+    for b in range(batch):
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            for g0 in range(0, g, gw):
+                g1 = min(g, g0 + gw)
+                s = flat_s[b, r0:r1, g0:g1]
+                with np.errstate(over="ignore"):  # 6 x 2^127 is past float32: infinity, as in the target
+                    v = e2m1_pairs(flat_b[b, r0:r1, g0:g1]) * e8m0(s)[..., None]  # [n, G, 32], exact or infinite
+                vals = _finish(v, (s == 255)[..., None], d_np).reshape(r1 - r0, (g1 - g0) * 32)
+                del v
+                if transpose:
+                    out[b, g0 * 32:g1 * 32, r0:r1] = vals.T
+                else:
+                    out[b, r0:r1, g0 * 32:g1 * 32] = vals
+    return out.reshape(*lead[:-1], cols, rows) if transpose else out.reshape(*lead, cols)
 
 
 def nvfp4(weight: np.ndarray, scale: np.ndarray, scale_2, out_dtype: str = "BF16",
@@ -102,16 +113,23 @@ def nvfp4(weight: np.ndarray, scale: np.ndarray, scale_2, out_dtype: str = "BF16
                          f"[R, C / 2] and [R, C / 16]")
     d_np = _target(out_dtype)
     s2 = np.float32(np.asarray(scale_2, dtype=np.float32).reshape(-1)[0])
-    cols = half * 2
-    out = np.empty((rows, cols), dtype=d_np)
-    step = max(1, CHUNK_VALUES // (cols or 1))
+    cols, nb = half * 2, half // 8  # values and 16-value blocks a row
+    out = np.empty((cols, rows) if transpose else (rows, cols), dtype=d_np)
+    step = max(1, CHUNK_VALUES // max(1, cols))
+    bw = max(1, min(nb, CHUNK_VALUES // 16))  # blocks of a row at a time
     with np.errstate(over="ignore", invalid="ignore"):
-        for a in range(0, rows, step):
-            bs = scale[a:a + step].astype(np.float32) * s2  # one float32 product per block
-            v = e2m1_pairs(weight[a:a + step]).reshape(-1, half // 8, 16) * bs[..., None]
-            out[a:a + step] = _finish(v, np.isnan(v), d_np).reshape(-1, cols)
-    if transpose:
-        out = np.ascontiguousarray(out.T)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            for j0 in range(0, nb, bw):
+                j1 = min(nb, j0 + bw)
+                bs = scale[r0:r1, j0:j1].astype(np.float32) * s2  # one float32 product per block
+                v = e2m1_pairs(weight[r0:r1, j0 * 8:j1 * 8]).reshape(r1 - r0, j1 - j0, 16) * bs[..., None]
+                vals = _finish(v, np.isnan(v), d_np).reshape(r1 - r0, (j1 - j0) * 16)
+                del v
+                if transpose:
+                    out[j0 * 16:j1 * 16, r0:r1] = vals.T
+                else:
+                    out[r0:r1, j0 * 16:j1 * 16] = vals
     return out
 
 

@@ -57,6 +57,11 @@ class GpuGrid:
         """(grid, block) of a tiled [rows, cols] transpose."""
         return self.grid_2d(rows, cols, (TILE, TILE)), BLOCK_2D
 
+    def tiles(self, rows: int, cols: int, tile_rows: int, tile_cols: int):
+        """(grid, block) of a launch over [rows, cols] in tiles of [tile_rows, tile_cols] (the FP4
+        transposes: 32 x 64), a block of `BLOCK_2D` threads a tile."""
+        return self.grid_2d(rows, cols, (tile_cols, tile_rows)), BLOCK_2D
+
     def scatter(self, nseg: int, longest: int):
         """((segments, blocks per segment), threads) of one scatter launch: the blocks follow the
         bytes, not the segments. A request of four 4 MiB pieces on four blocks moved a few GB/s
@@ -82,6 +87,10 @@ class SimGrid:
 
     def transpose(self, rows: int, cols: int):
         grid = (min(SIM_GRID_TRANSPOSE[0], cdiv(cols, TILE)), min(SIM_GRID_TRANSPOSE[1], cdiv(rows, TILE)))
+        return grid, SIM_BLOCK_TRANSPOSE
+
+    def tiles(self, rows: int, cols: int, tile_rows: int, tile_cols: int):
+        grid = (min(SIM_GRID_TRANSPOSE[0], cdiv(cols, tile_cols)), min(SIM_GRID_TRANSPOSE[1], cdiv(rows, tile_rows)))
         return grid, SIM_BLOCK_TRANSPOSE
 
     def scatter(self, nseg: int, longest: int):

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from .. import fp4
+from ..ir import DEQUANTIZE_OPS
 from . import dispatch, seam
 from .events import KernelsLaunched
 
@@ -75,6 +77,8 @@ class KernelRuns:
         dst = self.regions.arena[k.dst_offset:k.dst_offset + numel * d_size]
         if k.op == "convert":
             dispatch.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.stream, dev=self.dev)
+        elif k.op in DEQUANTIZE_OPS and k.src_dtype == fp4.WEIGHT_DTYPE:
+            self._fp4(r, k, src, dst)
         elif k.op == "dequantize":
             rows, cols, b = k.rows, k.cols, k.block
             n_scale = -(-rows // b) * -(-cols // b)
@@ -85,9 +89,29 @@ class KernelRuns:
             dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream, dev=self.dev)
 
 
+    def _fp4(self, r, k, src, dst) -> None:
+        """An MXFP4 or NVFP4 dequantization: its weight, block scales (and NVFP4's per-tensor scale,
+        just after them) in the landing region."""
+        from . import fp4_dispatch
+
+        fmt = fp4_format(self.plan, k)
+        n_scale = k.numel // k.block
+        scale = self.regions.dst("landing", r, k.scale_offset, n_scale)
+        scale2 = (self.regions.dst("landing", r, fp4.scale2_offset(k.scale_offset, n_scale), 4)
+                  if fmt == "nvfp4" else None)
+        fp4_dispatch.dequantize_fp4(src, scale, scale2, dst, fmt, k.dst_dtype, k.numel // (k.rows * k.cols), k.rows,
+                                    k.cols, k.op == "dequantize_t", stream=self.stream, dev=self.dev)
+
+
+def fp4_format(plan, k) -> str | None:
+    """The FP4 format of kernel k's part (by its inputs' dtypes), or None."""
+    p = plan.parts[k.part]
+    return fp4.format_of(p.inputs[0].dtype, p.inputs[1].dtype) if len(p.inputs) >= 2 else None
+
+
 def reads_landing(r) -> bool:
     """Whether run r's kernels read its landing region (sources or FP8 scales placed there)."""
-    return any(k.src_space != "arena" or k.op == "dequantize" for k in r.kernels)
+    return any(k.src_space != "arena" or k.op in DEQUANTIZE_OPS for k in r.kernels)
 
 
 def warm_kernels(plan, dev=None):
@@ -104,7 +128,8 @@ def warm_kernels(plan, dev=None):
     need = set()
     for r in plan.runs:
         for k in r.kernels:
-            need.add((k.op, k.src_dtype, k.dst_dtype))
+            fmt = fp4_format(plan, k) if k.op in DEQUANTIZE_OPS else None
+            need.add((f"fp4:{fmt}", k.op == "dequantize_t", k.dst_dtype) if fmt else (k.op, k.src_dtype, k.dst_dtype))
         for q in r.requests:
             if q.scatter:
                 need.add(("scatter", q.width, None))
@@ -131,7 +156,7 @@ def _warm(dev, idx: int, need) -> None:
         dev.select(idx)
         stream = dev.stream()
         buf = dev.device_bytes(64)
-        out = dev.device_bytes(64)
+        out = dev.device_bytes(256)
         for op, a, b in need:
             if op == "convert":
                 dispatch.convert(buf, out if DTYPES[a].bits != DTYPES[b].bits else buf, a, b, 1, stream=stream, dev=dev)
@@ -139,6 +164,12 @@ def _warm(dev, idx: int, need) -> None:
                 dispatch.dequantize_fp8(buf[:8], buf[8:16], out, a, b, 1, 1, 128, stream=stream, dev=dev)
             elif op == "transpose":
                 dispatch.transpose2d(buf, out, 1, 1, DTYPES[a].bits // 8, stream=stream, dev=dev)
+            elif op.startswith("fp4:"):
+                from . import fp4_dispatch
+
+                fmt = op[4:]
+                fp4_dispatch.dequantize_fp4(buf[:16], buf[16:20], buf[32:36], out, fmt, b, 1, 1, fp4.BLOCK[fmt], a,
+                                            stream=stream, dev=dev)
             elif op == "scatter":
                 table = dev.to_device(np.zeros((1, 3), np.int64))
                 dispatch.scatter(buf, out, table, 0, 1, a, stream, 1, dev=dev)

@@ -91,7 +91,7 @@ def _source_salt() -> str:
     if _salt is None:
         h = hashlib.sha256()
         here = Path(__file__).resolve().parent
-        for name in ("kernels.py", "scatter.py", "gguf_kernels.py", "launch.py"):
+        for name in ("kernels.py", "scatter.py", "gguf_kernels.py", "fp4_kernels.py", "launch.py"):
             h.update((here / name).read_bytes())
         try:
             from importlib.metadata import version
@@ -144,9 +144,9 @@ def _file(folder: Path, name: str, sig: tuple, cc: tuple) -> Path:
 
 def kernel_of(name: str):
     """The numba kernel behind a launch name (imports numba and the kernels' source)."""
-    from . import gguf_kernels, kernels, scatter
+    from . import fp4_kernels, gguf_kernels, kernels, scatter
 
-    return {**kernels.KERNELS, **scatter.KERNELS, **gguf_kernels.GGUF_KERNELS}[name]
+    return {**kernels.KERNELS, **scatter.KERNELS, **gguf_kernels.GGUF_KERNELS, **fp4_kernels.KERNELS}[name]
 
 
 _numba_streams: dict = {}

@@ -57,9 +57,9 @@ def _versions() -> dict:
 
 def registry() -> dict:
     """Kernel name -> numba dispatcher, for every name `signatures.launches()` uses."""
-    from . import gguf_kernels, kernels, scatter
+    from . import fp4_kernels, gguf_kernels, kernels, scatter
 
-    return {**kernels.KERNELS, **scatter.KERNELS, **gguf_kernels.GGUF_KERNELS}
+    return {**kernels.KERNELS, **scatter.KERNELS, **gguf_kernels.GGUF_KERNELS, **fp4_kernels.KERNELS}
 
 
 @contextlib.contextmanager

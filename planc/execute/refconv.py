@@ -21,9 +21,10 @@ import ml_dtypes
 import numpy as np
 
 from planc.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, dtype
+from planc.hostcost import CHUNK_VALUES
 
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-CONVERT_CHUNK = 1 << 18  # elements converted at a time: at most 1 MiB of float32 intermediate
+CONVERT_CHUNK = CHUNK_VALUES  # elements converted at a time: the scratch `planc.hostcost` counts
 
 _FP8_NUMPY = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 
@@ -58,7 +59,7 @@ def convert_host(src_bytes: np.ndarray, src_dtype: str, dst_dtype: str) -> np.nd
     if src_dtype == dst_dtype:
         return src.copy()
     # Chunk by chunk, so that the float32 intermediate stays small: the host path's cost model counts
-    # the input and the output buffers, not a float32 copy of the whole tensor.
+    # the input and the output buffers and one chunk's scratch, not a float32 copy of the whole tensor.
     out = np.empty(x.size, dtype=d_np)
     with np.errstate(over="ignore", invalid="ignore"):
         for a in range(0, x.size, CONVERT_CHUNK):
@@ -94,13 +95,32 @@ def dequantize_fp8_host(
     wm = w.reshape(rows, cols)
     s = sc.view(np.float32).reshape(srows, scols)
     out = np.empty((rows, cols), dtype=d_np)
+    # A chunk of at most CHUNK_VALUES values: rows within one band of scales, and columns when a row
+    # alone is longer (a per-tensor scale is one block as large as the matrix), so the float32
+    # temporaries are what `planc.hostcost` counts, whatever the block.
+    width = min(cols, CHUNK_VALUES)
+    step = max(1, CHUNK_VALUES // max(1, cols))
     with np.errstate(over="ignore", invalid="ignore"):
         for br in range(srows):
-            r0, r1 = br * block, min(rows, (br + 1) * block)
-            srow = np.repeat(s[br], block)[:cols]
-            prod = table[wm[r0:r1]] * srow[None, :]  # float32 * float32 -> float32
-            out[r0:r1] = prod.astype(d_np)
+            for r0 in range(br * block, min(rows, (br + 1) * block), step):
+                r1 = min(rows, (br + 1) * block, r0 + step)
+                for c0 in range(0, cols, width):
+                    c1 = min(cols, c0 + width)
+                    prod = table[wm[r0:r1, c0:c1]]  # float32
+                    prod *= _scale_span(s[br], c0, c1, block)[None, :]  # float32 * float32, rounded once
+                    out[r0:r1, c0:c1] = prod.astype(d_np)
     return out.reshape(-1).view(np.uint8)
+
+
+def _scale_span(srow: np.ndarray, c0: int, c1: int, block: int) -> np.ndarray:
+    """The float32 scale of each column in [c0, c1) from one row of block scales."""
+    j0, j1 = c0 // block, (c1 - 1) // block
+    if j0 == j1:
+        return np.full(c1 - c0, srow[j0], dtype=np.float32)
+    counts = np.full(j1 - j0 + 1, block, dtype=np.int64)
+    counts[0] = (j0 + 1) * block - c0
+    counts[-1] = c1 - j1 * block
+    return np.repeat(srow[j0:j1 + 1], counts)
 
 
 def transpose_host(src_bytes: np.ndarray, rows: int, cols: int, itemsize: int) -> np.ndarray:

@@ -12,6 +12,7 @@ complete, explicit set of launches, derived from the dtype tables the compiler i
 * scatter: the request widths the schedule picks (1, 2, 4, 8 bytes);
 * zero: the zero-fill of tensor-parallel padding;
 * gguf: the dequantization of each `GGUF_DEQUANTIZABLE` GGML block type to each `FLOAT_CONVERTIBLE` dtype.
+* fp4: MXFP4 and NVFP4 into every `FLOAT_CONVERTIBLE` target, as stored or transposed.
 
 A signature is what `planc.execute.launch.signature` computes from the arguments of a launch:
 ('a', numpy dtype string, ndim) per C-contiguous device array, ('i',) per integer (int64).
@@ -24,6 +25,7 @@ import hashlib
 from pathlib import Path
 
 from planc.dtypes import FLOAT_CONVERTIBLE
+from planc.fp4 import FORMATS as FP4_FORMATS
 
 # Compute capabilities PTX is built for. The driver JIT-compiles PTX for any device of the same or
 # a later capability, so the lowest one covers every newer GPU; later ones are built for codegen
@@ -32,7 +34,7 @@ CCS: tuple[tuple[int, int], ...] = ((8, 0), (9, 0))
 
 # The files whose text the kernels' machine code depends on. Any change to them needs the PTX built
 # again (`REBUILD`); the shipped index records the hash of these sources.
-SOURCES = ("kernels.py", "scatter.py", "gguf_kernels.py")
+SOURCES = ("kernels.py", "scatter.py", "gguf_kernels.py", "fp4_kernels.py")
 REBUILD = "bash tools/build_ptx.sh"
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
@@ -91,6 +93,14 @@ def gguf_launch(type_name: str, out_dtype: str) -> tuple[str, tuple]:
     return f"gguf_{type_name}_{out_dtype}", (arr(_UINT[1]), arr(_UINT[_ITEMSIZE[out_dtype]]), INT)
 
 
+def fp4_launch(fmt: str, out_dtype: str, transpose: bool) -> tuple[str, tuple]:
+    """(name, signature) of an FP4 dequantization (`planc.execute.fp4_dispatch`): weight, scales, for
+    NVFP4 the E4M3 decode table and the per-tensor scale, the output bits, batch, rows, cols."""
+    name = f"{fmt}{'t' if transpose else ''}_{out_dtype}"
+    nv = (arr(F32), arr(F32)) if fmt == "nvfp4" else ()
+    return name, (arr(_UINT[1]), arr(_UINT[1]), *nv, arr(_UINT[_ITEMSIZE[out_dtype]]), INT, INT, INT)
+
+
 def launches() -> list[tuple[str, tuple]]:
     """Every (kernel name, signature) the executor launches, each once, in a stable order."""
     out = [convert_launch(a, b) for a in sorted(FLOAT_CONVERTIBLE) for b in sorted(FLOAT_CONVERTIBLE)]
@@ -99,6 +109,7 @@ def launches() -> list[tuple[str, tuple]]:
     out += [scatter_launch(w) for w in SCATTER_WIDTHS]
     out.append(zero_launch())
     out += [gguf_launch(t, d) for t in sorted(GGUF_DEQUANTIZABLE) for d in sorted(FLOAT_CONVERTIBLE)]
+    out += [fp4_launch(f, d, t) for f in FP4_FORMATS for d in sorted(FLOAT_CONVERTIBLE) for t in (False, True)]
     seen, unique = set(), []
     for x in out:
         if x not in seen:

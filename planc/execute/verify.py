@@ -1,8 +1,11 @@
 """--verify: compare every loaded tensor with a host reference computed from the checkpoint.
 
-Part by part, chunk by chunk (at most CHUNK bytes of source at a time; dequantization by bands of
-`block` rows; a transpose needs its whole source, which the plan already bounds), so verification
-stays within the host budget. Bit-exact: the device bytes must equal the reference bytes.
+Part by part, chunk by chunk: at most `planc.verifycost.verify_chunk(plan)` bytes of source at a
+time (an eighth of the plan's host budget, 64 KiB to 16 MiB); an FP8 dequantization by rows of one
+scale band, or pieces of a row inside one block when a row is longer than the chunk; a transpose
+and an FP4 dequantization need their whole source. What that holds at most is
+`planc.verifycost.verify_host_bytes(plan)`, which the executor admits against the live room and the
+result reports. Bit-exact: the device bytes must equal the reference bytes.
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ import os
 import numpy as np
 
 from ..dtypes import DTYPES
+from ..verifycost import verify_chunk, verify_host_bytes
 from . import fp4ref
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
-
-CHUNK = 16 * 2**20
 
 
 def _read(root: str, inp, off: int, n: int) -> np.ndarray:
@@ -39,15 +41,21 @@ def verify_model(plan, model) -> dict:
     root = plan.checkpoint.root
     arena = model._arena
     mismatches, compared = [], 0
+    chunk = verify_chunk(plan)
     for p in plan.parts:
-        ok, n = _verify_part(root, p, arena)
+        ok, n = _verify_part(root, p, arena, chunk)
         if ok and p.zero_bytes:
-            ok = not _device(arena, p.dst_offset + p.out_bytes, p.zero_bytes).any()
+            ok = _zeros(arena, p.dst_offset + p.out_bytes, p.zero_bytes, chunk)
         compared += n
         if not ok:
             mismatches.append(f"{p.label} ({p.inputs[0].tensor})")
     return {"ok": not mismatches, "tensors": len(plan.tensors), "parts": len(plan.parts),
-            "bytes": compared, "mismatches": sorted(mismatches)[:50]}
+            "bytes": compared, "mismatches": sorted(mismatches)[:50], "chunk_bytes": chunk,
+            "predicted_host_bytes": verify_host_bytes(plan)}
+
+
+def _zeros(arena, off: int, n: int, chunk: int) -> bool:
+    return not any(_device(arena, off + a, min(chunk, n - a)).any() for a in range(0, n, chunk))
 
 
 def _device(arena, off: int, n: int) -> np.ndarray:
@@ -56,13 +64,13 @@ def _device(arena, off: int, n: int) -> np.ndarray:
     return arena[off:off + n].copy_to_host()
 
 
-def _verify_part(root: str, p, arena) -> tuple[bool, int]:
+def _verify_part(root: str, p, arena, chunk: int) -> tuple[bool, int]:
     w = p.inputs[0]
     dst, op = p.dst_offset, p.op
     s_size = DTYPES[w.dtype].bits // 8 or 1
     d_size = DTYPES[p.out_dtype].bits // 8 or 1
     if op in ("copy", "convert"):
-        step = max(s_size, CHUNK // s_size * s_size)
+        step = max(s_size, chunk // s_size * s_size)
         for off in range(0, w.nbytes, step):
             n = min(step, w.nbytes - off)
             ref = _read(root, w, off, n)
@@ -80,13 +88,24 @@ def _verify_part(root: str, p, arena) -> tuple[bool, int]:
         b = p.block
         scale = _read(root, p.inputs[1], 0, p.inputs[1].nbytes)
         scols = -(-cols // b)
+        step = max(1, chunk // cols)
         for br in range(-(-rows // b)):
-            r0, r1 = br * b, min(rows, (br + 1) * b)
-            wb = _read(root, w, r0 * cols, (r1 - r0) * cols)
-            sb = scale[br * scols * 4:(br + 1) * scols * 4]
-            ref = dequantize_fp8_host(wb, sb, w.dtype, p.out_dtype, r1 - r0, cols, b)
-            if not np.array_equal(ref, _device(arena, dst + r0 * cols * d_size, len(ref))):
-                return False, r0 * cols * d_size
+            for r0 in range(br * b, min(rows, (br + 1) * b), step):
+                r1 = min(rows, (br + 1) * b, r0 + step)
+                if cols <= chunk:  # whole rows of one band
+                    pieces = [(r0, r1, 0, cols, scale[br * scols * 4:(br + 1) * scols * 4])]
+                else:  # one row at a time, in pieces inside one block (one scale each)
+                    pieces = []
+                    for c0 in _spans(cols, chunk, b):
+                        c1 = min(cols, c0 + chunk, (c0 // b + 1) * b)
+                        k = (br * scols + c0 // b) * 4
+                        pieces.append((r0, r1, c0, c1, scale[k:k + 4]))
+                for pr0, pr1, c0, c1, sb in pieces:
+                    wb = _read(root, w, pr0 * cols + c0, (pr1 - pr0) * (c1 - c0))  # one row when c1 - c0 < cols
+                    ref = dequantize_fp8_host(wb, sb, w.dtype, p.out_dtype, pr1 - pr0, c1 - c0, b)
+                    at = dst + (pr0 * cols + c0) * d_size
+                    if not np.array_equal(ref, _device(arena, at, len(ref))):
+                        return False, at - dst
         return True, p.out_bytes
     if op == "transpose":
         rows, cols = w.shape
@@ -96,3 +115,11 @@ def _verify_part(root: str, p, arena) -> tuple[bool, int]:
         ref = transpose_host(src, rows, cols, d_size)
         return bool(np.array_equal(ref, _device(arena, dst, len(ref)))), p.out_bytes
     return False, 0
+
+
+def _spans(cols: int, chunk: int, block: int):
+    """Starts of the pieces of a row: at most `chunk` values, never across a block edge."""
+    c0 = 0
+    while c0 < cols:
+        yield c0
+        c0 = min(cols, c0 + chunk, (c0 // block + 1) * block)

@@ -364,7 +364,8 @@ def edits(name: str, doc: dict, refusal: dict | None, replay: Callable) -> Itera
             yield e(f"peak-{k}{what}", f"peak.{k}", _set(("peak", k), v), "refuse", "peak")
         yield e(f"peak-{k}-negative", f"peak.{k}", _set(("peak", k), -peak[k]), "refuse", f"peak.{k}")
     # the header
-    for what, v in (("2", 2), ("4", 4), ("text", "3"), ("null", None)):
+    from planc.plancheck import FORMAT
+    for what, v in (("previous", FORMAT - 1), ("next", FORMAT + 1), ("text", str(FORMAT)), ("null", None)):
         yield e(f"format-{what}", "format", _set(("format",), v), "refuse", "plan format")
     yield e("format-removed", "format", _remove(("format",)), "refuse", "plan format")
     for what, v in (("spec", "planc-spec"), ("null", None)):
