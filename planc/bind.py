@@ -29,8 +29,9 @@ from string import Formatter
 from typing import NamedTuple
 
 from . import fp4
-from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS
+from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS, op_problem
 from .errors import BindError
+from .limits import shape_problem
 from .manifest import Manifest, TensorEntry
 from .spec import Rule, Spec
 from .split import Slice, rank_range
@@ -166,7 +167,27 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
         if p.name in seen:
             raise BindError(f"two rules produce a tensor named {p.name!r}; rename one `into`", code=Code.NAME_CLASH)
         seen.add(p.name)
+    _within_limits(placements)
     return Binding(tuple(placements), tuple(sorted(skipped)), tuple(sorted(consumed)))
+
+
+def _within_limits(placements: list) -> None:
+    """Every loaded tensor and every source it reads within the plan format's limits (`planc.limits`):
+    compile never writes a plan that its reader refuses. Distinct shapes are few; each is checked once."""
+    shapes = {p.shape for p in placements} | {q.source.shape for p in placements for q in p.parts}
+    bad = {s for s in shapes if shape_problem(s)}
+    if not bad:
+        return
+    for p in placements:
+        for what, shape in [(p.name, p.shape)] + [(q.source.name, q.source.shape) for q in p.parts]:
+            if shape in bad:
+                raise BindError(f"rules[{p.rule}] loads {what} of shape {_brief(shape)}, which {shape_problem(shape)}",
+                                code=Code.SHAPE_LIMIT)
+
+
+def _brief(shape) -> str:
+    text = str(list(shape))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _target(t: TensorEntry, r: Rule, i: int) -> str:
@@ -199,6 +220,22 @@ def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
     return "copy" if target == t.dtype else "convert"
 
 
+def _allowed(t: TensorEntry, r: Rule, i: int, op: str, target: str, scale: TensorEntry | None) -> None:
+    """The op and dtypes chosen for `t` are ones the plan reader accepts (`dtypes.op_problem`, the
+    one table both hold parts to); the checks above name the usual faults in the spec's words.
+    What passed is remembered (`_ALLOWED`): a model's tensors share a handful of kinds."""
+    path = "host" if r.on == "host" else "direct"
+    sdt = scale.dtype if scale is not None else None
+    why = op_problem(op, path, t.dtype, target, sdt)
+    if why:
+        raise BindError(f"rules[{i}] loads {t.name} ({t.dtype}) as {target} by a {op} on the "
+                        f"{'host' if path == 'host' else 'device'}, but a {op} {why}", code=Code.BAD_OP_DTYPE)
+    _ALLOWED.add((op, r.on, t.dtype, target, sdt))
+
+
+_ALLOWED: set = set()  # (op, on, source dtype, target, scale dtype) that `op_problem` allows
+
+
 def _out_shape(t: TensorEntry, op: str, r: Rule | None = None) -> tuple[int, ...]:
     if r is not None and r.dequantize and r.dequantize.fp4:
         return fp4.out_shape(r.dequantize.format, tuple(t.shape), op == "dequantize_t")
@@ -222,6 +259,8 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, s
     op = _op(t, r, i, target)
     shape = _out_shape(t, op, r)
     scale = scales[t.name] if r.dequantize else None
+    if (op, r.on, t.dtype, target, scale and scale.dtype) not in _ALLOWED:
+        _allowed(t, r, i, op, target, scale)
     block = _block(r)
     sl, ssl = None, None
     if r.split != "replicate" and tp.world > 1:
@@ -289,6 +328,7 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP, sca
     first = ts[0]
     target = _target(first, r, i)
     op = _op(first, r, i, target)
+    _allowed(first, r, i, op, target, scales[first.name] if r.dequantize else None)
     fd = r.fuse.dim if r.fuse else 0
     alike = len({(t.dtype, t.shape) for t in ts}) == 1  # a stack's members, mostly: nothing to check
     for t in [] if alike else ts[1:]:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from . import __version__, settings
+from . import __version__, settings, stdio
 from .errors import BindError, PlancError, printable, shorten_words
 from .prestart import plan_device_hint
 from .units import ascii_int, fmt_bytes, parse_bytes
@@ -77,7 +77,7 @@ def _version(value: bool):
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+def _app_options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")):
     pass
 
@@ -247,12 +247,14 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
     """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
     from . import outputs
     from .costmodel import probe_path
-    from .probe import is_probe_file, measure, save
+    from .probe import MIN_SIZE, is_probe_file, measure, save
 
     try:
         size_bytes = parse_bytes(size)
     except ValueError as e:
         raise _usage(f"--size: {e}")
+    if size_bytes < MIN_SIZE:
+        raise _usage(f"--size {printable(size)[:40]} is below the probe's minimum, 64MiB ({MIN_SIZE:,} bytes)")
     if folder.exists() and not folder.is_dir():
         raise _usage(f"FOLDER {folder} is a file, not a folder")
     if not folder.is_dir():
@@ -389,12 +391,12 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         if as_json:
             _emit_json(_ranks_doc(plans, nodes))
         else:
-            console = err if refused or node_refused else out  # a refusal leaves stdout clean, as for one rank
-            _rank_table(plans, console)
+            # the table on stdout whatever the outcome; a refusal adds its one line on stderr
+            _rank_table(plans, out)
             if size > 1:
                 from .explain import render_nodes
 
-                render_nodes(nodes, console)
+                render_nodes(nodes, out)
         if refused:
             ref = refused[0].refusal
             k = refused[0].tensor_parallel.rank
@@ -417,8 +419,8 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         _write_output(output, encode_bytes(plan), "-o", _inputs(plan, spec))
     if as_json:
         _emit_json(explain_doc(plan))
-    elif not plan.fits:
-        render(plan, err)
+    elif not plan.fits:  # the explanation is output (stdout); the error stays one line on stderr
+        render(plan, out)
     else:
         t = plan.totals
         out.print(f"admitted: {t.tensors} tensors, {fmt_bytes(t.read_bytes)} in {t.runs} runs; host peak "
@@ -558,6 +560,8 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .device import check_device
 
+    if report is not None and not report.strip():  # before anything is read: `--report ""` is not "no report"
+        raise _usage("--report needs a file name, got an empty one")
     if device is not None:
         try:
             check_device(device)
@@ -580,7 +584,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     if device is None and local is not None:
         device = f"cuda:{local}"
     report_path = None
-    if report:
+    if report is not None:
         report_path = Path(report.replace("{rank}", str(_report_rank(plan, launch))))
         _writable_file(report_path, "--report")
         from . import outputs
@@ -741,12 +745,29 @@ def _optional_values(argv: list) -> list:
 
 
 def main(argv=None) -> int:
+    """Run one command; its exit code. stdout is guarded (`planc.stdio`): a closed or full stdout is
+    one line and exit 2, a pipe whose reader has gone exit 141 without a word."""
+    with stdio.guarded():
+        rc = _main(argv)
+        try:
+            sys.stdout.flush()  # buffered output: a full disk shows here, not at the exit
+        except stdio.PipeClosed as e:
+            return e.exit_code
+        except stdio.OutputError as e:
+            _say(f"planc: {e.message} [{e.code}]")
+            return rc or e.exit_code
+        return rc
+
+
+def _main(argv) -> int:
     argv = _optional_values(list(sys.argv[1:] if argv is None else argv))
     try:
         rc = app(args=argv, prog_name="planc", standalone_mode=False)
         if rc == 130:  # typer turns a KeyboardInterrupt inside a command into 130, without a word
             _say("planc: interrupted")
         return rc if isinstance(rc, int) else 0  # a command's typer.Exit(n) comes back as n here
+    except stdio.PipeClosed as e:  # the reader of stdout has gone: nothing to say, and nobody to say it to
+        return e.exit_code
     except PlancError as e:
         _say(f"planc: {e.message} [{e.code}]")
         if settings.debug():
@@ -768,6 +789,8 @@ def main(argv=None) -> int:
             where = ctx.command_path if ctx is not None else "planc"
             _say(f"planc: {e.format_message()} (see {where} --help) [{Code.USAGE}]")
             return 2
+        if isinstance(e, BrokenPipeError):  # a write to a closed pipe past the guard (a library's own stream)
+            return stdio.PipeClosed.exit_code
         if settings.debug():
             raise
         _say(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)")
@@ -785,7 +808,7 @@ def _exit(rc: int) -> None:
     plan); the interpreter's teardown frees them one at a time and walks them all in a last
     collection: 0.25-0.3 s of a 2 s command, spent on memory the system takes back at once anyway.
     Exit handlers run and the standard streams are flushed first, as at an ordinary exit; while
-    other threads still run, or when a flush fails (a closed pipe), the ordinary exit takes over.
+    other threads still run, the ordinary exit takes over.
     A ring still being unpinned after a load (`seam.release_later`) is left to the exit, which
     gives the memory back at once; on the ordinary exit it is waited for.
     """
@@ -802,13 +825,11 @@ def _exit(rc: int) -> None:
     others = [t for t in threading.enumerate() if t is not threading.current_thread() and t not in unpinning]
     if not others:
         atexit._run_exitfuncs()  # and forgets them: the ordinary exit below would not run them twice
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        else:
-            os._exit(rc)
+        # A stream that cannot be flushed (closed, full, a pipe nobody reads) has nowhere to put the
+        # rest: the ordinary exit would only fail the same flush again, print "Exception ignored"
+        # and change the exit code.
+        stdio.flush_quietly()
+        os._exit(rc)
     if seam is not None:
         seam.settle_released()  # the ordinary exit: no unpinning thread outlives the driver's own teardown
     sys.exit(rc)

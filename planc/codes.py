@@ -187,6 +187,10 @@ class Code(StrEnum):
     TORN = "torn", 1, "a reload failed after it began writing; the model is refused until a reload succeeds"
     DIGEST_FORMAT = "digest-format", 2, "a digest file is malformed"
     SPLIT_GGUF_BLOCK = "split-gguf-block", 2, "a tensor-parallel split that would cut a block of a block-quantized GGUF tensor"
+    BAD_OP_DTYPE = "bad-op-dtype", 2, "an op asked of a part cannot produce its dtype from its source dtype (compile or a plan file)"
+    OUTPUT_FAILED = "output-failed", 2, "stdout could not take the output (closed, or a full device)"
+    PIPE_CLOSED = "pipe-closed", 141, "the reader of stdout went away; nothing more is printed"
+    SHAPE_LIMIT = "shape-limit", 2, "a loaded tensor would pass the limits a plan can hold (more than 16 dims, a dim over 2**62)"
     # end of codes (new members go above this line)
 
 

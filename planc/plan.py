@@ -29,7 +29,7 @@ from .costmodel import DEFAULTS
 from .errors import PlanFormatError, printable
 from .gcpause import gc_paused
 from .ir import Plan
-from .plancheck import FIELDS, FORMAT, check
+from .plancheck import FIELDS, FORMAT, _shown, check
 from .codes import Code
 
 # A plan is about 230-290 bytes a tensor (24 MB for 91k tensors, the largest checkpoints measured):
@@ -196,7 +196,10 @@ def _decode(data: bytes | str, where: str) -> Plan:
     except _Duplicate as e:
         raise PlanFormatError(f"{where}: not a valid plan: key {printable(str(e))!r} appears twice",
                               code=Code.PLAN_SYNTAX) from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+    except RecursionError:
+        raise PlanFormatError(f"{where}: not a planc plan (JSON nested deeper than this reader follows; a plan is a "
+                              f"few levels deep)", code=Code.PLAN_SYNTAX) from None
+    except (UnicodeDecodeError, ValueError) as e:
         raise PlanFormatError(f"{where}: not a planc plan (cannot parse JSON: {printable(str(e))[:200]})",
                               code=Code.PLAN_SYNTAX) from None
     return _checked(doc, where)
@@ -206,7 +209,7 @@ def _checked(doc, where: str) -> Plan:
     if not isinstance(doc, dict) or doc.get("kind") != "planc-plan":
         raise PlanFormatError(f"{where}: not a planc plan (no kind: planc-plan)", code=Code.PLAN_KIND)
     if type(doc.get("format")) is not int or doc["format"] != FORMAT:
-        raise PlanFormatError(f"{where}: plan format {printable(repr(doc.get('format')))[:40]}, this planc reads "
+        raise PlanFormatError(f"{where}: plan format {_shown(doc.get('format'))[:40]}, this planc reads "
                               f"format {FORMAT}; compile the spec again", code=Code.PLAN_VERSION)
     return check(doc, where)
 
@@ -218,13 +221,15 @@ def _fast_parse(data):
     plan it finds faulty is parsed again exactly, so the message names what the text says.
 
     orjson keeps the last of a repeated key without a word. A plan's objects are its top level and
-    the objects that are its values; with no backslash in the text, every `":` closes a key, so when
-    those objects hold as many keys as the text has `":`, no key repeats anywhere (a key followed by
-    a space, an object deeper down or a repeat makes the counts differ). Otherwise, and for
-    anything orjson refuses, the standard library's parser with a duplicate check decides.
+    the objects that are its values; with no backslash in the text every quote delimits a string,
+    and with no quote followed by white space every key is closed by `":` (compile writes plans
+    without white space; a key written `"budget" :` would go uncounted and its repeat unseen). So
+    when those objects hold as many keys as the text has `":`, no key repeats anywhere (an object
+    deeper down or a repeat makes the counts differ). Otherwise, and for anything orjson refuses,
+    the standard library's parser with a duplicate check decides.
     """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-    if b"\\" in raw:
+    if b"\\" in raw or any(ws in raw for ws in _QUOTE_SPACE):
         return None
     try:
         doc = orjson.loads(raw)
@@ -234,6 +239,9 @@ def _fast_parse(data):
         return None
     keys = len(doc) + sum([len(v) for v in doc.values() if type(v) is dict])
     return doc if keys == raw.count(b'":') else None
+
+
+_QUOTE_SPACE = (b'" ', b'"\t', b'"\n', b'"\r')  # a quote then JSON white space: a key may end `" :`
 
 
 class _Duplicate(ValueError):

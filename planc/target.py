@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from .codes import Code
 from .errors import BindError, PlanFormatError, SpecError, printable
-from .prestart import head as _head
 from .units import SPEC_CAP, ascii_int
 
 LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -55,24 +53,11 @@ def _launcher_int(name: str, val: str | None) -> int | None:
     return n
 
 
-# Keys only a plan has (plans are written compact, keys sorted: `{"budget":{"device_bytes":...`).
-_PLAN_KEYS = re.compile(rb'"(?:kind|format|fits|layout|parts|peak|refusal|runs|steps|timeline|totals|'
-                        rb'device_bytes|host_bytes|mtime_ns|size_bytes)"\s*:')
-
-
 def is_plan(path: Path) -> bool:
-    """Whether `path` is read as a plan (else as a spec), from its first 64 KiB.
+    """Whether `path` is read as a plan (else as a spec): by content, in one place (`planc.filekind`)."""
+    from .filekind import is_plan_file
 
-    A `.json` is a plan when it names a plan-only key there, when it is too large to be a spec, or
-    when it does not exist (the plan reader says so); a truncated plan is still a plan. A FIFO or a
-    device is left to the spec reader, which refuses it without blocking."""
-    if path.suffix.lower() != ".json":
-        return False
-    got = _head(path)
-    if got is None:
-        return not os.path.exists(path)
-    size, head = got
-    return size > SPEC_CAP or bool(_PLAN_KEYS.search(head))
+    return is_plan_file(path)
 
 
 def _looks_like_spec(path: Path) -> bool:

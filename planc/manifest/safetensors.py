@@ -25,6 +25,7 @@ import orjson
 
 from planc.dtypes import DTYPES
 from planc.errors import ManifestError
+from planc.limits import MAX_DIM
 from planc.manifest.model import Manifest, ShardInfo, TensorEntry
 from ..codes import Code
 
@@ -379,7 +380,7 @@ def _entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ...], int,
                 cap = (end - begin) * 8  # numel * bits must equal it; a product past it cannot
                 numel = 1
                 for d in shape:
-                    if type(d) is not int or d < 0:
+                    if type(d) is not int or d < 0 or d > MAX_DIM:
                         break
                     numel *= d
                     if numel > cap:
@@ -441,6 +442,11 @@ def _checked_entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ..
 
     span = end - begin
     if 0 in shape:
+        if any(d > MAX_DIM for d in shape):  # a zero-size tensor may claim any dim: none past this is real
+            raise ManifestError(
+                f"{path}: tensor {name!r}: zero-size shape {_clip(shape)} has a dim past 2**62, which no tensor has",
+                code=Code.BAD_SHAPE,
+            )
         numel = 0
     else:
         # Stop multiplying once the count is far past what the span can hold: the product of a
