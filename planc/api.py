@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import BindError, HandoffError
+from .errors import BindError, HandoffError, SpecError
 from .codes import Code
 
 
