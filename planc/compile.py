@@ -18,6 +18,7 @@ from .ir import Budget, Checkpoint, FileEntry, IOSettings, Layout, Peak, Plan, S
 from .manifest import Manifest, read_manifest
 from .schedule import Schedule, schedule
 from .spec import LoadedSpec, load_spec
+from .codes import Code
 
 
 @gc_paused()

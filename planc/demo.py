@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from rich.console import Console
+from .codes import Code
 
 DEFAULT_SPEC = "specs/demo.yaml"
 _CHECKPOINT_LINE = re.compile(r"^checkpoint: .*$", re.M)
@@ -106,6 +107,6 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
             from .errors import ExecuteError
 
             raise ExecuteError(f"verification found mismatches: {model.report['verify']['mismatches']}",
-                               code="verify-mismatch")
+                               code=Code.VERIFY_MISMATCH)
     finally:
         model.free()

@@ -54,8 +54,6 @@ def plan_device_hint(path: Path) -> str | None:
     """The device a saved plan names, from its first 64 KiB (the key follows the checkpoint's file
     list), so that its context can be made while the plan is read and checked; None for a spec or
     when not found. Only a hint: the checked plan decides, and nothing else is started from it."""
-    if path.suffix.lower() != ".json":  # as the CLI's plan sniff: only a .json is read as a plan
-        return None
     got = head(path)
     if got is None or not got[1].startswith(b'{"kind":"planc-plan"'):
         return None

@@ -31,6 +31,7 @@ import threading
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from ..codes import Code
 
 from .geometry import GpuGrid, SimGrid
 
@@ -157,7 +158,7 @@ class Gpu:
             try:
                 return self.d.pinned_array(nbytes, "register", self.cu)
             except Exception as e:
-                if getattr(e, "code", None) != "pin-refused":
+                if getattr(e, "code", None) != Code.PIN_REFUSED:
                     raise  # no memory to be had: the load fails, typed, as cuMemHostAlloc's would
                 self.register_refused = True  # a driver or VM that registers no host memory: alloc from now on
         return self.d.pinned_array(nbytes, "alloc", self.cu)
