@@ -238,3 +238,24 @@ def test_unpermute_refusals(tmp_path):
         with pytest.raises(BindError) as e:
             compile_spec(spec)
         assert e.value.code in ("bad-unpermute", "bad-transpose") and "rules[0]" in str(e.value)
+
+
+def test_verify_finds_a_changed_value_of_a_dequantized_tensor(ckpt):
+    """`--verify` dequantizes the file's blocks again (whole rows of blocks): one flipped bit in the
+    arena, in the last row of a tensor, is a mismatch naming its part."""
+    from planc.execute.verify import verify_model
+
+    d, path, raw = ckpt
+    plan = compile_spec(spec_file(d, path, [{"match": "t.*", "dtype": "bfloat16"}, {"match": "k.*", "skip": True}],
+                                  io=SMALL_IO, name="s-flip.yaml"))
+    model = execute(plan)
+    try:
+        assert verify_model(plan, model)["ok"]
+        p = next(p for p in plan.parts if p.tensor == "t.Q6_K")
+        at = p.dst_offset + p.out_bytes - 1
+        byte = model._arena[at:at + 1].copy_to_host()
+        model._arena[at:at + 1].copy_to_device(byte ^ np.uint8(1))
+        got = verify_model(plan, model)
+        assert not got["ok"] and got["mismatches"] == [f"{p.label} (t.Q6_K)"]
+    finally:
+        model.free()
