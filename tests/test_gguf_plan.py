@@ -185,7 +185,8 @@ def _shipped_gguf_spec(tmp_path, checkpoint, dtype=None):
     return path
 
 
-@pytest.mark.parametrize("quant,on", [("Q4_K_M", "device"), ("Q8_0", "host"), ("F16", "device")])
+# on the host: the simulator runs a kernel's threads as Python threads, and these tensors have 10**5 values
+@pytest.mark.parametrize("quant,on", [("Q4_K_M", "host"), ("Q8_0", "host"), ("F16", "host")])
 def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, on):
     """specs/transformers-llama-gguf.yaml on a Llama GGUF: every tensor under transformers' name (the
     `gguf` package's own map, through planc.gguf_names), q and k rows in transformers' order
@@ -225,6 +226,39 @@ def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, 
         if n_head:
             want = unpermute_rows(want, n_head)
         assert model[name].to_host().tobytes() == np.ascontiguousarray(want).tobytes(), t.name
+    del models
+
+
+@pytest.mark.parametrize("dtype", ["float32", "keep"])
+def test_unpermute_on_the_device_of_a_small_llama_file(tmp_path, dtype):
+    """q (2 heads) and k (1 head) of head dim 4, Q8_0: each head and half one strided read, dequantized
+    (or kept) on the device, rows in transformers' order."""
+    from planc.gguf_names import unpermute_rows
+
+    path = tmp_path / "m.gguf"
+    specs = [GGUFTensor("blk.0.attn_q.weight", "Q8_0", (8, 64)), GGUFTensor("blk.0.attn_k.weight", "Q8_0", (4, 64))]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    for t in specs:
+        w.add_tensor_info(t.name, (t.shape[0], 68), np.dtype(np.uint8), t.nbytes, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    raw = {t.name: tensor_bytes(t, 3) for t in specs}
+    for t in specs:
+        w.write_tensor_data(raw[t.name])
+    w.close()
+    spec = spec_file(tmp_path, path, [{"match": "*", "dtype": dtype, "unpermute": True}], io=SMALL_IO)
+    models = []
+    plan, model = load_checked(spec, models)
+    assert len(plan.parts) == 2 * 2 + 2 * 1 and all(p.inputs[0].count == 2 for p in plan.parts)
+    for t, heads in zip(specs, (2, 1)):
+        if dtype == "keep":
+            want = unpermute_rows(raw[t.name].reshape(t.shape[0], 68), heads)
+        else:
+            want = unpermute_rows(_ref(raw[t.name], "Q8_0", t.shape, "float32"), heads)
+        assert model[t.name].to_host().tobytes() == np.ascontiguousarray(want).tobytes(), t.name
     del models
 
 
