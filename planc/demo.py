@@ -6,11 +6,12 @@ set here before numba is first imported; the output says which.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from rich.console import Console
+
+from .target import choose_simulator, simulated
 
 DEFAULT_SPEC = "specs/demo.yaml"
 _CHECKPOINT_LINE = re.compile(r"^checkpoint: .*$", re.M)
@@ -55,7 +56,7 @@ def _write_unless_same(folder: Path, family: str):
 
 
 def gpu_present() -> bool:
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    if simulated():
         return False
     import ctypes
 
@@ -94,7 +95,7 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
         return
     gpu = gpu_present()
     if not gpu:
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        choose_simulator()
     console.print(f"[bold]3. run[/bold] on {'the GPU' if gpu else 'the CUDA simulator (no GPU found)'}, with --verify")
     from .execute import execute
     from .execute.report import render_report

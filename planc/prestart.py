@@ -17,19 +17,13 @@ import re
 import stat
 from pathlib import Path
 
+from . import target
+
 SNIFF = 1 << 16  # the bytes of a file's head that `head` reads
 _DEVICE = re.compile(r"cuda(?::[0-9]{1,3})?")
 _DEVICE_HINT = re.compile(rb'"device":"(cuda(?::[0-9]{1,3})?)"')
 _VALUED = ("--device", "--rank", "--report")  # `planc run` options that take a value
 _RANK = re.compile(r"[0-9]{1,3}")
-
-
-def simulated_by_env() -> bool:
-    """Whether NUMBA_ENABLE_CUDASIM asks for numba's CUDA simulator (as numba reads it)."""
-    try:
-        return int(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") or 0) != 0
-    except ValueError:
-        return False
 
 
 def head(path: Path):
@@ -94,7 +88,7 @@ def start_run(argv: list[str]) -> None:
     on a thread (nothing under the simulator); no BLAS thread per core in numpy's import (a value
     the user set is kept)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if simulated_by_env() or "--help" in argv:
+    if target.simulated() or "--help" in argv:
         return
     from .execute import driver
 

@@ -48,11 +48,6 @@ warnings.filterwarnings(
 
 
 
-def simulated() -> bool:
-    """True when numba.cuda is the CUDA simulator."""
-    return bool(numba.config.ENABLE_CUDASIM)
-
-
 def _cache_writable() -> bool:
     """numba's on-disk kernel cache needs a writable folder: beside this file, NUMBA_CACHE_DIR, or ~/.cache.
 
