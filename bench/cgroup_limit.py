@@ -140,7 +140,7 @@ def plan_figures(spec: Path) -> dict:
 
     plan = compile_spec(spec)
     if not plan.fits:
-        raise SystemExit(f"{spec}: refused at compile time: {plan.refusal['message']}")
+        raise SystemExit(f"{spec}: refused at compile time: {plan.refusal.message}")
     host_runs = [r["host_bytes"] for r in plan.to_dict()["runs"] if r["host_bytes"]]
     return {"spec": str(spec), "host_peak_bytes": plan.peak.host_bytes,
             "device_peak_bytes": plan.peak.device_bytes, "ring_bytes": plan.layout.ring_bytes,

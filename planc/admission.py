@@ -27,6 +27,7 @@ from functools import lru_cache
 
 from .ir import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal, Timeline, Window, part_steps
 from .units import gib
+from .codes import Code
 
 
 @lru_cache(maxsize=1 << 16)
@@ -112,6 +113,20 @@ def admit(plan: Plan) -> Timeline:
     return Timeline(wins, max(w.host_bytes for w in wins), max(w.device_bytes for w in wins), refusal)
 
 
+def dominant_step(plan: Plan, run: int) -> tuple[str, int]:
+    """(step id, bytes) of the step that holds the most host memory while run `run` goes: the pinned
+    ring (`alloc:ring`), or a host-path part's largest step (its read buffer, its normalize or pack
+    scratch) when that is larger; on a tie the greater step id. A host refusal names this step, and
+    `explain` shows it per run: both ask here, so they agree."""
+    step, size = ALLOC_RING, plan.layout.held_host_bytes
+    if plan.runs:
+        for h in plan.runs[run].host_parts:
+            _, sid, n = host_part_peak(plan.parts[h.part])
+            if n > size or (n == size and sid > step):
+                step, size = sid, n
+    return step, size
+
+
 def _fmt(n: int) -> str:
     return f"{n:,} bytes ({gib(n)})"
 
@@ -120,13 +135,8 @@ def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
     budget = plan.budget.host_bytes
     if w.host_bytes <= budget:
         return None
-    io, ring = plan.io, plan.layout.held_host_bytes
-    step, size = ALLOC_RING, ring
-    if plan.runs:
-        for h in plan.runs[w.run].host_parts:
-            _, sid, n = host_part_peak(plan.parts[h.part])
-            if n > size or (n == size and sid > step):
-                step, size = sid, n
+    io = plan.io
+    step, size = dominant_step(plan, w.run)
     if step == ALLOC_RING:
         maps = plan.layout.map_bytes
         knob = (f"lower io.slots (now {io.slots}) or io.slot (now {io.slot_bytes:,} bytes): "
@@ -140,7 +150,7 @@ def _host_refusal(w: Window, plan: Plan) -> Refusal | None:
                 f"(on: device), or raise budget.host to {_fmt(w.host_bytes)}")
     msg = (f"refused: run {w.run} needs {_fmt(w.host_bytes)} of host memory, budget.host allows "
            f"{_fmt(budget)}; largest step: {step} ({_fmt(size)}); {knob}")
-    return Refusal("host-budget", w.run, step, w.host_bytes, budget, msg)
+    return Refusal(Code.HOST_BUDGET, w.run, step, w.host_bytes, budget, msg)
 
 
 def _device_refusal(w: Window, plan: Plan) -> Refusal | None:
@@ -162,4 +172,4 @@ def _device_refusal(w: Window, plan: Plan) -> Refusal | None:
            f"landing {_fmt(lay.landing_bytes)} + staging {_fmt(lay.staging_bytes)} + scatter table "
            f"{_fmt(lay.scatter_table_bytes)}), budget.device allows "
            f"{_fmt(budget)}; largest step: {step} ({_fmt(size)}); {knob}")
-    return Refusal("device-budget", w.run, step, w.device_bytes, budget, msg)
+    return Refusal(Code.DEVICE_BUDGET, w.run, step, w.device_bytes, budget, msg)

@@ -4,54 +4,26 @@
     tensors = model.state_dict()                                  # name -> torch.Tensor, no copy
     result = planc.load_into(meta_module, "plan.json")            # fill a meta-device module
 
-A spec path is compiled (`planc.compile.compile_spec`), a plan path (JSON with `kind:
-planc-plan`) is read (`planc.plan.load_plan`) and re-admitted by the executor; both then run
-through `planc.execute.execute`. Nothing here imports torch or numba until it is used.
+What the target is (a spec, a plan file, a `Plan`), its rank and the launcher's variables are
+resolved by `planc.target.resolve`, as for the command line: one input, one answer or one error on
+both. A spec is compiled, a plan file read; both then run through `planc.execute.execute`. Nothing here imports torch or numba until it is used.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from .errors import BindError, HandoffError, PlanFormatError, SpecError
+from .errors import BindError, HandoffError, SpecError
+from .codes import Code
 
 
 def _plan(spec_or_plan, rank: int | None):
-    from .ir import Plan
+    """The plan to load (`planc.target.resolve`, as for the command line), for `rank=`."""
+    from .target import resolve
 
     if rank is not None:
         rank = _rank_arg(rank)
-    if isinstance(spec_or_plan, Plan):
-        return _check_rank(spec_or_plan, rank, "the plan given")
-    if not isinstance(spec_or_plan, (str, os.PathLike)):
-        raise SpecError(f"spec_or_plan must be the path of a spec or a plan file, or a Plan; got "
-                        f"{type(spec_or_plan).__name__}", code="spec-missing")
-    path = Path(spec_or_plan)
-    if path.suffix.lower() == ".json":
-        from .plan import load_plan
-
-        try:
-            return _check_rank(load_plan(path), rank, str(path))
-        except PlanFormatError as e:
-            if e.code not in ("plan-kind", "plan-syntax"):
-                raise
-            # Not a plan: a JSON spec, compiled below (its errors then name the spec's fields).
-    # A spec is compiled (or its plan taken from the plan cache): only then the spec models
-    # (pydantic) and the compiler are imported.
-    from .plancache import cached_compile
-    from .spec import load_spec
-
-    loaded = load_spec(path)
-    if rank is None:
-        size = loaded.spec.tensor_parallel.size
-        env = os.environ.get("RANK")
-        if size > 1 and env is None:
-            raise BindError(f"{path}: tensor_parallel.size is {size}: pass rank= (0..{size - 1}) or set RANK",
-                            code="bad-rank")
-        rank = _env_rank(env, path) if size > 1 else 0
-    return cached_compile(path, rank, loaded)
+    return resolve(spec_or_plan, rank, flag="rank=")
 
 
 def _rank_arg(rank) -> int:
@@ -63,27 +35,8 @@ def _rank_arg(rank) -> int:
     except TypeError:
         r = -1
     if r < 0:
-        raise BindError(f"rank must be an integer 0 or more, got {str(rank)[:40]!r}", code="bad-rank")
+        raise BindError(f"rank must be an integer 0 or more, got {str(rank)[:40]!r}", code=Code.BAD_RANK)
     return r
-
-
-def _env_rank(env: str, path) -> int:
-    """$RANK as a rank: an integer 0 or more, else a typed error naming the variable."""
-    from .units import ascii_int
-
-    n = ascii_int(env)
-    if n is None or n < 0:
-        raise BindError(f"{path}: RANK={env[:40]!r} is not a rank: a launcher sets it to an integer 0 or more",
-                        code="bad-rank")
-    return n
-
-
-def _check_rank(plan, rank: int | None, what: str):
-    if rank is not None:
-        have = plan.tensor_parallel.rank
-        if have != rank:
-            raise BindError(f"{what} is the plan of rank {have}, but rank {rank} was asked for", code="bad-rank")
-    return plan
 
 
 def _verify_arg(verify, digest):
@@ -92,7 +45,7 @@ def _verify_arg(verify, digest):
     if verify == "digest":
         return False, True if digest is None else digest
     if verify not in (True, False):
-        raise SpecError(f"verify must be False, True or 'digest', got {str(verify)[:40]!r}", code="bad-verify")
+        raise SpecError(f"verify must be False, True or 'digest', got {str(verify)[:40]!r}", code=Code.BAD_VERIFY)
     return verify, digest
 
 
@@ -171,7 +124,7 @@ def load_into(module, spec_or_plan, *, strict: bool = True, rank: int | None = N
     torch = import_torch()  # before anything is loaded: without torch there is nothing to load into
     if not isinstance(module, torch.nn.Module):
         raise HandoffError(f"load_into needs a torch.nn.Module (built on the meta device), got "
-                           f"{type(module).__name__}", code="not-a-module")
+                           f"{type(module).__name__}", code=Code.NOT_A_MODULE)
     import time
 
     model = load(spec_or_plan, rank=rank, device=device, verify=verify, settings=settings, digest=digest)
@@ -196,11 +149,11 @@ def _load_inplace(module, spec_or_plan, *, rank, device, verify, settings, diges
 
     torch = import_torch()
     if not isinstance(module, torch.nn.Module):
-        raise HandoffError(f"load_into needs a torch.nn.Module, got {type(module).__name__}", code="not-a-module")
+        raise HandoffError(f"load_into needs a torch.nn.Module, got {type(module).__name__}", code=Code.NOT_A_MODULE)
     verify, digest = _verify_arg(verify, digest)
     if verify:
         raise HandoffError("load_into(inplace=True) verifies with verify='digest' (hashing as it streams), not "
-                           "verify=True", code="bad-verify")
+                           "verify=True", code=Code.BAD_VERIFY)
     from . import settings as _settings
     from .execute import execute, resolve_settings
     from .execute.reload import Into, ModuleArena, ReusedRegions, check_inplace, module_targets

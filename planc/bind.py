@@ -29,11 +29,13 @@ from string import Formatter
 from typing import NamedTuple
 
 from . import fp4
-from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS
+from .dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, TARGETS, op_problem
 from .errors import BindError
+from .limits import shape_problem
 from .manifest import Manifest, TensorEntry
 from .spec import Rule, Spec
 from .split import Slice, rank_range
+from .codes import Code
 
 _MAX_LISTED = 20
 _tuple_new = tuple.__new__  # builds a NamedTuple from a sequence without a Python-level call
@@ -87,7 +89,7 @@ class _TP:
 def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
     world = spec.tensor_parallel.size
     if not 0 <= rank < world:
-        raise BindError(f"rank {rank} is outside tensor_parallel.size {world} (ranks 0..{world - 1})", code="bad-rank")
+        raise BindError(f"rank {rank} is outside tensor_parallel.size {world} (ranks 0..{world - 1})", code=Code.BAD_RANK)
     tp = _TP(world, rank)
     rules = list(spec.rules)
     # What matching reads of each rule, looked up once rather than once per tensor; a rule with
@@ -134,7 +136,7 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
     if unmatched:
         shown = ", ".join(unmatched[:_MAX_LISTED]) + (f" ... (+{len(unmatched) - _MAX_LISTED} more)" if len(unmatched) > _MAX_LISTED else "")
         raise BindError(f"{len(unmatched)} tensor(s) match no rule: {shown}; add a rule for them or a catch-all `match: \"*\"`",
-                        code="unmatched")
+                        code=Code.UNMATCHED)
 
     singles, groups, skipped, intos = [], {}, [], {}
     for t, (i, m) in zip(manifest.tensors, matched):
@@ -163,9 +165,29 @@ def bind(spec: Spec, manifest: Manifest, rank: int = 0) -> Binding:
     seen = set()
     for p in placements:
         if p.name in seen:
-            raise BindError(f"two rules produce a tensor named {p.name!r}; rename one `into`", code="name-clash")
+            raise BindError(f"two rules produce a tensor named {p.name!r}; rename one `into`", code=Code.NAME_CLASH)
         seen.add(p.name)
+    _within_limits(placements)
     return Binding(tuple(placements), tuple(sorted(skipped)), tuple(sorted(consumed)))
+
+
+def _within_limits(placements: list) -> None:
+    """Every loaded tensor and every source it reads within the plan format's limits (`planc.limits`):
+    compile never writes a plan that its reader refuses. Distinct shapes are few; each is checked once."""
+    shapes = {p.shape for p in placements} | {q.source.shape for p in placements for q in p.parts}
+    bad = {s for s in shapes if shape_problem(s)}
+    if not bad:
+        return
+    for p in placements:
+        for what, shape in [(p.name, p.shape)] + [(q.source.name, q.source.shape) for q in p.parts]:
+            if shape in bad:
+                raise BindError(f"rules[{p.rule}] loads {what} of shape {_brief(shape)}, which {shape_problem(shape)}",
+                                code=Code.SHAPE_LIMIT)
+
+
+def _brief(shape) -> str:
+    text = str(list(shape))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _target(t: TensorEntry, r: Rule, i: int) -> str:
@@ -177,7 +199,7 @@ def _target(t: TensorEntry, r: Rule, i: int) -> str:
         return t.dtype
     if t.dtype not in FLOAT_CONVERTIBLE:
         raise BindError(f"rules[{i}] converts {t.name} to {r.dtype}, but it is stored as {t.dtype}; "
-                        f"only F32, F16 and BF16 convert (narrow the rule with source_dtype)", code="bad-convert")
+                        f"only F32, F16 and BF16 convert (narrow the rule with source_dtype)", code=Code.BAD_CONVERT)
     return TARGETS[r.dtype]
 
 
@@ -187,15 +209,31 @@ def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
     if r.transpose:
         if len(t.shape) != 2:
             raise BindError(f"rules[{i}] transposes {t.name}, which has shape {list(t.shape)}; only 2-D tensors transpose",
-                            code="bad-transpose")
+                            code=Code.BAD_TRANSPOSE)
         if target != t.dtype and r.on == "device":
             raise BindError(f"rules[{i}] transposes and converts {t.name} on the device; do one or the other, "
-                            f"or add on: host", code="bad-transpose")
+                            f"or add on: host", code=Code.BAD_TRANSPOSE)
         if DTYPES[t.dtype].bits % 8:
             raise BindError(f"rules[{i}] transposes {t.name}, a {t.dtype} tensor of packed sub-byte elements; only "
-                            f"tensors of whole-byte elements transpose", code="bad-transpose")
+                            f"tensors of whole-byte elements transpose", code=Code.BAD_TRANSPOSE)
         return "transpose"
     return "copy" if target == t.dtype else "convert"
+
+
+def _allowed(t: TensorEntry, r: Rule, i: int, op: str, target: str, scale: TensorEntry | None) -> None:
+    """The op and dtypes chosen for `t` are ones the plan reader accepts (`dtypes.op_problem`, the
+    one table both hold parts to); the checks above name the usual faults in the spec's words.
+    What passed is remembered (`_ALLOWED`): a model's tensors share a handful of kinds."""
+    path = "host" if r.on == "host" else "direct"
+    sdt = scale.dtype if scale is not None else None
+    why = op_problem(op, path, t.dtype, target, sdt)
+    if why:
+        raise BindError(f"rules[{i}] loads {t.name} ({t.dtype}) as {target} by a {op} on the "
+                        f"{'host' if path == 'host' else 'device'}, but a {op} {why}", code=Code.BAD_OP_DTYPE)
+    _ALLOWED.add((op, r.on, t.dtype, target, sdt))
+
+
+_ALLOWED: set = set()  # (op, on, source dtype, target, scale dtype) that `op_problem` allows
 
 
 def _out_shape(t: TensorEntry, op: str, r: Rule | None = None) -> tuple[int, ...]:
@@ -213,7 +251,7 @@ def _block(r: Rule) -> int:
 def _refuse_fp4_split(r: Rule, i: int, name: str) -> None:
     if r.dequantize and r.dequantize.fp4:
         raise BindError(f"rules[{i}] splits {name}, a {r.dequantize.format} dequantization; tensor-parallel "
-                        f"splits of FP4 weights are not supported (split: replicate)", code="split-fp4")
+                        f"splits of FP4 weights are not supported (split: replicate)", code=Code.SPLIT_FP4)
 
 
 def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, scales2: dict) -> Placement:
@@ -221,6 +259,8 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, s
     op = _op(t, r, i, target)
     shape = _out_shape(t, op, r)
     scale = scales[t.name] if r.dequantize else None
+    if (op, r.on, t.dtype, target, scale and scale.dtype) not in _ALLOWED:
+        _allowed(t, r, i, op, target, scale)
     block = _block(r)
     sl, ssl = None, None
     if r.split != "replicate" and tp.world > 1:
@@ -244,7 +284,7 @@ def _split(shape: tuple, d: int, world: int, rank: int, pad: bool, op: str, targ
                                can_pad=op != "dequantize")  # block scales cannot be padded
         if pad and d != 0 and shape[d] % world:  # on every rank, not only those that would pad
             raise BindError(f"rules[{i}] pads {name} on dim {d}; padding is supported on dim 0 only",
-                            code="split-pad")
+                            code=Code.SPLIT_PAD)
         sd = 1 - d if op == "transpose" else d
         sl = Slice(sd, a, b, per - (b - a))
         out_shape = (*shape[:d], per, *shape[d + 1:])
@@ -263,7 +303,7 @@ _SPLITS: dict = {}
 def _split_dim(r: Rule, i: int, name: str, ndim: int) -> int:
     d = r.split.dim
     if d >= ndim:
-        raise BindError(f"rules[{i}] splits {name} on dim {d}, but it has {ndim} dim(s)", code="split-dim")
+        raise BindError(f"rules[{i}] splits {name} on dim {d}, but it has {ndim} dim(s)", code=Code.SPLIT_DIM)
     return d
 
 
@@ -272,7 +312,7 @@ def _scale_slice(t: TensorEntry, sl: Slice, block: int, i: int) -> Slice:
     size = t.shape[sl.dim]
     if sl.start % block or (sl.stop % block and sl.stop != size) or sl.pad:
         raise BindError(f"rules[{i}] splits the FP8 weight {t.name} {list(t.shape)} at [{sl.start}, {sl.stop}) on dim "
-                        f"{sl.dim}, which does not follow its {block}-element scale blocks", code="split-blocks")
+                        f"{sl.dim}, which does not follow its {block}-element scale blocks", code=Code.SPLIT_BLOCKS)
     return Slice(sl.dim, sl.start // block, -(-sl.stop // block))
 
 
@@ -288,40 +328,41 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP, sca
     first = ts[0]
     target = _target(first, r, i)
     op = _op(first, r, i, target)
+    _allowed(first, r, i, op, target, scales[first.name] if r.dequantize else None)
     fd = r.fuse.dim if r.fuse else 0
     alike = len({(t.dtype, t.shape) for t in ts}) == 1  # a stack's members, mostly: nothing to check
     for t in [] if alike else ts[1:]:
         if t.dtype != first.dtype:
             raise BindError(f"rules[{i}] groups {name}: {t.name} is {t.dtype} but {first.name} is {first.dtype}",
-                            code="group-mismatch")
+                            code=Code.GROUP_MISMATCH)
         shape = t.shape
         same = shape == first.shape or (r.fuse is not None and len(shape) == len(first.shape)
                                         and shape[:fd] == first.shape[:fd] and shape[fd + 1:] == first.shape[fd + 1:])
         if not same:
             raise BindError(f"rules[{i}] groups {name}: {t.name} has shape {list(t.shape)}, "
-                            f"incompatible with {first.name} {list(first.shape)}", code="group-mismatch")
+                            f"incompatible with {first.name} {list(first.shape)}", code=Code.GROUP_MISMATCH)
     if r.fuse and len(first.shape) == 0:
-        raise BindError(f"rules[{i}] fuses scalars into {name}; fuse needs tensors with a dim 0", code="group-mismatch")
+        raise BindError(f"rules[{i}] fuses scalars into {name}; fuse needs tensors with a dim 0", code=Code.GROUP_MISMATCH)
     if r.fuse and fd >= len(first.shape):
         raise BindError(f"rules[{i}] fuses {name} along dim {fd}, but {first.name} has {len(first.shape)} dim(s)",
-                        code="fuse-dim")
+                        code=Code.FUSE_DIM)
     if r.fuse and math.prod(first.shape[:fd]) != 1:
         raise BindError(f"rules[{i}] fuses {name} along dim {fd} of {first.name} {list(first.shape)}: the parts' "
                         f"rows would interleave in the fused tensor, and a fuse is placed by offset (each part one "
                         f"contiguous range); fuse along dim 0, or load the parts as separate tensors",
-                        code="fuse-interleaved")
+                        code=Code.FUSE_INTERLEAVED)
     if r.stack and r.fuse:
         shapes = {_fused_shape([_out_shape(t, op, r) for t in b], fd) for b in blocks}
         if len(shapes) > 1:
             raise BindError(f"rules[{i}] stacks the fuses of {name}, but they have different shapes "
-                            f"{sorted(list(x) for x in shapes)}", code="group-mismatch")
+                            f"{sorted(list(x) for x in shapes)}", code=Code.GROUP_MISMATCH)
     block = _block(r)
     split = r.split != "replicate" and tp.world > 1
     ndim = len(_out_shape(first, op, r)) + (1 if r.stack else 0)
     d = _split_dim(r, i, name, ndim) if split else None
     if split and r.split.pad:
         raise BindError(f"rules[{i}] pads the split of {name}; padding is supported on single tensors only",
-                        code="split-pad")
+                        code=Code.SPLIT_PAD)
     if split and r.stack and d == 0:  # expert parallel: whole experts per rank
         a, b, _ = rank_range(len(blocks), tp.world, tp.rank, False, f"rules[{i}] splits the experts of {name}", 0, can_pad=False)
         blocks = blocks[a:b]
@@ -330,7 +371,7 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP, sca
         _refuse_fp4_split(r, i, name)
     if split and r.fuse and fd:
         raise BindError(f"rules[{i}] splits {name}, fused along dim {fd}; split a fuse along dim 0 only",
-                        code="split-fuse")
+                        code=Code.SPLIT_FUSE)
     parts, off = [], 0
     out_type = DTYPES[target]
     sizes: dict = {}  # output bytes by part shape: a stack's parts mostly share one
@@ -373,7 +414,7 @@ def _blocks(i: int, name: str, members: list, r: Rule) -> list[list[TensorEntry]
             other = sorted([by_value[value].name, t.name])
             shown = f"{r.stack.over}={value[0]}, {r.fuse.over}={value[1]}" if r.stack and r.fuse else f"{grp.over}={value}"
             raise BindError(f"rules[{i}] groups both {other[0]} and {other[1]} into {name} as {shown}; "
-                            f"add the placeholders they differ by to `into`", code="group-duplicate")
+                            f"add the placeholders they differ by to `into`", code=Code.GROUP_DUPLICATE)
         by_value[value] = t
     if r.fuse and not r.stack:
         return [_fuse_parts(i, name, r, by_value, "")]
@@ -391,7 +432,7 @@ def _fuse_parts(i: int, name: str, r: Rule, by_value: dict, where: str) -> list[
     missing = [v for v in r.fuse.order if v not in by_value]
     if missing:
         raise BindError(f"rules[{i}] fuses {name}{where} from {r.fuse.order}, but parts {missing} are missing "
-                        f"(found {sorted(by_value)})", code="fuse-incomplete")
+                        f"(found {sorted(by_value)})", code=Code.FUSE_INCOMPLETE)
     return [by_value[v] for v in r.fuse.order]
 
 
@@ -401,14 +442,14 @@ def _stack_order(values: list[str], name: str, i: int, order: list[str] | None) 
         extra = sorted(set(values) - set(order))
         if missing or extra:
             raise BindError(f"rules[{i}] stacks {name} in order {order}: missing {missing}, unexpected {extra}",
-                            code="stack-incomplete")
+                            code=Code.STACK_INCOMPLETE)
         return list(order)
     if all(map(str.isdigit, values)):
         nums = sorted(map(int, values))
         if nums != list(range(len(nums))):
             gaps = sorted(set(range(nums[-1] + 1)) - set(nums))[:10]
             raise BindError(f"rules[{i}] stacks {name} over indices that are not 0..{len(nums) - 1}: missing {gaps}",
-                            code="stack-incomplete")
+                            code=Code.STACK_INCOMPLETE)
         canonical = list(map(str, nums))  # "7", not "07": then the values are these, in this order
         return canonical if set(canonical) == set(values) else sorted(values, key=int)
     return sorted(values)
@@ -417,21 +458,21 @@ def _stack_order(values: list[str], name: str, i: int, order: list[str] | None) 
 def _scale_for(t: TensorEntry, r: Rule, i: int, manifest: Manifest) -> TensorEntry:
     if t.dtype not in FP8_DEQUANTIZABLE:
         raise BindError(f"rules[{i}] dequantizes {t.name}, but it is stored as {t.dtype}; dequantize takes "
-                        f"F8_E4M3 or F8_E5M2 (narrow the rule with source_dtype: [F8_E4M3])", code="bad-dequantize")
+                        f"F8_E4M3 or F8_E5M2 (narrow the rule with source_dtype: [F8_E4M3])", code=Code.BAD_DEQUANTIZE)
     if len(t.shape) != 2:
         raise BindError(f"rules[{i}] dequantizes {t.name} of shape {list(t.shape)}; block scales need a 2-D weight",
-                        code="bad-dequantize")
+                        code=Code.BAD_DEQUANTIZE)
     name = r.dequantize.scale.format(name=t.name)
     s = manifest.find(name)
     if s is None:
         raise BindError(f"rules[{i}] dequantizes {t.name} but its scale tensor {name} is not in the checkpoint",
-                        code="scale-missing")
+                        code=Code.SCALE_MISSING)
     b = r.dequantize.block
     rows, cols = t.shape
     want = (-(-rows // b), -(-cols // b))
     if s.dtype != "F32" or tuple(s.shape) != want:
         raise BindError(f"scale {name} of {t.name} is {s.dtype} {list(s.shape)}; expected F32 {list(want)} "
-                        f"for {b}x{b} blocks of {list(t.shape)}", code="scale-shape")
+                        f"for {b}x{b} blocks of {list(t.shape)}", code=Code.SCALE_SHAPE)
     return s
 
 
@@ -443,31 +484,31 @@ def _fp4_companions(t: TensorEntry, r: Rule, i: int, manifest: Manifest):
     why = fp4.weight_problem(fmt, tuple(t.shape), t.dtype, r.transpose)
     if why:
         raise BindError(f"rules[{i}] dequantizes {t.name} as {fmt}, but {why} (narrow the rule with "
-                        f"source_dtype: [U8] or a tighter match)", code="bad-dequantize")
+                        f"source_dtype: [U8] or a tighter match)", code=Code.BAD_DEQUANTIZE)
     if fmt == "mxfp4" and not t.name.endswith(fp4.BLOCKS_SUFFIX):
         raise BindError(f"rules[{i}] dequantizes {t.name} as mxfp4, but MXFP4 weights are named "
-                        f"<name>{fp4.BLOCKS_SUFFIX} (narrow the match to *{fp4.BLOCKS_SUFFIX})", code="bad-dequantize")
+                        f"<name>{fp4.BLOCKS_SUFFIX} (narrow the match to *{fp4.BLOCKS_SUFFIX})", code=Code.BAD_DEQUANTIZE)
     values = fp4.template_values(fmt, t.name)
     name = dq.scale.format(**values)
     s = manifest.find(name)
     if s is None:
         raise BindError(f"rules[{i}] dequantizes {t.name} ({fmt}) but its scale tensor {name} is not in the "
-                        f"checkpoint", code="scale-missing")
+                        f"checkpoint", code=Code.SCALE_MISSING)
     want = fp4.scale_shape(fmt, tuple(t.shape))
     sdt = fp4.SCALE_DTYPE[fmt]
     if s.dtype != sdt or tuple(s.shape) != want:
         raise BindError(f"scale {name} of {t.name} is {s.dtype} {list(s.shape)}; expected {sdt} {list(want)} "
                         f"({fmt}: one scale per {fp4.BLOCK[fmt]} values of {t.name} {list(t.shape)})",
-                        code="scale-shape")
+                        code=Code.SCALE_SHAPE)
     s2 = None
     if fmt == "nvfp4":
         name2 = dq.scale_2.format(**values)
         s2 = manifest.find(name2)
         if s2 is None:
             raise BindError(f"rules[{i}] dequantizes {t.name} (nvfp4) but its per-tensor scale {name2} is not in "
-                            f"the checkpoint", code="scale-missing")
+                            f"the checkpoint", code=Code.SCALE_MISSING)
         if s2.dtype != fp4.SCALE2_DTYPE or not fp4.scale2_ok(tuple(s2.shape)):
             raise BindError(f"scale {name2} of {t.name} is {s2.dtype} {list(s2.shape)}; expected an F32 scalar "
-                            f"(shape [] or [1])", code="scale-shape")
+                            f"(shape [] or [1])", code=Code.SCALE_SHAPE)
     extra = [c for c in (manifest.find(n.format(**values)) for n in dq.consume) if c is not None]
     return s, s2, extra

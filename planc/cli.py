@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 from collections import Counter
@@ -18,11 +17,11 @@ from typing import Optional
 
 import typer
 
-from . import __version__, settings
-from .errors import PlanFormatError, PlancError, printable, shorten_words
-from .prestart import head as _head
+from . import __version__, settings, stdio
+from .errors import BindError, PlancError, printable, shorten_words
 from .prestart import plan_device_hint
-from .units import SPEC_CAP, ascii_int, fmt_bytes, parse_bytes
+from .units import ascii_int, fmt_bytes, parse_bytes
+from .codes import Code
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="planc: compile a checkpoint + placement spec into a load plan that is proven to fit, "
@@ -78,7 +77,7 @@ def _version(value: bool):
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+def _app_options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")):
     pass
 
@@ -248,12 +247,14 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
     """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
     from . import outputs
     from .costmodel import probe_path
-    from .probe import is_probe_file, measure, save
+    from .probe import MIN_SIZE, is_probe_file, measure, save
 
     try:
         size_bytes = parse_bytes(size)
     except ValueError as e:
         raise _usage(f"--size: {e}")
+    if size_bytes < MIN_SIZE:
+        raise _usage(f"--size {printable(size)[:40]} is below the probe's minimum, 64MiB ({MIN_SIZE:,} bytes)")
     if folder.exists() and not folder.is_dir():
         raise _usage(f"FOLDER {folder} is a file, not a folder")
     if not folder.is_dir():
@@ -280,112 +281,48 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
 
 class _Usage(PlancError):
     exit_code = 2
-    default_code = "usage"
+    default_code = Code.USAGE
 
 
 def _usage(msg: str) -> _Usage:
     return _Usage(msg)
 
 
-def _env_int(name: str) -> Optional[int]:
-    """An integer launcher variable (RANK, WORLD_SIZE, LOCAL_RANK), or None when unset."""
-    val = os.environ.get(name)
-    if val is None:
-        return None
-    n = ascii_int(val)
-    if n is None or n < 0:
-        raise _usage(f"{name}={printable(val)[:40]!r} is not an integer 0 or more, which a launcher sets it to")
-    return n
+def _rank(opt: Optional[str], size: int, launch=None, allow_all: bool = False, where: str = ""):
+    """The rank to compile or run: --rank (an integer, or `all` where allowed), else $RANK, else 0 when
+    there is one rank (`planc.target.pick_rank`, which the Python API asks too)."""
+    from .target import Launch, pick_rank
 
-
-def _rank(opt: Optional[str], size: int, allow_all: bool = False):
-    """The rank to compile or run: --rank, else $RANK, else 0 when there is one rank.
-
-    Without tensor parallelism (size 1), RANK and WORLD_SIZE are a data-parallel launch: every
-    replica loads the whole plan, so they are checked but do not pick a rank."""
-    env, world = _env_int("RANK"), _env_int("WORLD_SIZE")
-    if world is not None and size > 1 and world != size:
-        raise _usage(f"WORLD_SIZE={world} but the spec's tensor_parallel.size is {size}")
-    if opt is None and (env is None or size == 1):
-        if size > 1:
-            raise _usage(f"tensor_parallel.size is {size}: pass --rank R (0..{size - 1}){' or --rank all' if allow_all else ''}, "
-                         f"or set RANK")
-        return 0
+    launch = Launch.from_env() if launch is None else launch
     if opt is None:
-        r, what = env, "RANK"
+        r = None
     elif allow_all and opt == "all":
         return "all"
     else:
         r = ascii_int(opt)
         if r is None:
-            raise _usage(f"--rank must be an integer{' or all' if allow_all else ''}, got {printable(opt)[:40]!r}")
-        what = "--rank"
-    if not 0 <= r < size:
-        raise _usage(f"rank {r} is outside tensor_parallel.size {size} (ranks 0..{size - 1}); it came from {what}")
-    return r
-
-
-# Keys only a plan has (plans are written compact, keys sorted: `{"budget":{"device_bytes":...`).
-_PLAN_KEYS = re.compile(rb'"(?:kind|format|fits|layout|parts|peak|refusal|runs|steps|timeline|totals|'
-                        rb'device_bytes|host_bytes|mtime_ns|size_bytes)"\s*:')
+            raise BindError(f"--rank must be an integer{' or all' if allow_all else ''}, got {printable(opt)[:40]!r}",
+                            code=Code.BAD_RANK)
+    return pick_rank(r, size, launch, all_hint=" or --rank all" if allow_all else "", where=where)
 
 
 def _is_plan(path: Path) -> bool:
-    """Whether run/explain should read `path` as a plan (else as a spec), from its first 64 KiB.
+    from .target import is_plan
 
-    A `.json` is a plan when it names a plan-only key there, when it is too large to be a spec, or
-    when it does not exist (the plan reader says so); a truncated plan is still a plan. A FIFO or a
-    device is left to the spec reader, which refuses it without blocking."""
-    if path.suffix.lower() != ".json":
-        return False
-    got = _head(path)
-    if got is None:
-        return not os.path.exists(path)
-    size, head = got
-    return size > SPEC_CAP or bool(_PLAN_KEYS.search(head))
+    return is_plan(path)
 
 
-def _looks_like_spec(path: Path) -> bool:
-    """A JSON document with a spec's `rules` and none of a plan's `runs`."""
-    try:
-        doc = json.loads(path.read_bytes()[:SPEC_CAP])
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and "rules" in doc and "runs" not in doc
+def _load_plan_or_spec(path: Path, rank: Optional[str] = None, launch=None):
+    """The plan `path` names (`planc.target.resolve`, as for the Python API), for --rank."""
+    from .target import Launch, resolve
 
-
-def _held_to_launcher(plan, path: Path, rank: Optional[str]):
-    """A saved plan, checked against --rank, RANK and WORLD_SIZE as its spec would be."""
-    tp = plan.tensor_parallel
-    env, world = _env_int("RANK"), _env_int("WORLD_SIZE")  # checked whether or not they pick the plan
-    if world is not None and tp.size > 1 and world != tp.size:
-        raise _usage(f"WORLD_SIZE={world} but {path} is a plan of tensor_parallel.size {tp.size}")
+    launch = Launch.from_env() if launch is None else launch
     if rank is not None:
-        want, what = _rank(rank, tp.size), "--rank"
-    elif tp.size > 1:
-        want, what = env, "RANK"
-    else:  # a data-parallel replica: RANK does not pick the plan
-        want, what = None, None
-    if want is not None and want != tp.rank:
-        raise _usage(f"{path} is the plan of rank {tp.rank}, but {what} {want} asks for another")
-    return plan
-
-
-def _load_plan_or_spec(path: Path, rank: Optional[str] = None):
-    if _is_plan(path):
-        from .plan import load_plan
-
-        try:
-            return _held_to_launcher(load_plan(path), path, rank)
-        except PlanFormatError as e:
-            if e.code != "plan-kind" or not _looks_like_spec(path):
-                raise
-            # a JSON spec whose key looks like a plan's (a typo): read below as the spec it is
-    from .plancache import cached_compile  # a spec: only now the spec models and the compiler are imported
-    from .spec import load_spec
-
-    loaded = load_spec(path)
-    return cached_compile(path, _rank(rank, loaded.spec.tensor_parallel.size), loaded)
+        r = ascii_int(rank)
+        if r is None:
+            raise BindError(f"--rank must be an integer, got {printable(rank)[:40]!r}", code=Code.BAD_RANK)
+        rank = r
+    return resolve(path, rank, launch=launch)
 
 
 def _writable_file(path: Path, flag: str) -> None:
@@ -439,7 +376,7 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
     from .spec import load_spec
 
     size = load_spec(spec).spec.tensor_parallel.size
-    r = _rank(rank, size, allow_all=True)
+    r = _rank(rank, size, allow_all=True, where=str(spec))
     if r == "all":
         if output is not None:
             if output.exists() and not output.is_dir():
@@ -454,21 +391,22 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         if as_json:
             _emit_json(_ranks_doc(plans, nodes))
         else:
-            console = err if refused or node_refused else out  # a refusal leaves stdout clean, as for one rank
-            _rank_table(plans, console)
+            # the table on stdout whatever the outcome; a refusal adds its one line on stderr
+            _rank_table(plans, out)
             if size > 1:
                 from .explain import render_nodes
 
-                render_nodes(nodes, console)
+                render_nodes(nodes, out)
         if refused:
             ref = refused[0].refusal
             k = refused[0].tensor_parallel.rank
             _say(f"planc: rank {k}: {ref.message} [{ref.code}]")
             raise typer.Exit(3)
         if node_refused:
-            from .node import refusal_message
+            from .node import node_refusal
 
-            _say(f"planc: {refusal_message(node_refused)} [node-budget]")
+            r = node_refusal(node_refused)
+            _say(f"planc: {r.message} [{r.code}]")
             raise typer.Exit(3)
         return
     if output is not None:
@@ -481,8 +419,8 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
         _write_output(output, encode_bytes(plan), "-o", _inputs(plan, spec))
     if as_json:
         _emit_json(explain_doc(plan))
-    elif not plan.fits:
-        render(plan, err)
+    elif not plan.fits:  # the explanation is output (stdout); the error stays one line on stderr
+        render(plan, out)
     else:
         t = plan.totals
         out.print(f"admitted: {t.tensors} tensors, {fmt_bytes(t.read_bytes)} in {t.runs} runs; host peak "
@@ -622,6 +560,8 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .device import check_device
 
+    if report is not None and not report.strip():  # before anything is read: `--report ""` is not "no report"
+        raise _usage("--report needs a file name, got an empty one")
     if device is not None:
         try:
             check_device(device)
@@ -631,18 +571,21 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
 
     # The driver starts while the executor is imported and the plan read (the device's context too,
     # where --device or LOCAL_RANK names it already, or the saved plan does).
-    local = _env_int("LOCAL_RANK")
+    from .target import Launch
+
+    launch = Launch.from_env()  # the launcher's variables, read once for this command
+    local = launch.local_rank
     seam.prewarm(device or (f"cuda:{local}" if local is not None else plan_device_hint(target)))
     from .errors import ExecuteError, Interrupted
     from .execute import execute
-    plan = _load_plan_or_spec(target, rank)
+    plan = _load_plan_or_spec(target, rank, launch)
     if not plan.fits:
         raise _refused(plan)
     if device is None and local is not None:
         device = f"cuda:{local}"
     report_path = None
-    if report:
-        report_path = Path(report.replace("{rank}", str(_report_rank(plan))))
+    if report is not None:
+        report_path = Path(report.replace("{rank}", str(_report_rank(plan, launch))))
         _writable_file(report_path, "--report")
         from . import outputs
 
@@ -668,7 +611,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
     v = model.report.get("verify")
     if v is not None and not v["ok"]:
         raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
-                           code="verify-mismatch")
+                           code=Code.VERIFY_MISMATCH)
 
 
 def _digest_arg(value: Optional[str]):
@@ -738,13 +681,12 @@ def digest(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a f
                   markup=False, highlight=False)
 
 
-def _report_rank(plan) -> int:
+def _report_rank(plan, launch) -> int:
     """`{rank}` in --report: the tensor-parallel rank, or for a data-parallel replica its $RANK."""
     tp = plan.tensor_parallel
     if tp.size > 1:
         return tp.rank
-    env = _env_int("RANK")
-    return env if env is not None else 0
+    return launch.rank if launch.rank is not None else 0
 
 
 class _SigintSeen:
@@ -774,8 +716,7 @@ class _SigintSeen:
 def _refused(plan):
     from .errors import AdmissionError
 
-    r = plan.refusal
-    return AdmissionError(r.message, code=r.code, refusal=r._asdict())
+    return AdmissionError.of(plan.refusal)
 
 
 @app.command()
@@ -804,12 +745,29 @@ def _optional_values(argv: list) -> list:
 
 
 def main(argv=None) -> int:
+    """Run one command; its exit code. stdout is guarded (`planc.stdio`): a closed or full stdout is
+    one line and exit 2, a pipe whose reader has gone exit 141 without a word."""
+    with stdio.guarded():
+        rc = _main(argv)
+        try:
+            sys.stdout.flush()  # buffered output: a full disk shows here, not at the exit
+        except stdio.PipeClosed as e:
+            return e.exit_code
+        except stdio.OutputError as e:
+            _say(f"planc: {e.message} [{e.code}]")
+            return rc or e.exit_code
+        return rc
+
+
+def _main(argv) -> int:
     argv = _optional_values(list(sys.argv[1:] if argv is None else argv))
     try:
         rc = app(args=argv, prog_name="planc", standalone_mode=False)
         if rc == 130:  # typer turns a KeyboardInterrupt inside a command into 130, without a word
             _say("planc: interrupted")
         return rc if isinstance(rc, int) else 0  # a command's typer.Exit(n) comes back as n here
+    except stdio.PipeClosed as e:  # the reader of stdout has gone: nothing to say, and nobody to say it to
+        return e.exit_code
     except PlancError as e:
         _say(f"planc: {e.message} [{e.code}]")
         if settings.debug():
@@ -829,8 +787,10 @@ def main(argv=None) -> int:
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):  # a usage error from the argument parser
             ctx = getattr(e, "ctx", None)
             where = ctx.command_path if ctx is not None else "planc"
-            _say(f"planc: {e.format_message()} (see {where} --help) [usage]")
+            _say(f"planc: {e.format_message()} (see {where} --help) [{Code.USAGE}]")
             return 2
+        if isinstance(e, BrokenPipeError):  # a write to a closed pipe past the guard (a library's own stream)
+            return stdio.PipeClosed.exit_code
         if settings.debug():
             raise
         _say(f"planc: unexpected error: {type(e).__name__}: {e} (PLANC_DEBUG=1 shows the traceback)")
@@ -848,7 +808,7 @@ def _exit(rc: int) -> None:
     plan); the interpreter's teardown frees them one at a time and walks them all in a last
     collection: 0.25-0.3 s of a 2 s command, spent on memory the system takes back at once anyway.
     Exit handlers run and the standard streams are flushed first, as at an ordinary exit; while
-    other threads still run, or when a flush fails (a closed pipe), the ordinary exit takes over.
+    other threads still run, the ordinary exit takes over.
     A ring still being unpinned after a load (`seam.release_later`) is left to the exit, which
     gives the memory back at once; on the ordinary exit it is waited for.
     """
@@ -865,13 +825,11 @@ def _exit(rc: int) -> None:
     others = [t for t in threading.enumerate() if t is not threading.current_thread() and t not in unpinning]
     if not others:
         atexit._run_exitfuncs()  # and forgets them: the ordinary exit below would not run them twice
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        else:
-            os._exit(rc)
+        # A stream that cannot be flushed (closed, full, a pipe nobody reads) has nowhere to put the
+        # rest: the ordinary exit would only fail the same flush again, print "Exception ignored"
+        # and change the exit code.
+        stdio.flush_quietly()
+        os._exit(rc)
     if seam is not None:
         seam.settle_released()  # the ordinary exit: no unpinning thread outlives the driver's own teardown
     sys.exit(rc)

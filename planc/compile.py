@@ -18,6 +18,7 @@ from .ir import Budget, Checkpoint, FileEntry, IOSettings, Layout, Peak, Plan, S
 from .manifest import Manifest, read_manifest
 from .schedule import Schedule, schedule
 from .spec import LoadedSpec, load_spec
+from .codes import Code
 
 
 @gc_paused()
@@ -44,7 +45,7 @@ def _refuse_quantized(loaded: LoadedSpec, manifest: Manifest) -> None:
         if t.dtype not in DTYPES:
             raise BindError(f"{loaded.path}: {t.name} of {manifest.source} is {t.dtype}: plans do not yet load "
                             "block-quantized GGUF tensors (planc.gguf_dequant and planc.execute.gguf_kernels "
-                            "dequantize them)", code="gguf-quantized")
+                            "dequantize them)", code=Code.GGUF_QUANTIZED)
 
 
 def device_budget(loaded: LoadedSpec, capacity=None) -> tuple[int | None, str]:

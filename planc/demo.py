@@ -10,8 +10,9 @@ import re
 from pathlib import Path
 
 from rich.console import Console
+from .codes import Code
 
-from .target import choose_simulator, simulated
+from .simulation import choose_simulator, simulated
 
 DEFAULT_SPEC = "specs/demo.yaml"
 _CHECKPOINT_LINE = re.compile(r"^checkpoint: .*$", re.M)
@@ -107,6 +108,6 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
             from .errors import ExecuteError
 
             raise ExecuteError(f"verification found mismatches: {model.report['verify']['mismatches']}",
-                               code="verify-mismatch")
+                               code=Code.VERIFY_MISMATCH)
     finally:
         model.free()

@@ -40,9 +40,9 @@ def capacity(device: str) -> tuple[int | None, str]:
     Asked of the CUDA driver through ctypes (`execute.driver.total_memory`: no context, no numba);
     (None, why) under the simulator, without a driver, or when this host has no such device: the
     device budget is then not checked at compile (the executor still checks free device memory)."""
-    from . import target
+    from . import simulation
 
-    if target.simulated():
+    if simulation.simulated():
         return None, f"auto: {device} is simulated (NUMBA_ENABLE_CUDASIM=1), its capacity is unknown"
     try:
         from .execute import driver

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DigestError, printable, shorten
+from .codes import Code
 
 KIND, VERSION, HASH = "planc-digest", 1, "xxh3-128"
 EXTENT_BYTES = 16 << 20
@@ -94,7 +95,7 @@ def _file_digest(path: str, size: int, extent: int, head: int, sha: bool) -> dic
             got = os.preadv(fd, [memoryview(buf)[:n]], off)
             if got != n:
                 raise DigestError(f"{printable(path)}: ended at {off + got:,} bytes while being digested, "
-                                  f"{size:,} expected; was it being written?", code="digest-read")
+                                  f"{size:,} expected; was it being written?", code=Code.DIGEST_READ)
             mv = memoryview(buf)[:n]
             h.update(mv)
             if whole is not None:
@@ -113,7 +114,7 @@ def _head_hash(fd: int, size: int, head: int, path: str) -> str:
     n = min(size, head)
     data = os.pread(fd, n, 0)
     if len(data) != n:
-        raise DigestError(f"{printable(path)}: ended at {len(data):,} bytes, {size:,} expected", code="digest-read")
+        raise DigestError(f"{printable(path)}: ended at {len(data):,} bytes, {size:,} expected", code=Code.DIGEST_READ)
     return _hex(data)
 
 
@@ -126,7 +127,7 @@ def make_digest(checkpoint, *, extent_bytes: int = EXTENT_BYTES, sha256: bool = 
 
     if not (MIN_EXTENT <= extent_bytes <= MAX_EXTENT) or extent_bytes & (extent_bytes - 1):
         raise DigestError(f"extent size must be a power of two from 64 KiB to 1 GiB, got {extent_bytes:,}",
-                          code="digest-extent")
+                          code=Code.DIGEST_EXTENT)
     m = read_manifest(checkpoint)
     jobs = [(s.path, os.path.join(m.root, s.path), s.size_bytes) for s in m.shards]
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
@@ -175,7 +176,7 @@ class Digest:
     files: dict  # relative path -> FileDigest
 
 
-def _bad(path, why: str, code: str = "digest-format") -> DigestError:
+def _bad(path, why: str, code: str = Code.DIGEST_FORMAT) -> DigestError:
     return DigestError(f"digest file {printable(str(path))}: {why}; write it again with planc digest", code=code)
 
 
@@ -185,7 +186,7 @@ def read_digest(path) -> Digest:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, ValueError) as e:
         raise DigestError(f"digest file {printable(str(path))}: cannot open "
-                          f"({getattr(e, 'strerror', None) or e})", code="digest-missing") from None
+                          f"({getattr(e, 'strerror', None) or e})", code=Code.DIGEST_MISSING) from None
     try:
         st = os.fstat(fd)
         import stat as _stat
@@ -194,12 +195,12 @@ def read_digest(path) -> Digest:
             raise _bad(path, "not a regular file")
         if st.st_size > MAX_FILE_BYTES:
             raise _bad(path, f"{st.st_size:,} bytes, more than a digest file holds ({MAX_FILE_BYTES:,})",
-                       code="digest-too-large")
+                       code=Code.DIGEST_TOO_LARGE)
         raw = os.pread(fd, MAX_FILE_BYTES + 1, 0)
     finally:
         os.close(fd)
     if len(raw) > MAX_FILE_BYTES:
-        raise _bad(path, "larger than a digest file holds", code="digest-too-large")
+        raise _bad(path, "larger than a digest file holds", code=Code.DIGEST_TOO_LARGE)
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     except (UnicodeDecodeError, ValueError) as e:
@@ -244,7 +245,7 @@ def read_digest(path) -> Digest:
             raise _bad(path, f"{where}.sha256 is not 64 lowercase hex digits")
         out[rel] = FileDigest(rel, size, f["head"], tuple(bytes.fromhex(x) for x in exts), sha)
     if _check(doc) != doc["check"]:
-        raise _bad(path, "its check does not match its contents (edited or damaged)", code="digest-edited")
+        raise _bad(path, "its check does not match its contents (edited or damaged)", code=Code.DIGEST_EDITED)
     return Digest(str(path), ext, head, out)
 
 
@@ -352,11 +353,11 @@ class Verifier:
             fd = digest.files.get(f.path)
             if fd is None:
                 raise DigestError(f"digest file {printable(digest.path)} has no entry for {printable(f.path)}: it is "
-                                  f"the digest of another checkpoint", code="digest-other")
+                                  f"the digest of another checkpoint", code=Code.DIGEST_OTHER)
             if fd.size_bytes != f.size_bytes:
                 raise DigestError(f"{printable(os.path.join(self.root, f.path))}: {f.size_bytes:,} bytes, the digest file "
                                   f"{printable(digest.path)} says {fd.size_bytes:,}: it is the digest of another "
-                                  f"checkpoint (or the file changed)", code="digest-other")
+                                  f"checkpoint (or the file changed)", code=Code.DIGEST_OTHER)
             exts = {}
             for k, (gaps, ordered) in _extents_of(pieces.get(f.path, []), f.size_bytes, E).items():
                 exts[k] = _Extent(k, k * E, min((k + 1) * E, f.size_bytes), fd.extents[k], gaps, not ordered)
@@ -374,7 +375,7 @@ class Verifier:
             if got != self.digest.files[f.path].head:
                 raise DigestError(f"{printable(path)}: its first {min(f.size_bytes, self.digest.head_bytes):,} bytes "
                                   f"differ from those the digest file {printable(self.digest.path)} records: it is the "
-                                  f"digest of another checkpoint", code="digest-other")
+                                  f"digest of another checkpoint", code=Code.DIGEST_OTHER)
 
     # -- on the readers' threads
     def feed(self, rel: str, offset: int, data) -> None:
@@ -397,7 +398,7 @@ class Verifier:
                 while st.cursor < lo and not st.done:
                     if self.aborted:
                         raise DigestError("the load failed elsewhere while this read waited to be hashed",
-                                          code="digest-aborted")
+                                          code=Code.DIGEST_ABORTED)
                     st.cond.wait(self.WAIT)
                     self._fill(rel, st)
                 if st.cursor < hi and not st.done:
@@ -428,7 +429,7 @@ class Verifier:
             while at < hi:
                 data = os.pread(fd, min(FILL_CHUNK, hi - at), at)
                 if not data:
-                    raise DigestError(f"{printable(path)}: ended at {at:,} bytes while hashing it", code="digest-read")
+                    raise DigestError(f"{printable(path)}: ended at {at:,} bytes while hashing it", code=Code.DIGEST_READ)
                 st.hasher.update(data)
                 at += len(data)
         finally:
@@ -460,7 +461,7 @@ class Verifier:
                         self._fill(rel, st)
                     if st.cursor < st.hi:
                         raise DigestError(f"{printable(os.path.join(self.root, rel))}: bytes [{st.cursor:,}, {st.hi:,}) "
-                                          f"were never hashed", code="digest-incomplete")
+                                          f"were never hashed", code=Code.DIGEST_INCOMPLETE)
                     self._close(rel, st)
         return self.summary()
 
@@ -478,4 +479,4 @@ class Verifier:
         return DigestError(f"{printable(path)}: bytes [{st.lo:,}, {st.hi:,}) do not match the digest file "
                            f"{printable(self.digest.path)} (extent {st.index}); tensors in them: {listed or 'none (header)'}; "
                            f"the file is damaged or not the checkpoint the digest was made of; no model was returned",
-                           code="digest-mismatch")
+                           code=Code.DIGEST_MISMATCH)

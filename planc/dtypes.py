@@ -84,3 +84,53 @@ FP8_DEQUANTIZABLE = frozenset({"F8_E4M3", "F8_E5M2"})
 
 def dtype(name: str) -> DType:
     return DTYPES[name]
+
+
+# -- what each op can produce ---------------------------------------------------------------------
+# One rule for the compiler (`bind`) and the plan reader (`plancheck`): a part's op takes its
+# weight's dtype to its output dtype only as this table allows, so `compile` never writes a part the
+# reader refuses, and an edited plan cannot relabel bytes (a device transpose of BF16 bits called
+# F16) or ask a kernel for a conversion it does not have (integers, a dequantization of F32).
+#
+#   op            path     source dtype                 output dtype
+#   copy          any      any                          the same
+#   convert       any      F32, F16, BF16               another of F32, F16, BF16
+#   transpose     direct   whole-byte elements          the same
+#   transpose     host     whole-byte elements          the same, or (F32/F16/BF16) another of them
+#   dequantize    any      F8_E4M3, F8_E5M2 (F32 scale) F32, F16, BF16
+#   dequantize    any      an FP4 weight and scale      F32, F16, BF16   (planc.fp4: MXFP4, NVFP4)
+#   dequantize_t  any      an FP4 weight and scale      F32, F16, BF16
+
+def op_problem(op: str, path: str, src: str, dst: str, scale: str | None = None) -> str | None:
+    """Why a part of `op` on `path` cannot take `src` to `dst` (its scale input's dtype `scale`), or
+    None when the table above allows it. The words fit after "a <op> part on the <path> path ..."."""
+    from . import fp4
+
+    floats = "F32, F16 or BF16"
+    if op == "copy":
+        return None if src == dst else f"keeps its dtype ({src}), it cannot give {dst}"
+    if op == "convert":
+        if src not in FLOAT_CONVERTIBLE:
+            return f"converts {floats} only, not {src}"
+        if dst not in FLOAT_CONVERTIBLE or dst == src:
+            return f"converts {src} to another of {floats}, not to {dst}"
+        return None
+    if op == "transpose":
+        if DTYPES[src].bits % 8:
+            return f"moves whole-byte elements, not packed {src}"
+        if dst == src:
+            return None
+        if path == "host" and src in FLOAT_CONVERTIBLE and dst in FLOAT_CONVERTIBLE:
+            return None
+        where = "on the host converts F32, F16 and BF16 only" if path == "host" else "on the device keeps its dtype"
+        return f"{where}: {src} cannot become {dst}"
+    if op in ("dequantize", "dequantize_t"):
+        fmt = fp4.format_of(src, scale) if scale is not None else None
+        if fmt is None and (op == "dequantize_t" or src not in FP8_DEQUANTIZABLE or scale != "F32"):
+            return (f"dequantizes F8_E4M3 or F8_E5M2 weights with F32 scales, or FP4 weights "
+                    f"({', '.join(fp4.FORMATS)}), not {src} with {scale} scales") if op == "dequantize" else \
+                f"dequantizes FP4 weights ({', '.join(fp4.FORMATS)}) only, not {src} with {scale} scales"
+        if dst not in FLOAT_CONVERTIBLE:
+            return f"produces {floats}, not {dst}"
+        return None
+    return f"is not an op ({op})"

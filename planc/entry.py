@@ -7,6 +7,9 @@ import sys
 
 
 def main() -> None:
+    from .stdio import fill_closed_fds
+
+    fill_closed_fds()  # `planc ... >&-`: no file opened later may take fd 1 or 2
     if sys.argv[1:2] == ["run"]:
         try:
             from .prestart import start_run

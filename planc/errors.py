@@ -7,6 +7,12 @@ Exit codes (kept by every command): 0 success, 2 invalid input, 3 refused by adm
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+from .codes import Code
+
+if TYPE_CHECKING:
+    from .ir import Refusal
 
 NAME_LIMIT = 120  # characters of one name (tensor, file, key) in an error line
 
@@ -34,14 +40,21 @@ def shorten_words(line: str, limit: int = NAME_LIMIT) -> str:
 
 
 class PlancError(Exception):
-    """Base of every planc error. `code` is short and stable; `exit_code` maps to the CLI."""
+    """Base of every planc error. `code` is short and stable; `exit_code` maps to the CLI.
+
+    `code` is one of the closed set in `planc.codes` (a `Code`, or its text); any other is refused here,
+    at construction (ValueError), so a typo cannot reach a user or a script that matches on codes."""
 
     exit_code = 1
-    default_code = "error"
+    default_code = Code.ERROR
 
     def __init__(self, message: str, *, code: str | None = None):
         super().__init__(message)
-        self.code = code or self.default_code
+        try:
+            self.code = Code(code or self.default_code)
+        except ValueError:
+            raise ValueError(f"{code or self.default_code!r} is not an error code of planc.codes.Code; "
+                             "add it there") from None
         self.message = message
 
     def __str__(self) -> str:
@@ -52,67 +65,73 @@ class ManifestError(PlancError):
     """A checkpoint file or index is malformed, missing or inconsistent."""
 
     exit_code = 2
-    default_code = "manifest"
+    default_code = Code.MANIFEST
 
 
 class SpecError(PlancError):
     """A placement spec is malformed or names something that does not exist."""
 
     exit_code = 2
-    default_code = "spec"
+    default_code = Code.SPEC
 
 
 class BindError(PlancError):
     """Rules and manifest do not fit together (unmatched tensors, bad fuse/stack groups...)."""
 
     exit_code = 2
-    default_code = "bind"
+    default_code = Code.BIND
 
 
 class PlanFormatError(PlancError):
     """A plan file cannot be read (bad JSON, wrong version)."""
 
     exit_code = 2
-    default_code = "plan"
+    default_code = Code.PLAN
 
 
 class FingerprintError(PlancError):
     """A checkpoint file changed (size or mtime) between compile and run."""
 
     exit_code = 2
-    default_code = "fingerprint"
+    default_code = Code.FINGERPRINT
 
 
 class AdmissionError(PlancError):
-    """The plan, or one of its runs, does not fit the budget or the live room."""
+    """The plan, or one of its runs, does not fit the budget or the live room. `refusal` is the
+    `Refusal` record that says which run, step and bytes (None only when none was given)."""
 
     exit_code = 3
-    default_code = "refused"
+    default_code = Code.REFUSED
 
-    def __init__(self, message: str, *, code: str | None = None, refusal: dict | None = None):
-        super().__init__(message, code=code)
-        self.refusal = refusal or {}
+    def __init__(self, message: str, *, code: str | None = None, refusal: Refusal | None = None):
+        super().__init__(message, code=code or (refusal.code if refusal is not None else None))
+        self.refusal = refusal
+
+    @classmethod
+    def of(cls, refusal: Refusal) -> AdmissionError:
+        """The error for one refusal: its message and code are the record's."""
+        return cls(refusal.message, code=refusal.code, refusal=refusal)
 
 
 class ExecuteError(PlancError):
     """The load failed while running (read error, device error, interrupted)."""
 
     exit_code = 1
-    default_code = "execute"
+    default_code = Code.EXECUTE
 
 
 class ReadError(ExecuteError):
     """A read from a checkpoint file failed or came back short during the load."""
 
     exit_code = 2
-    default_code = "read"
+    default_code = Code.READ
 
 
 class Interrupted(ExecuteError):
     """The load was interrupted (SIGINT / KeyboardInterrupt); everything it allocated was released."""
 
     exit_code = 130  # 128 + SIGINT, as shells report a process ended by Ctrl-C
-    default_code = "interrupted"
+    default_code = Code.INTERRUPTED
 
 
 class HandoffError(PlancError):
@@ -120,7 +139,7 @@ class HandoffError(PlancError):
     or torch is not installed."""
 
     exit_code = 2
-    default_code = "handoff"
+    default_code = Code.HANDOFF
 
 
 class DigestError(PlancError):
@@ -128,7 +147,7 @@ class DigestError(PlancError):
     read do not match it."""
 
     exit_code = 2
-    default_code = "digest"
+    default_code = Code.DIGEST
 
 
 class TornModelError(ExecuteError):
@@ -136,7 +155,7 @@ class TornModelError(ExecuteError):
     new ones, and reading them is refused until a reload succeeds."""
 
     exit_code = 1
-    default_code = "torn"
+    default_code = Code.TORN
 
 
 class ReloadError(PlancError):
@@ -144,4 +163,4 @@ class ReloadError(PlancError):
     nothing was written."""
 
     exit_code = 2
-    default_code = "reload-layout"
+    default_code = Code.RELOAD_LAYOUT

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from .costmodel import DEFAULTS, ROWS_MARGIN, choose
 from .errors import printable
+from .admission import dominant_step
 from .ir import Plan
 from .predict import predict
 from .units import fmt_bytes
@@ -39,7 +40,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
             "host_peak_bytes": w.host_bytes if w else 0,
             "device_peak_bytes": w.device_bytes if w else 0,
             "landing_bytes": r.landing_bytes,
-            "dominant_step": _dominant(r, parts, lay.ring_bytes),
+            "dominant_step": dominant_step(plan, r.index)[0],
         })
     doc = {
         "fits": plan.fits,
@@ -66,19 +67,18 @@ def explain_doc(plan: Plan, node=None) -> dict:
         "skipped": len(plan.skipped),
         "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
                     for t in plan.tensors],
-        "refusal": plan.refusal._asdict() if plan.refusal else None,
+        "refusal": plan.refusal.as_dict() if plan.refusal else None,
         "predicted_time": predict(plan),
         "checks": _checks(plan, node),
         "source": plan.note("source", "plan file"),
         "cache_entry": plan.note("cache_entry") or None,
     }
     if node is not None and not node.fits:
-        from .node import refusal_message
+        from .node import node_refusal
 
         doc["fits"] = False
         if doc["refusal"] is None:
-            doc["refusal"] = {"code": "node-budget", "run": None, "step": "node", "needed_bytes": node.total_bytes,
-                              "allowed_bytes": node.budget_bytes, "message": refusal_message(node)}
+            doc["refusal"] = node_refusal(node).as_dict()
     return doc
 
 
@@ -113,18 +113,6 @@ def verdict_text(e: dict) -> str:
                     + (f"checked: {fmt_bytes(n['total_bytes'])} of {fmt_bytes(n['budget_bytes'])}" if n["checked"] else
                        f"not checked: {fmt_bytes(n['total_bytes'])} together, no budget.node_host"))
     return ("FITS" if e["fits"] else "REFUSED") + " (" + "; ".join(said) + ")"
-
-
-def _dominant(r, parts, ring: int) -> str:
-    """The step of the run that holds the most bytes (a step id of the plan)."""
-    best, size = "alloc:ring", ring
-    for pid in r.parts:
-        p = parts[pid]
-        if p.path == "host" and p.host_bytes > size:
-            best, size = f"normalize:{p.label}" if p.op != "transpose" else f"pack:{p.label}", p.host_bytes
-        if p.landing_bytes > size:
-            best, size = f"normalize:{p.label}" if p.op != "transpose" else f"pack:{p.label}", p.landing_bytes
-    return best
 
 
 def _strided(plan: Plan) -> list:

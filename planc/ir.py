@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import NamedTuple
 
+from .codes import Code
+
 SPACES = ("arena", "landing")
 OPS = ("copy", "convert", "dequantize", "transpose", "dequantize_t")
 KERNEL_OPS = ("convert", "dequantize", "transpose", "dequantize_t")
@@ -338,12 +340,22 @@ class Window(NamedTuple):
 
 
 class Refusal(NamedTuple):
-    code: str
-    run: int
-    step: str  # a step id of the plan
+    """Why a plan, a run or a node does not fit: the one refusal record of planc. Admission makes it
+    (`host-budget`, `device-budget`), the executor's live checks too (`live-room`, `device-room`),
+    explain for a node (`node-budget`); `AdmissionError.refusal` carries it and `as_dict()` is its JSON
+    (the plan's and `explain --json`'s `refusal`)."""
+
+    code: Code
+    run: int | None  # the run's index; None for a node's refusal (all the ranks that share a host)
+    step: str  # a step id of the plan (`alloc:ring`, `read:T#0:weight`...), or "node"
     needed_bytes: int
     allowed_bytes: int
     message: str
+
+    def as_dict(self) -> dict:
+        d = self._asdict()
+        d["code"] = str(self.code)
+        return d
 
 
 class Peak(NamedTuple):

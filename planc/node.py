@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .units import gib
+from .codes import Code
+from .ir import Refusal
 
 
 class NodeCheck(NamedTuple):
@@ -58,6 +60,11 @@ def refusal_message(c: NodeCheck) -> str:
             f"({gib(c.total_bytes)}) of host memory at its ranks' peaks together, budget.node_host allows "
             f"{c.budget_bytes:,} bytes ({gib(c.budget_bytes)}); {shown}; lower budget.host or io.slots per rank, "
             f"put fewer ranks on a node (tensor_parallel.ranks_per_node), or raise budget.node_host")
+
+
+def node_refusal(c: NodeCheck) -> Refusal:
+    """The refusal of a node over `budget.node_host` (no run: all its ranks together)."""
+    return Refusal(Code.NODE_BUDGET, None, "node", c.total_bytes, c.budget_bytes, refusal_message(c))
 
 
 def first_refused(checks: list[NodeCheck]) -> NodeCheck | None:

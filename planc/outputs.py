@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .errors import PlancError, printable
+from .codes import Code
 
 
 class OutputError(PlancError):
     """An output path planc must not or cannot write: a device, a FIFO, an input, a file it did not make."""
 
     exit_code = 2
-    default_code = "output"
+    default_code = Code.OUTPUT
 
 
 def _kind(mode: int) -> str:
@@ -55,7 +56,7 @@ def target(path, what: str, *, inputs: Iterable = (), ours: Callable[[Path], boo
     try:
         p = Path(path)
         if not str(path):
-            raise OutputError(f"{what}: an empty path; give a file name", code="output-path")
+            raise OutputError(f"{what}: an empty path; give a file name", code=Code.OUTPUT_PATH)
         real = Path(os.path.realpath(p))
         try:
             st = os.stat(real)
@@ -65,23 +66,23 @@ def target(path, what: str, *, inputs: Iterable = (), ours: Callable[[Path], boo
         raise
     except (OSError, ValueError) as e:
         raise OutputError(f"{what} {shown}: cannot use this path ({getattr(e, 'strerror', None) or e})",
-                          code="output-path") from None
+                          code=Code.OUTPUT_PATH) from None
     if st is not None:
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{what} {shown}: is a {_kind(st.st_mode)}, not a regular file; planc writes only a new "
-                              f"file or over a regular file", code="output-not-file")
+                              f"file or over a regular file", code=Code.OUTPUT_NOT_FILE)
         if ours is not None and not ours(real):
             raise OutputError(f"{what} {shown}: holds a file planc did not write; remove it or give another path",
-                              code="output-not-ours")
+                              code=Code.OUTPUT_NOT_OURS)
     for inp in inputs:
         if inp is not None and _same(real, inp):
             raise OutputError(f"{what} {shown}: is an input of this command ({printable(str(inp))}); planc never "
-                              f"writes over what it reads", code="output-is-input")
+                              f"writes over what it reads", code=Code.OUTPUT_IS_INPUT)
     parent = real.parent
     if not parent.is_dir():
-        raise OutputError(f"{what} {shown}: folder {printable(str(parent))} does not exist", code="output-path")
+        raise OutputError(f"{what} {shown}: folder {printable(str(parent))} does not exist", code=Code.OUTPUT_PATH)
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{what} {shown}: folder {printable(str(parent))} is not writable", code="output-unwritable")
+        raise OutputError(f"{what} {shown}: folder {printable(str(parent))} is not writable", code=Code.OUTPUT_UNWRITABLE)
     return real
 
 
@@ -105,7 +106,7 @@ def write(path, data: bytes | str, what: str, *, inputs: Iterable = (),
         fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".partial", dir=real.parent)
     except OSError as e:
         raise OutputError(f"{what} {printable(str(path))}: cannot write ({e.strerror or e})",
-                          code="output-unwritable") from None
+                          code=Code.OUTPUT_UNWRITABLE) from None
     try:
         try:
             with os.fdopen(fd, "wb") as f:
@@ -117,7 +118,7 @@ def write(path, data: bytes | str, what: str, *, inputs: Iterable = (),
             os.replace(tmp, real)
         except OSError as e:  # a full disk, a file size limit, a file system gone read-only
             raise OutputError(f"{what} {printable(str(path))}: cannot write ({e.strerror or e}); the old file, "
-                              f"if any, is unchanged", code="output-unwritable") from None
+                              f"if any, is unchanged", code=Code.OUTPUT_UNWRITABLE) from None
     except BaseException:
         try:
             os.unlink(tmp)

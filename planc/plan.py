@@ -29,7 +29,8 @@ from .costmodel import DEFAULTS
 from .errors import PlanFormatError, printable
 from .gcpause import gc_paused
 from .ir import Plan
-from .plancheck import FIELDS, FORMAT, check
+from .plancheck import FIELDS, FORMAT, _shown, check
+from .codes import Code
 
 # A plan is about 230-290 bytes a tensor (24 MB for 91k tensors, the largest checkpoints measured):
 # 128 MiB holds about 460k tensors, five times that, and is refused before it is read.
@@ -79,7 +80,7 @@ def encode_bytes(plan: Plan) -> bytes:
         "runs": runs,
         "skipped": plan.skipped,
         "peak": plan.peak._asdict(),
-        "refusal": plan.refusal._asdict() if plan.refusal else None,
+        "refusal": plan.refusal.as_dict() if plan.refusal else None,
         "costs": (plan.costs or DEFAULTS)._asdict(),
     }
     # orjson writes records (named tuples) as arrays through `default`; compact, UTF-8, and the same
@@ -105,19 +106,19 @@ def load_plan(path: str | Path, *, max_bytes: int = MAX_PLAN_BYTES) -> Plan:
             size = os.fstat(f.fileno()).st_size
             if size > max_bytes:
                 raise PlanFormatError(f"{p}: plan file is {size:,} bytes, more than the {max_bytes:,}-byte cap for "
-                                      f"plan files", code="plan-too-large")
+                                      f"plan files", code=Code.PLAN_TOO_LARGE)
             data = f.read(max_bytes + 1)
     except FileNotFoundError:
-        raise PlanFormatError(f"{p}: plan file not found", code="plan-missing") from None
+        raise PlanFormatError(f"{p}: plan file not found", code=Code.PLAN_MISSING) from None
     except IsADirectoryError:
-        raise PlanFormatError(f"{p}: is a folder, not a plan file", code="plan-unreadable") from None
+        raise PlanFormatError(f"{p}: is a folder, not a plan file", code=Code.PLAN_UNREADABLE) from None
     except PermissionError:
-        raise PlanFormatError(f"{p}: plan file cannot be read (permission denied)", code="plan-unreadable") from None
+        raise PlanFormatError(f"{p}: plan file cannot be read (permission denied)", code=Code.PLAN_UNREADABLE) from None
     except OSError as e:
-        raise PlanFormatError(f"{p}: plan file cannot be read ({e.strerror or e})", code="plan-unreadable") from None
+        raise PlanFormatError(f"{p}: plan file cannot be read ({e.strerror or e})", code=Code.PLAN_UNREADABLE) from None
     if len(data) > max_bytes:
         raise PlanFormatError(f"{p}: plan file is more than the {max_bytes:,}-byte cap for plan files",
-                              code="plan-too-large")
+                              code=Code.PLAN_TOO_LARGE)
     return decode(data, str(p))
 
 
@@ -140,7 +141,7 @@ def checked(plan, where: str = "the Plan given") -> Plan:
     (`plan.with_budget(host_bytes=1)`, a changed layout) is a `PlanFormatError` before anything is
     allocated."""
     if not isinstance(plan, Plan):
-        raise PlanFormatError(f"{where}: expected a planc Plan, got {type(plan).__name__}", code="plan-kind")
+        raise PlanFormatError(f"{where}: expected a planc Plan, got {type(plan).__name__}", code=Code.PLAN_KIND)
     if _TRUSTED.get(id(plan)) is plan:
         return plan
     try:
@@ -148,7 +149,7 @@ def checked(plan, where: str = "the Plan given") -> Plan:
     except PlanFormatError:
         raise
     except Exception as e:  # a field of the wrong type cannot be encoded
-        raise PlanFormatError(f"{where}: not a valid plan: {printable(str(e))[:200]}", code="plan-invalid") from None
+        raise PlanFormatError(f"{where}: not a valid plan: {printable(str(e))[:200]}", code=Code.PLAN_INVALID) from None
     return decode(data, where)
 
 
@@ -168,19 +169,19 @@ def _check_bound(raw: bytes, where: str) -> None:
     objects = raw.count(b"{")
     if objects > MAX_OBJECTS:
         raise PlanFormatError(f"{where}: not a planc plan ({objects:,} JSON objects; a plan has at most "
-                              f"{MAX_OBJECTS})", code="plan-too-large")
+                              f"{MAX_OBJECTS})", code=Code.PLAN_TOO_LARGE)
     bound = decode_bound(raw)
     if bound > DECODE_RATIO * max(len(raw), 1 << 16):
         raise PlanFormatError(f"{where}: not a planc plan (its {len(raw):,} bytes would take up to {bound:,} "
                               f"bytes to decode, more than {DECODE_RATIO}x: a plan's values are not that small)",
-                              code="plan-too-large")
+                              code=Code.PLAN_TOO_LARGE)
 
 
 def _decode(data: bytes | str, where: str) -> Plan:
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if len(raw) > MAX_PLAN_BYTES:
         raise PlanFormatError(f"{where}: plan is {len(raw):,} bytes, more than the {MAX_PLAN_BYTES:,}-byte cap "
-                              f"for plans", code="plan-too-large")
+                              f"for plans", code=Code.PLAN_TOO_LARGE)
     _check_bound(raw, where)
     doc = _fast_parse(raw)
     if doc is not None:
@@ -194,19 +195,22 @@ def _decode(data: bytes | str, where: str) -> Plan:
         doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except _Duplicate as e:
         raise PlanFormatError(f"{where}: not a valid plan: key {printable(str(e))!r} appears twice",
-                              code="plan-syntax") from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+                              code=Code.PLAN_SYNTAX) from None
+    except RecursionError:
+        raise PlanFormatError(f"{where}: not a planc plan (JSON nested deeper than this reader follows; a plan is a "
+                              f"few levels deep)", code=Code.PLAN_SYNTAX) from None
+    except (UnicodeDecodeError, ValueError) as e:
         raise PlanFormatError(f"{where}: not a planc plan (cannot parse JSON: {printable(str(e))[:200]})",
-                              code="plan-syntax") from None
+                              code=Code.PLAN_SYNTAX) from None
     return _checked(doc, where)
 
 
 def _checked(doc, where: str) -> Plan:
     if not isinstance(doc, dict) or doc.get("kind") != "planc-plan":
-        raise PlanFormatError(f"{where}: not a planc plan (no kind: planc-plan)", code="plan-kind")
+        raise PlanFormatError(f"{where}: not a planc plan (no kind: planc-plan)", code=Code.PLAN_KIND)
     if type(doc.get("format")) is not int or doc["format"] != FORMAT:
-        raise PlanFormatError(f"{where}: plan format {printable(repr(doc.get('format')))[:40]}, this planc reads "
-                              f"format {FORMAT}; compile the spec again", code="plan-version")
+        raise PlanFormatError(f"{where}: plan format {_shown(doc.get('format'))[:40]}, this planc reads "
+                              f"format {FORMAT}; compile the spec again", code=Code.PLAN_VERSION)
     return check(doc, where)
 
 
@@ -217,13 +221,15 @@ def _fast_parse(data):
     plan it finds faulty is parsed again exactly, so the message names what the text says.
 
     orjson keeps the last of a repeated key without a word. A plan's objects are its top level and
-    the objects that are its values; with no backslash in the text, every `":` closes a key, so when
-    those objects hold as many keys as the text has `":`, no key repeats anywhere (a key followed by
-    a space, an object deeper down or a repeat makes the counts differ). Otherwise, and for
-    anything orjson refuses, the standard library's parser with a duplicate check decides.
+    the objects that are its values; with no backslash in the text every quote delimits a string,
+    and with no quote followed by white space every key is closed by `":` (compile writes plans
+    without white space; a key written `"budget" :` would go uncounted and its repeat unseen). So
+    when those objects hold as many keys as the text has `":`, no key repeats anywhere (an object
+    deeper down or a repeat makes the counts differ). Otherwise, and for anything orjson refuses,
+    the standard library's parser with a duplicate check decides.
     """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-    if b"\\" in raw:
+    if b"\\" in raw or any(ws in raw for ws in _QUOTE_SPACE):
         return None
     try:
         doc = orjson.loads(raw)
@@ -233,6 +239,9 @@ def _fast_parse(data):
         return None
     keys = len(doc) + sum([len(v) for v in doc.values() if type(v) is dict])
     return doc if keys == raw.count(b'":') else None
+
+
+_QUOTE_SPACE = (b'" ', b'"\t', b'"\n', b'"\r')  # a quote then JSON white space: a key may end `" :`
 
 
 class _Duplicate(ValueError):

@@ -17,17 +17,20 @@ import json
 import math
 
 from .admission import admit, run_host_bytes
-from .dtypes import DTYPES
+from .dtypes import DTYPES, op_problem
 from .errors import PlanFormatError, printable
 from . import costmodel
 from .costmodel import STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
 from .units import MAX_BYTES
+from .limits import (MAX_BLOCK, MAX_DIM, MAX_DIMS, MAX_MAP_LANES, MAX_MAP_WINDOW, MAX_SLOT, MAX_SLOTS, MAX_TP,
+                     MAX_WORKERS, MIN_MAP_WINDOW)
 from . import fp4
 from .hostcost import scratch_bytes
 from .ir import (DEQUANTIZE_OPS, DIRECT_MODES, KERNEL_OPS, OPS, PATHS, SPACES, Budget, Checkpoint, Copy, Costs, FileEntry, HostPart,
                  Input, IOSettings, Kernel, Layout, Part, Peak, Plan, Refusal, Request, Run, SpecRef, Tensor,
                  TensorParallel)
 from .device import DIRECT_ALIGN, check_device
+from .codes import Code
 
 FORMAT = 4
 
@@ -64,8 +67,42 @@ def _bad(path: str, problem: str) -> _Bad:
 
 
 def _shown(v) -> str:
-    s = printable(json.dumps(v) if not isinstance(v, str) else repr(v))
+    """`v` for an error line: at most 60 characters, whatever its size or nesting (a value nested a
+    thousand deep is not handed to a recursive encoder: `_compact` stops at `_SHOWN_DEPTH`)."""
+    s = printable(repr(v) if type(v) is str else _compact(v, 0, [60]))
     return s if len(s) <= 60 else s[:57] + "..."
+
+
+_SHOWN_DEPTH = 8
+
+
+def _compact(v, depth: int, room: list) -> str:
+    """JSON text of `v`, cut short ("...") past `_SHOWN_DEPTH` levels or once `room[0]` characters are spent."""
+    if room[0] <= 0:
+        return "..."
+    if type(v) in (list, dict):
+        if depth >= _SHOWN_DEPTH:
+            text = "[...]" if type(v) is list else "{...}"
+        else:
+            items = []
+            for x in (v if type(v) is list else v.items()):
+                if room[0] <= 0:
+                    items.append("...")
+                    break
+                items.append(_compact(x, depth + 1, room) if type(v) is list else
+                             f"{_scalar(x[0])}: {_compact(x[1], depth + 1, room)}")
+            text = ("[%s]" if type(v) is list else "{%s}") % ", ".join(items)
+    else:
+        text = _scalar(v)
+    room[0] -= len(text)
+    return text
+
+
+def _scalar(v) -> str:
+    try:
+        return json.dumps(v)
+    except (TypeError, ValueError):  # not a JSON value (a Plan field of a caller's own making)
+        return type(v).__name__
 
 
 def _int(v, path: str, lo: int = 0, hi: int | None = None) -> int:
@@ -110,6 +147,7 @@ def _strings(v, path: str) -> tuple[str, ...]:
 
 
 _STRS = {str}
+_PLAN_REFUSALS = (Code.HOST_BUDGET.value, Code.DEVICE_BUDGET.value)
 
 
 def _one_of(v, path: str, allowed) -> str:
@@ -136,13 +174,13 @@ def _nat(*vals) -> bool:
 
 
 def _shape(v, path: str) -> tuple[int, ...]:
-    if type(v) is list and len(v) <= 16 and (not v or (set(map(type, v)) == _INTS and min(v) >= 0
-                                                       and max(v) <= 2**62)):
+    if type(v) is list and len(v) <= MAX_DIMS and (not v or (set(map(type, v)) == _INTS and min(v) >= 0
+                                                       and max(v) <= MAX_DIM)):
         return tuple(v)
     _list(v, path)
-    if len(v) > 16:
-        raise _bad(path, f"has {len(v)} dims, at most 16")
-    return tuple(_int(d, f"{path}[{k}]", 0, 2**62) for k, d in enumerate(v))
+    if len(v) > MAX_DIMS:
+        raise _bad(path, f"has {len(v)} dims, at most {MAX_DIMS}")
+    return tuple(_int(d, f"{path}[{k}]", 0, MAX_DIM) for k, d in enumerate(v))
 
 
 _NBYTES: dict = {}
@@ -178,7 +216,7 @@ class _Checker:
         try:
             return self._plan(doc)
         except _Bad as e:
-            raise PlanFormatError(f"{self.where}: invalid plan: {e.path}: {e.problem}", code="plan-invalid") from None
+            raise PlanFormatError(f"{self.where}: invalid plan: {e.path}: {e.problem}", code=Code.PLAN_INVALID) from None
 
     def _plan(self, doc: dict) -> Plan:
         _obj(doc, "plan", _TOP)
@@ -194,7 +232,7 @@ class _Checker:
         except ValueError as e:
             raise _bad("device", str(e)) from None
         tp = _obj(doc["tensor_parallel"], "tensor_parallel", TensorParallel._fields)
-        size = _int(tp["size"], "tensor_parallel.size", 1, 1 << 16)
+        size = _int(tp["size"], "tensor_parallel.size", 1, MAX_TP)
         tp = TensorParallel(_int(tp["rank"], "tensor_parallel.rank", 0, size - 1), size)
         b = _obj(doc["budget"], "budget", Budget._fields)
         budget = Budget(_int(b["host_bytes"], "budget.host_bytes", 0, _MAX),
@@ -239,15 +277,15 @@ class _Checker:
         if type(v) is dict and not any(k in v for k in mapping):  # written before the plan carried them:
             v = {**v, **mapping}  # read with the window and lanes they were run with
         _obj(v, "io", IOSettings._fields)
-        slot = _int(v["slot_bytes"], "io.slot_bytes", DIRECT_ALIGN, 1 << 40)
+        slot = _int(v["slot_bytes"], "io.slot_bytes", DIRECT_ALIGN, MAX_SLOT)
         if slot % DIRECT_ALIGN:
             raise _bad("io.slot_bytes", f"must be a multiple of {DIRECT_ALIGN}, got {slot:,}")
-        return IOSettings(_int(v["workers"], "io.workers", 1, 256), slot, _int(v["slots"], "io.slots", 1, 1024),
+        return IOSettings(_int(v["workers"], "io.workers", 1, MAX_WORKERS), slot, _int(v["slots"], "io.slots", 1, MAX_SLOTS),
                           _int(v["run_bytes"], "io.run_bytes", 1, _MAX), _one_of(v["direct"], "io.direct", DIRECT_MODES),
                           _int(v["merge_gap_bytes"], "io.merge_gap_bytes", 0, _MAX),
                           _one_of(v["strided"], "io.strided", STRIDED_MODES),
-                          _int(v["map_window_bytes"], "io.map_window_bytes", 1, 1 << 30),
-                          _int(v["map_lanes"], "io.map_lanes", 1, 64))
+                          _int(v["map_window_bytes"], "io.map_window_bytes", MIN_MAP_WINDOW, MAX_MAP_WINDOW),
+                          _int(v["map_lanes"], "io.map_lanes", 1, MAX_MAP_LANES))
 
     def _layout(self, v, io: IOSettings) -> Layout:
         _obj(v, "layout", Layout._fields)
@@ -286,7 +324,10 @@ class _Checker:
 
     def _refusal(self, v) -> Refusal:
         _obj(v, "refusal", Refusal._fields)
-        return Refusal(_str(v["code"], "refusal.code"), _int(v["run"], "refusal.run", 0, _MAX),
+        code = _str(v["code"], "refusal.code")
+        if code not in _PLAN_REFUSALS:  # admission records only these; any other is not a plan's
+            raise _bad("refusal.code", f"must be one of {', '.join(_PLAN_REFUSALS)}, got {_shown(code)}")
+        return Refusal(Code(code), _int(v["run"], "refusal.run", 0, _MAX),
                        _str(v["step"], "refusal.step"), _int(v["needed_bytes"], "refusal.needed_bytes", 0, _MAX),
                        _int(v["allowed_bytes"], "refusal.allowed_bytes", 0, _MAX), _str(v["message"], "refusal.message"))
 
@@ -327,7 +368,7 @@ class _Checker:
             if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:]) and p[0] < n_t \
                     and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
                     and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 3 \
-                    and type(p[8]) is str and p[8] in DTYPES and p[11] <= 1 << 20:
+                    and type(p[8]) is str and p[8] in DTYPES and p[11] <= MAX_BLOCK:
                 ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, dst = p
             else:  # the field-by-field check, which names what is wrong
                 _list(p, f"parts[{pid}]", n_f)
@@ -344,7 +385,7 @@ class _Checker:
                 out_dtype = _dtype(p[8], f"parts[{pid}].out_dtype")
                 landing = _int(p[9], f"parts[{pid}].landing_bytes", 0, _MAX)
                 host = _int(p[10], f"parts[{pid}].host_bytes", 0, _MAX)
-                block = _int(p[11], f"parts[{pid}].block", 0, 1 << 20)
+                block = _int(p[11], f"parts[{pid}].block", 0, MAX_BLOCK)
                 zero = _int(p[12], f"parts[{pid}].zero_bytes", 0, _MAX)
                 dst = _int(p[13], f"parts[{pid}].dst_offset", 0, _MAX)
             t, reason = tensors[ti], reasons[ri]
@@ -385,13 +426,13 @@ class _Checker:
                     and 0 <= nbytes <= _MAX and 0 <= seg <= _MAX and 0 <= stride <= _MAX and 1 <= count <= _MAX
                     and type(role) is str and role in _ROLES and type(tensor) is int
                     and 0 <= tensor < len(self.sources) and type(dtype) is str and dtype in DTYPES
-                    and type(shape) is list and len(shape) <= 16)
+                    and type(shape) is list and len(shape) <= MAX_DIMS)
         else:
             fast = False
         at = None
         if fast:
             f = files[fi]
-            if shape and not (set(map(type, shape)) == _INTS and min(shape) >= 0 and max(shape) <= 2**62):
+            if shape and not (set(map(type, shape)) == _INTS and min(shape) >= 0 and max(shape) <= MAX_DIM):
                 shape = _shape(shape, f"parts[{pid}].inputs[{k}].shape")
             shape = tuple(shape)
         else:  # the field-by-field check, which names what is wrong
@@ -427,6 +468,9 @@ class _Checker:
     def _part_semantics(self, n: Part, at: str) -> None:
         """The sizes the executor allocates and converts by must follow from the part's inputs."""
         w = n.inputs[0]
+        why = op_problem(n.op, n.path, w.dtype, n.out_dtype, n.inputs[1].dtype if len(n.inputs) >= 2 else None)
+        if why:  # the table the compiler chooses ops by: nothing else has a kernel or a host routine
+            raise _bad(f"{at}.out_dtype", f"a {n.op} on the {n.path} path {why}")
         if len(n.inputs) >= 2 and fp4.format_of(w.dtype, n.inputs[1].dtype) and n.op in DEQUANTIZE_OPS:
             return self._fp4_semantics(n, at)
         if w.role != "weight" or (len(n.inputs) == 2) != (n.op == "dequantize") or len(n.inputs) > 2 or (
@@ -625,7 +669,7 @@ class _Checker:
             return f"{run_at}.kernels[{j}]{field}"
 
         if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
-                and (x[6] is None or _nat(x[6])) and x[11] <= 1 << 20 and type(x[1]) is str and type(x[2]) is str \
+                and (x[6] is None or _nat(x[6])) and x[11] <= MAX_BLOCK and type(x[1]) is str and type(x[2]) is str \
                 and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
                 and x[2] in DTYPES and x[3] in DTYPES and type(x[12]) is list and not x[12]:
             pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more = x
@@ -641,7 +685,7 @@ class _Checker:
             dst = _int(x[7], at(".dst_offset"), 0, _MAX)
             numel, rows = _int(x[8], at(".numel"), 0, _MAX), _int(x[9], at(".rows"), 0, _MAX)
             cols = _int(x[10], at(".cols"), 0, _MAX)
-            block = _int(x[11], at(".block"), 0, 1 << 20)
+            block = _int(x[11], at(".block"), 0, MAX_BLOCK)
             more = tuple(_int(v, at(f".more[{m}]"), 0, _MAX)
                          for m, v in enumerate(_list(x[12], at(".more"))))
         if more and op != "convert":

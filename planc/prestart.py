@@ -17,7 +17,7 @@ import re
 import stat
 from pathlib import Path
 
-from . import target
+from . import simulation
 
 SNIFF = 1 << 16  # the bytes of a file's head that `head` reads
 _DEVICE = re.compile(r"cuda(?::[0-9]{1,3})?")
@@ -48,8 +48,6 @@ def plan_device_hint(path: Path) -> str | None:
     """The device a saved plan names, from its first 64 KiB (the key follows the checkpoint's file
     list), so that its context can be made while the plan is read and checked; None for a spec or
     when not found. Only a hint: the checked plan decides, and nothing else is started from it."""
-    if path.suffix.lower() != ".json":  # as the CLI's plan sniff: only a .json is read as a plan
-        return None
     got = head(path)
     if got is None or not got[1].startswith(b'{"kind":"planc-plan"'):
         return None
@@ -88,7 +86,7 @@ def start_run(argv: list[str]) -> None:
     on a thread (nothing under the simulator); no BLAS thread per core in numpy's import (a value
     the user set is kept)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if target.simulated() or "--help" in argv:
+    if simulation.simulated() or "--help" in argv:
         return
     from .execute import driver
 

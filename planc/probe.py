@@ -92,12 +92,17 @@ def _rows(reader, rel: str, size: int, req: int, workers: int) -> tuple[float, i
     return _timed(jobs, workers), len(offs), len(offs) * req
 
 
+MIN_SIZE = 64 << 20  # bytes of the scratch file, at least: `probe --size` below it is refused
+
+
 def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 3, progress=None) -> dict:
     """The probe's figures, warm and cold, as the JSON document `planc probe` writes."""
     from .execute.reader import Reader
 
     folder.mkdir(parents=True, exist_ok=True)
-    size = max(size, 64 << 20) // PAGE * PAGE
+    if size < MIN_SIZE:  # the figures need the 16 MiB row reads and 64 MiB of page-sized requests
+        raise ValueError(f"the probe's scratch file is at least 64MiB ({MIN_SIZE} bytes), got {size}")
+    size = size // PAGE * PAGE
     path = _scratch(folder, size)
     try:
         reader = Reader(str(path.parent), "off")

@@ -149,13 +149,15 @@ def _check(name: str, v, *, from_env: bool = False):
         if isinstance(v, bool) or not isinstance(v, (int, str)):
             raise SettingError(f"{where}: expected a byte size (an integer or a string such as '1GiB'), got "
                                f"{type(v).__name__} {v!r}", from_env=from_env)
+        from .units import parse_bytes
+
         if isinstance(v, int):
-            if v < 0:
-                raise SettingError(f"{where}: a byte size cannot be negative, got {v}", from_env=from_env)
-            return v
+            try:  # the byte sizes' one parser: negative, or past 2**62, is no reserve
+                return parse_bytes(v)
+            except ValueError as e:
+                raise SettingError(f"{where}: {e}", from_env=from_env) from None
         if not v:
             return DEFAULT_HOST_RESERVE
-        from .units import parse_bytes
 
         try:
             return parse_bytes(v)

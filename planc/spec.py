@@ -30,7 +30,10 @@ from .device import brief as _brief
 from .dtypes import DTYPES
 from .errors import SpecError
 from .specparse import parse_json, parse_yaml
+from .limits import (MAX_BLOCK, MAX_MAP_LANES, MAX_MAP_WINDOW, MAX_SLOT, MAX_SLOTS, MAX_TP, MAX_WORKERS,
+                     MIN_MAP_WINDOW)
 from .units import MAX_BYTES, parse_bytes
+from .codes import Code
 
 # The JSON Schema says what the validators take: a byte size as an integer or as text (`64MiB`), a
 # yes/no as a boolean, 0 or 1, or one of the words pydantic reads as one.
@@ -79,11 +82,11 @@ class Budget(_Model):
 
 
 class IO(_Model):
-    workers: StrictInt = Field(16, ge=1, le=256)
+    workers: StrictInt = Field(16, ge=1, le=MAX_WORKERS)
     """Reader threads issuing reads concurrently."""
     slot: ByteSize = 16 * 2**20
     """Bytes of one pinned ring slot; one read request fills at most one slot. A multiple of 4 KiB."""
-    slots: StrictInt = Field(16, ge=1, le=1024)
+    slots: StrictInt = Field(16, ge=1, le=MAX_SLOTS)
     """Slots in the pinned staging ring (ring bytes = slots x slot)."""
     run: ByteSize = 1024 * 2**20
     """Largest bytes read by one run; bounds the landing regions and the reads in flight."""
@@ -94,10 +97,10 @@ class IO(_Model):
     strided: Literal["auto", "mapped", "rows"] = "auto"
     """How a tensor-parallel slice of a later dim is read: `mapped` (only its segments, through a mapping of
     the page cache), `rows` (whole rows, then a 2-D copy of the slice), or `auto` (the cheaper by the cost model)."""
-    map_window: ByteSize = Field(MAP_WINDOW, ge=4096, le=2**30)
+    map_window: ByteSize = Field(MAP_WINDOW, ge=MIN_MAP_WINDOW, le=MAX_MAP_WINDOW)
     """File bytes a mapped strided read maps at a time (4 KiB to 1 GiB); its pages count in the host peak.
     Larger windows read faster (32 MiB: 1.3-1.5x of 8 MiB for a TP rank), and hold more host memory."""
-    map_lanes: StrictInt = Field(MAP_LANES, ge=1, le=64)
+    map_lanes: StrictInt = Field(MAP_LANES, ge=1, le=MAX_MAP_LANES)
     """Mapped windows at once, whatever the workers; the host peak counts the largest this many."""
 
     @field_validator("run")
@@ -112,6 +115,8 @@ class IO(_Model):
     def _slot_aligned(cls, slot: int) -> int:
         if slot < DIRECT_ALIGN or slot % DIRECT_ALIGN:
             raise ValueError(f"io.slot must be a positive multiple of 4 KiB (4096 bytes), got {slot}")
+        if slot > MAX_SLOT:
+            raise ValueError(f"io.slot is at most 1TiB ({MAX_SLOT} bytes), got {slot}")
         return slot
 
 
@@ -145,7 +150,7 @@ class Dequantize(_Model):
     consume: list[str] | None = None
     """Companions consumed when present, unused by a weight-only dequantization (nvfp4 default:
     `{module}.input_scale`, `{module}` being the name without its last component)."""
-    block: StrictInt = Field(128, ge=1)
+    block: StrictInt = Field(128, ge=1, le=MAX_BLOCK)
     """fp8: edge of the square scale block (128 for DeepSeek-V3 style checkpoints). The FP4
     formats fix theirs (32 for mxfp4, 16 for nvfp4)."""
 
@@ -206,7 +211,7 @@ class Split(_Model):
 
 
 class TensorParallel(_Model):
-    size: StrictInt = Field(1, ge=1, le=1024)
+    size: StrictInt = Field(1, ge=1, le=MAX_TP)
     """Number of ranks; each rank's plan reads only its own bytes."""
     ranks_per_node: StrictInt | None = Field(None, ge=1, le=1024)
     """Ranks that share one host (node): ranks 0..k-1 on the first, k..2k-1 on the next, ... Their host
@@ -415,7 +420,7 @@ def load_spec(path: str | Path) -> LoadedSpec:
     except (OSError, ValueError, RuntimeError) as e:  # NUL, lone surrogates, ~unknown-user
         line = lines.get(("checkpoint",))
         raise SpecError(f"{p}{f':{line}' if line else ''}: checkpoint: {_brief(spec.checkpoint)} is not a usable "
-                        f"path ({e})", code="spec-invalid") from None
+                        f"path ({e})", code=Code.SPEC_INVALID) from None
     return LoadedSpec(spec, str(p), str(ckpt), hashlib.sha256(text.encode()).hexdigest())
 
 
@@ -439,39 +444,39 @@ def _read_text(p: Path) -> str:
         # O_NONBLOCK: opening a FIFO must not hang; it is refused by the fstat check that follows.
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise SpecError(f"{p}: spec file not found", code="spec-missing") from None
+        raise SpecError(f"{p}: spec file not found", code=Code.SPEC_MISSING) from None
     except (OSError, ValueError) as e:
-        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+        raise SpecError(f"{p}: cannot read spec: {e}", code=Code.SPEC_UNREADABLE) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise SpecError(f"{p}: cannot read spec: not a regular file", code="spec-unreadable")
+            raise SpecError(f"{p}: cannot read spec: not a regular file", code=Code.SPEC_UNREADABLE)
         if st.st_size > SPEC_CAP:
-            raise SpecError(f"{p}: spec is {st.st_size:,} bytes, over the {SPEC_CAP:,}-byte cap", code="spec-too-large")
+            raise SpecError(f"{p}: spec is {st.st_size:,} bytes, over the {SPEC_CAP:,}-byte cap", code=Code.SPEC_TOO_LARGE)
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read(SPEC_CAP + 1)
     except OSError as e:
-        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+        raise SpecError(f"{p}: cannot read spec: {e}", code=Code.SPEC_UNREADABLE) from None
     finally:
         os.close(fd)
     if len(raw) > SPEC_CAP:
-        raise SpecError(f"{p}: spec is over the {SPEC_CAP:,}-byte cap", code="spec-too-large")
+        raise SpecError(f"{p}: spec is over the {SPEC_CAP:,}-byte cap", code=Code.SPEC_TOO_LARGE)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpecError(f"{p}: cannot read spec: {e}", code="spec-unreadable") from None
+        raise SpecError(f"{p}: cannot read spec: {e}", code=Code.SPEC_UNREADABLE) from None
     return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text
 
 
 def validate_spec(data: Any, path: Path | str = "<spec>", lines: dict | None = None) -> Spec:
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a spec is a mapping of keys (checkpoint, budget, rules, ...), got {type(data).__name__}",
-                        code="spec-not-mapping")
+                        code=Code.SPEC_NOT_MAPPING)
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
         msgs = [_format_error(err, path, lines or {}) for err in _one_per_union(e.errors())]
-        raise SpecError("; ".join(msgs), code="spec-invalid") from None
+        raise SpecError("; ".join(msgs), code=Code.SPEC_INVALID) from None
 
 
 _SPLIT_FORMS = ("Split", "literal['replicate']")  # the members of `split`'s union, as pydantic tags them

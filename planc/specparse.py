@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from .errors import SpecError
+from .codes import Code
 
 NODE_CAP = 100_000  # YAML nodes once aliases are expanded; bounds the walk below and pydantic's
 DEPTH_CAP = 64  # YAML nesting; a spec needs five or six levels
@@ -67,10 +68,10 @@ def parse_yaml(text: str, path) -> tuple[Any, dict]:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         raise SpecError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', None) or e}",
-                        code="spec-syntax") from None
+                        code=Code.SPEC_SYNTAX) from None
     except (ValueError, OverflowError, TypeError, RecursionError) as e:
         # Scalars the YAML constructor fails on (a date like 2024-13-45, an int of 5000 digits), deep nesting.
-        raise SpecError(f"{path}: not valid YAML: {_clip(str(e) or type(e).__name__)}", code="spec-syntax") from None
+        raise SpecError(f"{path}: not valid YAML: {_clip(str(e) or type(e).__name__)}", code=Code.SPEC_SYNTAX) from None
 
 
 def _walk(root, lines: dict, path) -> None:
@@ -82,7 +83,7 @@ def _walk(root, lines: dict, path) -> None:
             what = (f"expands to more than {NODE_CAP:,} YAML nodes (aliases repeating aliases?)" if seen > NODE_CAP
                     else f"nests more than {DEPTH_CAP} levels deep (an alias inside itself?)")
             raise SpecError(f"{path}:{node.start_mark.line + 1}: the spec {what}; write it out plainly",
-                            code="spec-too-large")
+                            code=Code.SPEC_TOO_LARGE)
         lines.setdefault(loc, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             first: dict = {}
@@ -95,7 +96,7 @@ def _walk(root, lines: dict, path) -> None:
                         where = ".".join(str(x) for x in loc + (k.value,))
                         raise SpecError(f"{path}:{k.start_mark.line + 1}: duplicate key {_clip(where)!r}: "
                                         f"first at line {first[key]}, again at line {k.start_mark.line + 1}; "
-                                        f"keep one", code="spec-duplicate-key")
+                                        f"keep one", code=Code.SPEC_DUPLICATE_KEY)
                     first[key] = k.start_mark.line + 1
                 lines[loc + (k.value,)] = k.start_mark.line + 1
                 todo.append((v, loc + (k.value,)))
@@ -122,11 +123,11 @@ def parse_json(text: str, path) -> tuple[Any, dict]:
     except _Duplicate:
         key, a, b = _duplicate_lines(text)
         raise SpecError(f"{path}:{b}: duplicate key {_clip(key)!r}: first at line {a}, again at line {b}; keep one",
-                        code="spec-duplicate-key") from None
+                        code=Code.SPEC_DUPLICATE_KEY) from None
     except json.JSONDecodeError as e:
-        raise SpecError(f"{path}:{e.lineno}: not valid JSON: {e.msg}", code="spec-syntax") from None
+        raise SpecError(f"{path}:{e.lineno}: not valid JSON: {e.msg}", code=Code.SPEC_SYNTAX) from None
     except (ValueError, RecursionError) as e:  # ints past the str-conversion limit, deep nesting
-        raise SpecError(f"{path}: not valid JSON: {_clip(str(e) or type(e).__name__)}", code="spec-syntax") from None
+        raise SpecError(f"{path}: not valid JSON: {_clip(str(e) or type(e).__name__)}", code=Code.SPEC_SYNTAX) from None
 
 
 class _Found(Exception):

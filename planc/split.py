@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .dtypes import DTYPES
 from .errors import BindError
+from .codes import Code
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def rank_range(size: int, world: int, rank: int, pad: bool, what: str, dim: int,
         fix = ("allow zero padding with split: {dim: 0, pad: true}" if dim == 0 and can_pad else
                f"use a tensor_parallel.size that divides {size}, split another dim, or replicate it (split: replicate)")
         raise BindError(f"{what}: dim {dim} has size {size}, not divisible by tensor_parallel.size {world}; {fix}",
-                        code="split-uneven")
+                        code=Code.SPLIT_UNEVEN)
     per = -(-size // world)
     return min(size, rank * per), min(size, (rank + 1) * per), per
 
@@ -81,7 +82,7 @@ def ranged(start: int, shape: tuple[int, ...], dtype: str, sl: Slice | None) -> 
         n = DTYPES[dtype].nbytes(math.prod(shape)) or 0
         return Ranged(start, n, n, 1, tuple(shape))
     if item % 8:
-        raise BindError(f"cannot split a {dtype} tensor (sub-byte elements)", code="split-subbyte")
+        raise BindError(f"cannot split a {dtype} tensor (sub-byte elements)", code=Code.SPLIT_SUBBYTE)
     d = sl.dim
     inner = math.prod(shape[d + 1:]) * item // 8
     outer = math.prod(shape[:d])
@@ -98,7 +99,7 @@ def ranged_blocks(start: int, shape: tuple[int, ...], qt, sl: Slice | None, what
     cols = shape[-1]
     if cols % qt.block:
         raise BindError(f"{what or 'a ' + qt.name + ' tensor'} {list(shape)}: rows of {cols} elements are not whole "
-                        f"{qt.name} blocks of {qt.block}", code="gguf-bad-shape")
+                        f"{qt.name} blocks of {qt.block}", code=Code.GGUF_BAD_SHAPE)
     row = cols // qt.block * qt.block_bytes
     rows = math.prod(shape[:-1])
     if sl is None:
@@ -112,7 +113,7 @@ def ranged_blocks(start: int, shape: tuple[int, ...], qt, sl: Slice | None, what
                             f"[{sl.start}, {sl.stop}) of dim {d} would cut a {qt.name} block ({qt.block} elements "
                             f"sharing one scale); each rank needs whole blocks: a tensor_parallel.size that divides "
                             f"{blocks} (its {cols} columns are {blocks} blocks), a split of dim 0, or replicate",
-                            code="split-gguf-block")
+                            code=Code.SPLIT_GGUF_BLOCK)
         seg = (sl.stop - sl.start) // qt.block * qt.block_bytes
         first = start + sl.start // qt.block * qt.block_bytes
         if rows == 1 or seg == 0:

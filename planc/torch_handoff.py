@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import HandoffError
+from .codes import Code
 
 # safetensors dtype -> torch dtype attribute
 TORCH_DTYPES = {
@@ -37,7 +38,7 @@ def import_torch():
         import torch
     except ImportError:
         raise HandoffError("this needs PyTorch, which is not installed: pip install 'planc[torch]'",
-                           code="torch-missing") from None
+                           code=Code.TORCH_MISSING) from None
     return torch
 
 
@@ -46,7 +47,7 @@ def torch_dtype(name: str):
     attr = TORCH_DTYPES.get(name)
     dt = getattr(torch, attr, None) if attr else None
     if dt is None:
-        raise HandoffError(f"dtype {name} has no torch dtype in torch {torch.__version__}", code="dtype-unsupported")
+        raise HandoffError(f"dtype {name} has no torch dtype in torch {torch.__version__}", code=Code.DTYPE_UNSUPPORTED)
     return dt
 
 
@@ -122,12 +123,12 @@ def assign(module, tensors: dict, strict: bool = True) -> Assigned:
     missing, unexpected, tied, shapes = check_keys(module, tensors)
     if shapes:
         raise HandoffError(f"{len(shapes)} tensor(s) differ in shape from the module's: {_listed(shapes)}",
-                           code="shape-mismatch")
+                           code=Code.SHAPE_MISMATCH)
     if strict and (missing or unexpected):
         raise HandoffError(f"the load does not fit the module: missing keys ({len(missing)}): "
                            f"{_listed(missing) or 'none'}; unexpected keys ({len(unexpected)}): "
                            f"{_listed(unexpected) or 'none'}; fix the spec's rules (planc explain --json lists "
-                           f"the tensors it loads) or pass strict=False", code="keys-mismatch")
+                           f"the tensors it loads) or pass strict=False", code=Code.KEYS_MISMATCH)
     wanted = {n: t for n, t in tensors.items() if n not in unexpected}
     module.load_state_dict(wanted, strict=False, assign=True)
     out = Assigned(missing, unexpected)
@@ -147,7 +148,7 @@ def assign(module, tensors: dict, strict: bool = True) -> Assigned:
         raise HandoffError(f"non-persistent buffers left on the meta device (no rule loads them and their module "
                            f"could not rebuild them): {_listed(out.uninitialized_buffers)}; give their module a "
                            f"`reset_parameters()` or pass strict=False and set them yourself",
-                           code="buffers-uninitialized")
+                           code=Code.BUFFERS_UNINITIALIZED)
     return out
 
 

@@ -593,3 +593,13 @@ def test_a_plan_whose_offsets_disagree_with_the_headers_is_refused(tmp_path):
     rc = subprocess.run([sys.executable, "-m", "planc", "run", str(tmp_path / "swapped.json")], capture_output=True,
                         text=True, env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"})
     assert rc.returncode == 2 and "[plan-header-mismatch]" in rc.stderr and len(rc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("verify", ["yes", 1.5, None, "Digest"])
+def test_load_refuses_a_verify_it_does_not_know(tmp_path, verify):
+    """`verify=` other than False, True or "digest" is a typed spec error naming the value, before anything loads."""
+    from planc.errors import SpecError
+
+    with pytest.raises(SpecError, match="verify must be") as e:
+        planc.load(tmp_path / "absent.yaml", verify=verify)
+    assert e.value.code == "bad-verify"

@@ -108,10 +108,10 @@ def test_compile_writes_plan(capsys, ckpt):
 def test_refused_compile_exits_3_with_reason(capsys, ckpt):
     rc, o, e = run(capsys, "compile", spec(ckpt, host=4096), "-o", ckpt / "plan.json")
     assert rc == 3
-    last = e.strip().splitlines()[-1]
+    last = one_line_error(e)  # stderr holds the error line alone, as for every error
     assert last.startswith("planc: refused: run 0 needs 8,192 bytes") and last.endswith("[host-budget]")
     assert "io.slots (now 2)" in last
-    assert "[host-budget] run 0, step alloc:ring" in " ".join(e.split())  # the rendered explanation names code, run and step
+    assert "[host-budget] run 0, step alloc:ring" in " ".join(o.split())  # the explanation, on stdout, names code, run and step
     assert not load_plan(ckpt / "plan.json").fits  # the plan is written all the same
 
 

@@ -431,7 +431,7 @@ def test_refused_plan_raises_before_allocating(tmp_path, dense, monkeypatch):
     with pytest.raises(AdmissionError) as ei:
         execute(plan)
     assert ei.value.exit_code == 3 and ei.value.code == "host-budget"
-    assert ei.value.refusal["needed_bytes"] > ei.value.refusal["allowed_bytes"] == 64 * 1024
+    assert ei.value.refusal.needed_bytes > ei.value.refusal.allowed_bytes == 64 * 1024
 
 
 def test_live_room_refusal(tmp_path, dense, monkeypatch):
@@ -443,7 +443,7 @@ def test_live_room_refusal(tmp_path, dense, monkeypatch):
     with pytest.raises(AdmissionError) as ei:
         execute(plan)
     assert ei.value.exit_code == 3 and ei.value.code == "live-room"
-    assert ei.value.refusal["allowed_bytes"] == 0 and ei.value.refusal["needed_bytes"] == plan.peak.host_bytes + plan.layout.device_bytes  # simulated device memory is host memory
+    assert ei.value.refusal.allowed_bytes == 0 and ei.value.refusal.needed_bytes == plan.peak.host_bytes + plan.layout.device_bytes  # simulated device memory is host memory
 
 
 def _host_path_plan(tmp_path, dense):
@@ -472,7 +472,11 @@ def test_run_refused_by_live_room_mid_load(tmp_path, dense, monkeypatch):
     with pytest.raises(AdmissionError) as ei:
         execute(plan)
     assert ei.value.code == "live-room" and ei.value.exit_code == 3
-    assert ei.value.refusal == {"run": first["index"], "needed_bytes": first["host_bytes"], "allowed_bytes": 0}
+    r = ei.value.refusal
+    assert (r.run, r.needed_bytes, r.allowed_bytes) == (first["index"], first["host_bytes"], 0)
+    from planc.admission import dominant_step
+
+    assert r.code == "live-room" and r.step == dominant_step(plan, r.run)[0]
     assert f"run {first['index']}" in ei.value.message
     gc.collect()
     rec, = seen

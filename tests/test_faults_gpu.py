@@ -508,7 +508,8 @@ def test_live_room_shrinks_below_a_run(tmp_path, capsys, dense16, watch, monkeyp
         execute(plan)
     second = host_runs[1]
     assert ei.value.code == "live-room" and ei.value.exit_code == 3
-    assert ei.value.refusal == {"run": second["index"], "needed_bytes": second["host_bytes"], "allowed_bytes": 0}
+    r = ei.value.refusal
+    assert (r.run, r.needed_bytes, r.allowed_bytes) == (second["index"], second["host_bytes"], 0)
     watch.check("api", pinned_used=True)
     del ei
     calls.clear()

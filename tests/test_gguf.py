@@ -155,9 +155,9 @@ def test_host_dequant_bit_exact(tmp_path, qtype, out):
 def test_device_dequant_bit_exact_under_simulator(qtype):
     from numba import cuda
 
-    from planc import target
+    from planc import simulation
 
-    if not target.simulated() and not cuda.is_available():
+    if not simulation.simulated() and not cuda.is_available():
         pytest.skip("no simulator and no GPU")
     from planc.execute.gguf_kernels import dequantize_gguf
     from planc.synth_gguf import GGUFTensor, tensor_bytes

@@ -460,7 +460,8 @@ def test_live_room_shrinks_below_a_run(tmp_path, capsys, dense, released, monkey
         execute(plan)
     second = next(r for r in plan.to_dict()["runs"] if r["index"] == host_runs[1])
     assert ei.value.code == "live-room" and ei.value.exit_code == 3
-    assert ei.value.refusal == {"run": second["index"], "needed_bytes": second["host_bytes"], "allowed_bytes": 0}
+    r = ei.value.refusal
+    assert (r.run, r.needed_bytes, r.allowed_bytes) == (second["index"], second["host_bytes"], 0)
     assert len(calls) == 3, "run 1 admitted; run 2 checked, waited for the runs in flight, checked again"
     released()
     del ei

@@ -494,7 +494,25 @@ def test_explain_reads_the_same_timeline(host_ckpt):
     assert e["headroom"] == {"host_bytes": -1, "device_bytes": 2**20 - 10240}
     assert [r["requests"] for r in e["runs"]] == [1, 1, 2]
     assert sum(r["requests"] for r in e["runs"]) == e["totals"]["requests"]
+    # the step that holds the most host memory in each run: the normalize of an F32 -> BF16 part (its
+    # output plus the transform's counted chunk scratch, more than its read buffer), as the refusal names it
     assert [r["dominant_step"] for r in e["runs"]] == ["normalize:a_h1#0", "normalize:b_h2#0", "alloc:ring"]
+    assert e["refusal"]["step"] == e["runs"][e["refusal"]["run"]]["dominant_step"]
+
+
+@pytest.mark.parametrize("host, run", [(PEAK_A - 1, 0), (PEAK_H - 1, 1)])
+def test_explain_dominant_step_is_the_refusals(host_ckpt, host, run):
+    """explain's dominant step of the refused run is the step the refusal names (one replay, one answer)."""
+    tmp_path, _ = host_ckpt
+    plan = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": host})
+    r = plan.refusal
+    assert r.code == "host-budget" and r.run == run
+    e = explain_doc(plan)
+    assert e["runs"][run]["dominant_step"] == r.step == e["refusal"]["step"]
+    assert r.step in {s.id for s in plan.steps}
+    # and a plan that fits shows the same steps for its runs
+    fits = compile_doc(tmp_path, HOST_RULES, io=HOST_IO, budget={"host": 1 << 20})
+    assert [x["dominant_step"] for x in explain_doc(fits)["runs"]] == [x["dominant_step"] for x in e["runs"]]
 
 
 def test_load_plan_rejects_other_files(tmp_path):

@@ -46,8 +46,9 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
                 allow_module_level=True)
 
 from execute_support import NP, bits, cast, cli_run, one_line, watch_regions  # noqa: E402
-from hostile.plans import build_plans, corpus, path_texts, walk  # noqa: E402
+from hostile.plans import build_plans, corpus, dtype_edits, path_texts, walk  # noqa: E402
 from planc import admission  # noqa: E402
+from planc.dtypes import op_problem  # noqa: E402
 from planc.errors import PlanFormatError, PlancError  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.explain import explain_doc  # noqa: E402
@@ -63,6 +64,7 @@ PLANS = BUILT.plans
 DOCS = {name: json.loads(encode(p)) for name, p in PLANS.items()}
 TEXTS = {name: path_texts(doc) for name, doc in DOCS.items()}
 MUTATIONS = corpus(BUILT)
+DTYPE_EDITS = [m for name in ("mixed", "tp") for m in dtype_edits(name, DOCS[name])]
 BY_ID = {m.id: m for m in MUTATIONS}
 OUTCOMES: dict[str, str] = {}  # mutation id -> refused | accepted (filled as the corpus runs)
 ACCEPTED: dict = {}  # mutation id -> the plan it decoded to (blind mutations only)
@@ -596,3 +598,35 @@ def test_fast_parse_decides_as_the_exact_parser():
     assert got == want
     assert all("appears twice" in m for m in got[-4:-1]), got[-4:-1]
     assert "must be between 0 and" in got[-1]  # an integer past 64 bits is named as one, not as a float
+
+
+# ------------------------------------------------------------------------------------------
+# 4. dtypes: what each op can produce
+
+
+def test_compiled_parts_are_what_their_ops_produce():
+    """Compile writes only parts the reader's rule allows (`dtypes.op_problem`, the one table)."""
+    for plan in PLANS.values():
+        for p in plan.parts:
+            scale = p.inputs[1].dtype if len(p.inputs) >= 2 else None
+            assert op_problem(p.op, p.path, p.inputs[0].dtype, p.out_dtype, scale) is None, p
+
+
+@pytest.mark.parametrize("m", DTYPE_EDITS, ids=[m.id for m in DTYPE_EDITS])
+def test_dtype_edit_is_refused_or_loads_bit_exact(m):
+    """A part's dtypes relabelled wherever the plan states them (the tensor, its parts, their kernels;
+    or the weight input and its kernel): a dtype its op cannot produce is a plan error naming the
+    field; one it can is refused against the checkpoint's headers or loads bit-exact."""
+    doc = DOCS[m.plan]
+    mutated = m.mutated(doc)
+    outcome, got = load(_write(mutated), doc, mutated)
+    fields = mutated["fields"]
+    pid = int(m.id.split("parts[")[1].split("]")[0])
+    part = dict(zip(fields["part"], mutated["parts"][pid]))
+    w = dict(zip(fields["input"], part["inputs"][0]))
+    s = dict(zip(fields["input"], part["inputs"][1])) if len(part["inputs"]) > 1 else None
+    why = op_problem(part["op"], part["path"], w["dtype"], part["out_dtype"], s and s["dtype"])
+    if why:
+        assert outcome == "refused" and why in got, (m.id, got)
+    elif outcome == "accepted":
+        assert load_or_typed_error(got) in ("bit-exact", "typed error plan-header-mismatch"), m.id

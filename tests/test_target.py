@@ -1,130 +1,112 @@
-"""One place decides whether the device is simulated (`planc.target`); the rest asks it or the device.
-
-The package's source is read as Python (its syntax tree, so a message that names the variable for a
-user does not count): only `planc/target.py` reads numba's flag or the environment variable, only
-the choosing callers ask `target.simulated()`, and the kernel modules build for the target their
-device hands them. Then the choice itself: NUMBA_ENABLE_CUDASIM read as numba reads it, in fresh
-processes (numba fixes its mode at import), and the kernels the simulator's device is handed.
-"""
+"""One target resolver for both faces: the same bad spec, plan, rank or launcher variable gives the
+same error class, code and message from `planc explain` as from `planc.load` (planc.target)."""
 
 from __future__ import annotations
 
-import ast
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-import numpy as np
-import pytest
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before numba is first imported, as tests/test_kernels.py
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from conftest import write_spec, write_st  # noqa: E402
 
 import planc  # noqa: E402
-from planc import target  # noqa: E402
-
-PACKAGE = Path(planc.__file__).resolve().parent
-CHOOSER = PACKAGE / "target.py"
-# Who may ask the choice: the seam choosing the device, and what runs before any device exists
-# (`planc run`'s head start, `budget.device: auto` at compile, the demo, the PTX build's guard).
-CALLERS = {"execute/seam.py", "prestart.py", "device.py", "demo.py", "execute/ptxbuild.py"}
-KERNEL_MODULES = ("execute/kernels.py", "execute/gguf_kernels.py", "execute/fp4_kernels.py", "execute/scatter.py")
+from planc.cli import main  # noqa: E402
+from planc.compile import compile_spec  # noqa: E402
+from planc.errors import PlancError  # noqa: E402
+from planc.plan import save_plan  # noqa: E402
+from planc.target import Launch, is_plan, resolve  # noqa: E402
 
 
-def _trees():
-    for path in sorted(PACKAGE.rglob("*.py")):
-        yield path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text(), str(path))
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    write_st(tmp_path / "m.safetensors", {"a": np.ones((4, 4), np.float32), "b": np.ones(8, np.float32)})
+    spec = write_spec(tmp_path, {"checkpoint": str(tmp_path / "m.safetensors"), "device": "cuda:0",
+                                 "budget": {"host": "64MiB"}, "rules": [{"match": "*"}]})
+    save_plan(compile_spec(spec), tmp_path / "plan.json")
+    tp = write_spec(tmp_path, {"checkpoint": str(tmp_path / "m.safetensors"), "device": "cuda:0",
+                               "budget": {"host": "64MiB"}, "tensor_parallel": {"size": 2},
+                               "rules": [{"match": "*"}]}, name="tp.yaml")
+    assert tp.exists()
+    return tmp_path
 
 
-def _reads_flag(tree) -> bool:
-    """numba's flag (`config.ENABLE_CUDASIM`) or the variable as a key (`environ["NUMBA_ENABLE_CUDASIM"]`)."""
-    return any(isinstance(n, ast.Attribute) and n.attr == "ENABLE_CUDASIM"
-               or isinstance(n, ast.Constant) and n.value in ("NUMBA_ENABLE_CUDASIM", "ENABLE_CUDASIM")
-               for n in ast.walk(tree))
+def _truncated(d):
+    raw = (d / "plan.json").read_bytes()
+    (d / "cut.json").write_bytes(raw[: len(raw) // 2])
+    return "cut.json"
 
 
-def _asks_simulated(tree) -> bool:
-    """A call of a function named `simulated` (the choice), as opposed to a device's `simulated` attribute."""
-    return any(isinstance(n, ast.Call) and (isinstance(n.func, ast.Name) and n.func.id == "simulated"
-                                           or isinstance(n.func, ast.Attribute) and n.func.attr == "simulated")
-               for n in ast.walk(tree))
+def _write(name, data):
+    def make(d):
+        (d / name).write_bytes(data)
+        return name
+    return make
 
 
-def test_only_the_choosing_module_reads_the_simulator_flag():
-    readers = {rel for rel, tree in _trees() if _reads_flag(tree)}
-    assert readers == {"target.py"}
+def _bad_field(d):
+    text = (d / "spec.yaml").read_text().replace("host: 64MiB", "host: lots")
+    (d / "bad.yaml").write_text(text)
+    return "bad.yaml"
 
 
-def test_only_the_choosing_callers_ask_whether_simulated():
-    askers = {rel for rel, tree in _trees() if _asks_simulated(tree)}
-    assert askers <= CALLERS | {"target.py"}, askers - CALLERS
-    assert "execute/seam.py" in askers  # the device is chosen from it
+# (case, the target made in the folder, rank, launcher variables, the code both faces give)
+CASES = [
+    ("truncated-plan", _truncated, None, {}, "plan-syntax"),
+    ("empty-json", _write("empty.json", b""), None, {}, None),
+    ("empty-yaml", _write("empty.yaml", b""), None, {}, None),
+    ("binary-json", _write("bin.json", bytes(range(256)) * 4), None, {}, None),
+    ("binary-yaml", _write("bin.yaml", b"\x00\xff\xfe" * 100), None, {}, None),
+    ("missing-plan", lambda d: "missing.json", None, {}, "plan-missing"),
+    ("missing-spec", lambda d: "missing.yaml", None, {}, "spec-missing"),
+    ("spec-bad-field", _bad_field, None, {}, "spec-invalid"),
+    ("rank-outside-spec", lambda d: "spec.yaml", 3, {}, "bad-rank"),
+    ("rank-outside-plan", lambda d: "plan.json", 1, {}, "bad-rank"),
+    ("tp-spec-no-rank", lambda d: "tp.yaml", None, {}, "bad-rank"),
+    ("rank-env-not-int", lambda d: "tp.yaml", None, {"RANK": "abc"}, "bad-rank"),
+    ("world-size-other", lambda d: "tp.yaml", None, {"RANK": "1", "WORLD_SIZE": "4"}, "bad-rank"),
+]
 
 
-def test_kernel_modules_are_handed_the_target():
-    for rel in KERNEL_MODULES:
-        tree = ast.parse((PACKAGE / rel).read_text())
-        assert not _asks_simulated(tree) and not _reads_flag(tree), rel
-        assert "config" not in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}, rel
+@pytest.mark.parametrize("case, make, rank, env, code", CASES, ids=[c[0] for c in CASES])
+def test_both_faces_give_one_error(folder, capsys, monkeypatch, case, make, rank, env, code):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    target = folder / make(folder)
+    with pytest.raises(PlancError) as info:
+        planc.load(target, rank=rank)
+    e = info.value
+    if code is not None:
+        assert e.code == code, e
+    with pytest.raises(PlancError) as again:  # the resolver itself, as both faces call it
+        resolve(target, rank, launch=Launch.from_env(), flag="rank=")
+    assert type(again.value) is type(e) and again.value.code == e.code
+    capsys.readouterr()
+    rc = main(["explain", str(target), *(["--rank", str(rank)] if rank is not None else [])])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == e.exit_code, err
+    assert err.endswith(f"[{e.code}]"), (err, e)
+    if e.code != "bad-rank":  # the same words too (a rank's message names the face's own spelling of it)
+        assert err == f"planc: {e}", (err, e)
+    else:
+        assert err.replace("--rank R", "rank=").replace("--rank", "rank=") == f"planc: {e}", (err, e)
 
 
-def test_the_seam_has_no_choice_of_its_own():
-    from planc.execute import seam
-
-    assert not hasattr(seam, "_simulator_chosen")
-    assert seam.Gpu.target == target.GPU and not seam.Gpu.simulated
-    assert seam.Simulator.target == target.SIM and seam.Simulator.simulated
-    dev = seam.default_device()
-    assert dev.target == target.name() and dev.simulated == target.simulated()
+def test_a_json_spec_is_a_spec_and_a_cut_plan_a_plan(folder):
+    spec = write_spec(folder, {"checkpoint": str(folder / "m.safetensors"), "device": "cuda:0",
+                               "budget": {"host": "64MiB"}, "rules": [{"match": "*"}]}, name="spec.json")
+    assert not is_plan(spec) and is_plan(folder / "plan.json") and is_plan(folder / _truncated(folder))
+    assert is_plan(folder / "missing.json") and not is_plan(folder / "spec.yaml")
+    assert resolve(spec).fits and resolve(folder / "plan.json").fits
 
 
-def _fresh(env_value, code="import sys, planc.target as t; print(t.simulated(), t.name(), 'numba' in sys.modules)"):
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    if env_value is not None:
-        env["NUMBA_ENABLE_CUDASIM"] = env_value
-    env["PYTHONPATH"] = str(PACKAGE.parent)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.split()
-
-
-@pytest.mark.parametrize("value,sim", [(None, False), ("", False), ("0", False), ("1", True), ("2", True),
-                                       ("yes", False)])
-def test_the_variable_is_read_as_numba_reads_it_without_importing_numba(value, sim):
-    assert _fresh(value) == [str(sim), target.SIM if sim else target.GPU, "False"]
-
-
-def test_numba_and_the_choice_agree_in_a_process():
-    code = ("import planc.target as t; from numba import config; "
-            "print(t.simulated(), bool(config.ENABLE_CUDASIM))")
-    assert _fresh("1", code) == ["True", "True"]
-
-
-def test_choose_simulator_before_numba_is_imported():
-    code = ("import planc.target as t; t.choose_simulator(); from planc.execute import seam; "
-            "d = seam.default_device(); print(type(d).__name__, d.target)")
-    assert _fresh("0", code) == ["Simulator", target.SIM]
-
-
-def test_gguf_kernels_built_for_the_simulator_give_the_products_plainly():
-    """The simulator's build multiplies plainly (its libdevice calls return NaN): Q4_K blocks (whose
-    two products go through the target's multiply)
-    dequantized by the kernels `gguf_kernels.kernels(SIM)` hands the simulator are the host's values."""
-    if not target.simulated():
-        pytest.skip("the simulator's kernels run only under the simulator")
-    from numba import cuda
-
-    from planc.execute import gguf_kernels
-    from planc.execute.gguf_kernels import dequantize_gguf
-    from planc.execute.seam import Simulator
-    from planc.gguf_dequant import dequantize
-    from planc.synth_gguf import GGUFTensor, tensor_bytes
-
-    assert set(gguf_kernels.kernels(target.SIM)) == set(gguf_kernels.NAMES)
-    raw = tensor_bytes(GGUFTensor("k.Q4_K", "Q4_K", (1, 256)))
-    want = dequantize(raw, "Q4_K", (256,)).astype(np.float32)
-    src, dst = cuda.to_device(raw), cuda.to_device(np.zeros(256, np.uint32))
-    dequantize_gguf(src, dst, "Q4_K", "F32", 256, dev=Simulator())
-    got = dst.copy_to_host().view(np.float32)
-    assert not np.isnan(got).any()
-    np.testing.assert_array_equal(got, want)
+def test_launcher_variables_are_read_once_into_a_value():
+    assert Launch.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}) == Launch(1, 2, 0)
+    assert Launch.from_env({}) == Launch()
+    for bad in ("x", "-1", "\u00b2", ""):
+        with pytest.raises(PlancError, match="LOCAL_RANK=") as info:
+            Launch.from_env({"LOCAL_RANK": bad})
+        assert info.value.code == "bad-rank" and info.value.exit_code == 2

@@ -16,8 +16,9 @@ import os
 import time
 
 from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError, printable
-from ..ir import Plan
+from ..ir import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal
 from ..units import gib
+from ..codes import Code
 
 __all__ = ["execute"]
 
@@ -30,15 +31,15 @@ def check_fingerprints(plan) -> None:
             st = os.stat(path)
         except FileNotFoundError:
             raise FingerprintError(f"{path}: checkpoint file removed since the plan was compiled; compile again",
-                                   code="file-removed") from None
+                                   code=Code.FILE_REMOVED) from None
         except (OSError, ValueError) as e:  # a symlink loop, a folder now a file, a name too long, a NUL
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise FingerprintError(f"{printable(path)}: checkpoint file cannot be read since the plan was compiled "
-                                   f"({why}); compile again", code="file-unreadable") from None
+                                   f"({why}); compile again", code=Code.FILE_UNREADABLE) from None
         if st.st_size != f.size_bytes or st.st_mtime_ns != f.mtime_ns:
             raise FingerprintError(
                 f"{path}: changed since the plan was compiled (size {f.size_bytes:,} -> {st.st_size:,} bytes, "
-                f"mtime_ns {f.mtime_ns} -> {st.st_mtime_ns}); compile again", code="file-changed")
+                f"mtime_ns {f.mtime_ns} -> {st.st_mtime_ns}); compile again", code=Code.FILE_CHANGED)
 
 
 def check_against_headers(plan) -> None:
@@ -61,7 +62,7 @@ def check_against_headers(plan) -> None:
             where = f"plan part {part.tensor}#{part.index} reads {i.tensor!r} from {os.path.join(root, i.file)}"
             if entry is None:
                 raise PlanFormatError(f"{where}, whose header has no such tensor; compile again",
-                                      code="plan-header-mismatch")
+                                      code=Code.PLAN_HEADER_MISMATCH)
             last = i.start + ((i.count - 1) * i.stride + i.seg if i.count > 1 else i.nbytes)
             whole = i.count == 1 and i.nbytes == entry.nbytes
             if (i.dtype != entry.dtype or i.start < entry.start or last > entry.start + entry.nbytes
@@ -69,7 +70,7 @@ def check_against_headers(plan) -> None:
                 raise PlanFormatError(
                     f"{where} at bytes [{i.start:,}, {last:,}) as {i.dtype} {list(i.shape)}, but the file's header puts "
                     f"it at [{entry.start:,}, {entry.start + entry.nbytes:,}) as {entry.dtype} {list(entry.shape)}; "
-                    f"the plan does not match its checkpoint: compile again", code="plan-header-mismatch")
+                    f"the plan does not match its checkpoint: compile again", code=Code.PLAN_HEADER_MISMATCH)
 
 
 def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False) -> tuple:
@@ -90,18 +91,18 @@ def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False) -> 
         need += plan.layout.device_bytes - reused_bytes
         what = "the plan's host peak plus its simulated device regions"
     if need > room.room_bytes:
-        raise AdmissionError(
+        raise AdmissionError.of(Refusal(
+            Code.LIVE_ROOM, 0, ALLOC_RING, need, room.room_bytes,
             f"refused before allocating: {what} is {need:,} bytes ({gib(need)}), the live room is "
             f"{room.room_bytes:,} bytes ({gib(room.room_bytes)}) (available {room.available_bytes}, cgroup "
-            f"room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}); lower io.slots/io.slot or io.run",
-            code="live-room", refusal={"run": 0, "needed_bytes": need, "allowed_bytes": room.room_bytes})
+            f"room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}); lower io.slots/io.slot or io.run"))
     info = dev.memory_info()
     dev_need = plan.peak.device_bytes - reused_bytes
     if info is not None and dev_need > info[0]:
-        raise AdmissionError(
+        raise AdmissionError.of(Refusal(
+            Code.DEVICE_ROOM, 0, ALLOC_DEVICE, dev_need, info[0],
             f"refused before allocating: the plan needs {dev_need:,} bytes ({gib(dev_need)}) of device memory, "
-            f"{plan.device} has {info[0]:,} bytes ({gib(info[0])}) free; skip tensors or load a smaller dtype",
-            code="device-room", refusal={"run": 0, "needed_bytes": dev_need, "allowed_bytes": info[0]})
+            f"{plan.device} has {info[0]:,} bytes ({gib(info[0])}) free; skip tensors or load a smaller dtype"))
     return room, info
 
 
@@ -115,7 +116,7 @@ def resolve_settings(settings):
         return Settings.resolve(settings)
     except SettingError as e:
         if e.from_env:
-            raise SpecError(str(e), code="bad-env") from None
+            raise SpecError(str(e), code=Code.BAD_ENV) from None
         raise
 
 
@@ -165,8 +166,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
 
     t_call = time.perf_counter()
     if not plan.fits:
-        r = plan.refusal
-        raise AdmissionError(r.message, code=r.code, refusal=r._asdict())
+        raise AdmissionError.of(plan.refusal)
     from . import parts as _parts
 
     parts = parts or _parts.DEFAULT
@@ -243,7 +243,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
         _close(regions, warmer, kernels, pool, reader, stream, pipeline)
         observer(LoadEnded(False, "ExecuteError", start=t0))
         raise ExecuteError(f"load failed: {type(e).__name__}: {e}; everything allocated was released",
-                           code="load-failed") from e
+                           code=Code.LOAD_FAILED) from e
     hwm = hwm_bytes()
     tensors = {t.name: DeviceTensor(t.name, t.dtype, t.shape, t.offset_bytes, t.nbytes, arena, idx)
                for t in plan.tensors}
@@ -370,4 +370,4 @@ def _device_arg(device) -> str:
     try:
         return check_device(device)
     except ValueError as e:
-        raise SpecError(f"device {e}", code="bad-device") from None
+        raise SpecError(f"device {e}", code=Code.BAD_DEVICE) from None

@@ -18,6 +18,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from .libc import MAP_FAILED, libc
+from ..codes import Code
 
 if TYPE_CHECKING:  # numpy is imported where arrays are made: `planc run` starts the driver before it
     import numpy as np
@@ -83,7 +84,7 @@ def lib():
                     from ..errors import ExecuteError
 
                     raise ExecuteError(f"no CUDA driver (libcuda.so.1: {e}); run on a machine with an NVIDIA "
-                                       "GPU, or set NUMBA_ENABLE_CUDASIM=1 for the simulator", code="cuda") from None
+                                       "GPU, or set NUMBA_ENABLE_CUDASIM=1 for the simulator", code=Code.CUDA) from None
                 for name, args in _SIGNATURES.items():
                     fn = getattr(cu, name)
                     fn.argtypes, fn.restype = args, ctypes.c_int
@@ -102,7 +103,7 @@ def check(rc: int, what: str, cu=None) -> None:
     if rc:
         from ..errors import ExecuteError
 
-        raise ExecuteError(f"{what} failed: {error_text(rc, cu)}", code="cuda")
+        raise ExecuteError(f"{what} failed: {error_text(rc, cu)}", code=Code.CUDA)
 
 
 # -- context ------------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def primary_context(idx: int) -> int:
                     from ..errors import ExecuteError
 
                     raise ExecuteError(f"device cuda:{idx} does not exist: this machine has {n} CUDA device(s)",
-                                       code="no-device")
+                                       code=Code.NO_DEVICE)
                 dev, h = _int(), _vp()
                 check(cu.cuDeviceGet(ctypes.byref(dev), idx), "cuDeviceGet")
                 check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(h), dev), "cuDevicePrimaryCtxRetain")
@@ -277,7 +278,7 @@ class DeviceMemory(_Owned):
         if rc:
             from ..errors import ExecuteError
 
-            raise ExecuteError(f"cuMemAlloc of {self.nbytes:,} bytes failed: {error_text(rc)}", code="cuda")
+            raise ExecuteError(f"cuMemAlloc of {self.nbytes:,} bytes failed: {error_text(rc)}", code=Code.CUDA)
         self.ptr = int(p.value)
 
     def _give_back(self, ptr: int) -> None:
@@ -403,7 +404,7 @@ class PinnedMemory(_Owned):
             from ..errors import ExecuteError
 
             raise ExecuteError(f"cuMemHostAlloc of {self.nbytes:,} pinned bytes failed: {error_text(rc, cu)}",
-                               code="cuda")
+                               code=Code.CUDA)
         self.ptr = int(p.value)
         self.__array_interface__ = {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
                                     "version": 3}
@@ -438,7 +439,7 @@ class RegisteredMemory(_Owned):
             rc = (cu or lib()).cuMemHostRegister_v2(_vp(ptr), self.mapped, 0)
             if rc:
                 raise ExecuteError(f"cuMemHostRegister of {self.nbytes:,} host bytes failed: {error_text(rc, cu)}",
-                                   code="host-memory" if rc == _OUT_OF_MEMORY else "pin-refused")
+                                   code=Code.HOST_MEMORY if rc == _OUT_OF_MEMORY else Code.PIN_REFUSED)
         except BaseException:
             self._unmap()
             raise
@@ -491,7 +492,7 @@ def _populate(ptr: int, nbytes: int) -> None:
         from ..errors import ExecuteError
 
         raise ExecuteError(f"making {nbytes:,} bytes of host memory for the pinned ring failed: "
-                           f"{os.strerror(err)}", code="host-memory")
+                           f"{os.strerror(err)}", code=Code.HOST_MEMORY)
     import numpy as np
 
     np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), np.uint8)[::_PAGE] = 0
@@ -513,7 +514,7 @@ def _map_anonymous(nbytes: int) -> tuple[int, int]:
 
         from ..errors import ExecuteError
 
-        raise ExecuteError(f"mmap of {length:,} host bytes failed: {os.strerror(ctypes.get_errno())}", code="host-memory")
+        raise ExecuteError(f"mmap of {length:,} host bytes failed: {os.strerror(ctypes.get_errno())}", code=Code.HOST_MEMORY)
     return int(p), length
 
 

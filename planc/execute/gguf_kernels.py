@@ -22,7 +22,7 @@ from numba import cuda
 from numba.cuda import libdevice
 
 from planc.execute.kernels import CACHE, _ops
-from planc.target import GPU, SIM
+from planc.simulation import GPU, SIM
 
 
 def _mul_rn_py(a, b):  # the GPU's: a product rounded once, never fused into a multiply-add
@@ -131,7 +131,7 @@ _built: dict = {}
 
 
 def kernels(target: str) -> dict:
-    """name -> kernel ("gguf_{type}_{out}") built for `target` (`planc.target.GPU` or `SIM`), which
+    """name -> kernel ("gguf_{type}_{out}") built for `target` (`planc.simulation.GPU` or `SIM`), which
     the device hands over (`Device.target`): this module never asks which one the process runs."""
     got = _built.get(target)
     if got is None:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from ..admission import dominant_step
 from ..errors import AdmissionError, ExecuteError
+from ..ir import Refusal
 from ..units import gib
 from . import dispatch
 from .events import CopyIssued, ReadDone, RunDone, RunStarted, Step
 from .kernelruns import reads_landing
+from ..codes import Code
 
 
 def new_counters() -> dict:
@@ -100,12 +103,12 @@ class Pipeline:
         room = self.live_room(r.index)
         if need <= room.room_bytes:
             return
-        raise AdmissionError(
+        raise AdmissionError.of(Refusal(
+            Code.LIVE_ROOM, r.index, dominant_step(self.plan, r.index)[0], need, room.room_bytes,
             f"refused at run {r.index}: it needs {need:,} bytes ({gib(need)}) of host memory for host-path "
             f"buffers, the live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}: available "
             f"{room.available_bytes}, cgroup room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}) "
-            f"with nothing else in flight; free memory, or move the rule to on: device",
-            code="live-room", refusal={"run": r.index, "needed_bytes": need, "allowed_bytes": room.room_bytes})
+            f"with nothing else in flight; free memory, or move the rule to on: device"))
 
     def _read(self, r, qi: int, req, slot: int) -> int:
         """On a reader's thread: request `qi` of run `r` into its ring slot."""
@@ -149,7 +152,7 @@ class Pipeline:
                 self.observer(Step("slot_wait", start=t0))
                 self.free_slots.append(slot)
             else:
-                raise ExecuteError("the ring has no slot to give and nothing in flight", code="ring-stuck")
+                raise ExecuteError("the ring has no slot to give and nothing in flight", code=Code.RING_STUCK)
         return self._slot(self.free_slots.popleft())
 
     def _sendable(self) -> list:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from ..codes import Code
 
 
 def reserve_bytes() -> int:
@@ -20,7 +21,7 @@ def reserve_bytes() -> int:
     except SettingError as e:
         from ..errors import SpecError
 
-        raise SpecError(str(e), code="bad-env") from None
+        raise SpecError(str(e), code=Code.BAD_ENV) from None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..dtypes import DTYPES
 from . import seam
+from ..codes import Code
 
 _STORAGE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
@@ -42,7 +43,7 @@ class State:
             from ..errors import TornModelError
 
             raise TornModelError(f"{what}: the model is torn ({self.torn}); its bytes mix two checkpoints. "
-                                 f"Reload it (LoadedModel.reload) before reading", code="torn")
+                                 f"Reload it (LoadedModel.reload) before reading", code=Code.TORN)
 
 
 class DeviceTensor:

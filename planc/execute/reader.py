@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from .. import costmodel
 from ..errors import ReadError
 from .libc import MAP_FAILED, libc
+from ..codes import Code
 
 ALIGN = 4096
 
@@ -69,10 +70,10 @@ def map_window(fd: int, offset: int, length: int, path: str) -> mmap.mmap:
         return mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=offset)
     except ValueError:  # the mmap module's own check: the file is shorter than the window's end
         raise ReadError(f"{path}: file ended at {_size(fd, offset)} bytes, short of the planned strided read up to "
-                        f"{offset + length} (was it truncated after compile?)", code="read-short") from None
+                        f"{offset + length} (was it truncated after compile?)", code=Code.READ_SHORT) from None
     except OSError as e:
         raise ReadError(f"{path}: cannot map bytes [{offset}, {offset + length}) for reading: {e.strerror}",
-                        code="read-failed") from None
+                        code=Code.READ_FAILED) from None
 
 
 def fault_in(window) -> None:
@@ -103,10 +104,10 @@ def pread_exact(fd: int, buf, offset: int, path: str) -> None:
             n = os.preadv(fd, [mv[got:]], offset + got)
         except OSError as e:
             raise ReadError(f"{path}: read of {len(mv)} bytes at offset {offset} failed: {e.strerror}",
-                            code="read-failed") from None
+                            code=Code.READ_FAILED) from None
         if n == 0:
             raise ReadError(f"{path}: file ended at {_size(fd, offset + got)} bytes, {len(mv) - got} bytes short of the "
-                            f"planned read at offset {offset} (was it truncated after compile?)", code="read-short")
+                            f"planned read at offset {offset} (was it truncated after compile?)", code=Code.READ_SHORT)
         got += n
 
 
@@ -159,10 +160,10 @@ class Reader:
             if mode and e.errno == errno.EINVAL:
                 if self.direct == "on":
                     raise ReadError(f"{path}: the file system refuses O_DIRECT and io.direct is on; "
-                                    f"set io.direct: auto or off", code="direct-refused") from None
+                                    f"set io.direct: auto or off", code=Code.DIRECT_REFUSED) from None
                 fd, mode, why = os.open(path, os.O_RDONLY), False, "file system refuses O_DIRECT"
             else:
-                raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code="read-open") from None
+                raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code=Code.READ_OPEN) from None
         f = OpenFile(path, fd, mode, why, size)
         self.files[rel] = f
         return f
@@ -197,21 +198,21 @@ class Reader:
                     continue
                 if f.direct and e.errno == errno.EINVAL:
                     raise ReadError(f"{f.path}: the file system refuses O_DIRECT reads and io.direct is on; "
-                                    f"set io.direct: auto or off", code="direct-refused") from None
+                                    f"set io.direct: auto or off", code=Code.DIRECT_REFUSED) from None
                 raise ReadError(f"{f.path}: read of {length} bytes at offset {offset + got} failed: {e.strerror}",
-                                code="read-failed") from None
+                                code=Code.READ_FAILED) from None
             with self._lock:
                 self.requests += 1 if got == 0 else 0
                 self.retries += 1 if got else 0
             if n == 0:
                 raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, {needed - got} bytes short of the "
-                                f"planned read at offset {offset} (was it truncated after compile?)", code="read-short")
+                                f"planned read at offset {offset} (was it truncated after compile?)", code=Code.READ_SHORT)
             got += n
             if f.direct and got % ALIGN:
                 break  # O_DIRECT short read at end of file
         if got < needed:
             raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, short of the planned read at offset "
-                            f"{offset} (was it truncated after compile?)", code="read-short")
+                            f"{offset} (was it truncated after compile?)", code=Code.READ_SHORT)
         with self._lock:
             self.bytes_read += got
         return got
@@ -244,10 +245,10 @@ class Reader:
         try:
             size = os.fstat(fd).st_size
         except OSError as e:
-            raise ReadError(f"{path}: cannot stat: {e.strerror}", code="read-failed") from None
+            raise ReadError(f"{path}: cannot stat: {e.strerror}", code=Code.READ_FAILED) from None
         if size < top:
             raise ReadError(f"{path}: file ended at {size} bytes, short of the planned strided read up to {top} "
-                            f"(was it truncated after compile?)", code="read-short")
+                            f"(was it truncated after compile?)", code=Code.READ_SHORT)
         page = mmap.PAGESIZE
         out = buf[:length * count]
         window = self.map_window
@@ -289,7 +290,7 @@ class Reader:
                 try:
                     fd = self._plain[rel] = os.open(path, os.O_RDONLY)
                 except OSError as e:
-                    raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code="read-open") from None
+                    raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code=Code.READ_OPEN) from None
         return fd, path
 
     def read_plain(self, rel: str, offset: int, buf) -> None:

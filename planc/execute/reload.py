@@ -23,6 +23,7 @@ from typing import Callable
 
 from ..errors import HandoffError, PlancError, ReloadError
 from .allocation import Regions
+from ..codes import Code
 
 
 @dataclass(frozen=True)
@@ -73,21 +74,21 @@ def check_layout(tensors: dict, arena_bytes: int, zero, plan) -> None:
         a, b = tensors.get(name), new.get(name)
         if a is None:
             raise ReloadError(f"{where} has a tensor the live model lacks: {name!r}; nothing was written",
-                              code="reload-layout")
+                              code=Code.RELOAD_LAYOUT)
         if b is None:
             raise ReloadError(f"{where} lacks the live model's tensor {name!r}; nothing was written",
-                              code="reload-layout")
+                              code=Code.RELOAD_LAYOUT)
         for field, old, got in (("dtype", a.dtype, b.dtype), ("shape", list(a.shape), list(b.shape)),
                                 ("arena offset", a.offset_bytes, b.offset_bytes), ("bytes", a.nbytes, b.nbytes)):
             if old != got:
                 raise ReloadError(f"{where}: tensor {name!r} {field} {got}, the live model's is {old}; "
-                                  f"nothing was written", code="reload-layout")
+                                  f"nothing was written", code=Code.RELOAD_LAYOUT)
     if plan.layout.arena_bytes != arena_bytes:
         raise ReloadError(f"{where}: arena of {plan.layout.arena_bytes:,} bytes, the live model's is {arena_bytes:,}; "
-                          f"nothing was written", code="reload-layout")
+                          f"nothing was written", code=Code.RELOAD_LAYOUT)
     if zero is not None and tuple(map(tuple, plan.layout.zero)) != tuple(map(tuple, zero)):
         raise ReloadError(f"{where}: zero-filled padding {list(plan.layout.zero)}, the live model's is {list(zero)}; "
-                          f"nothing was written", code="reload-layout")
+                          f"nothing was written", code=Code.RELOAD_LAYOUT)
 
 
 def reload_model(model, target, *, rank=None, device=None, verify=False, digest=None, settings=None):
@@ -95,7 +96,7 @@ def reload_model(model, target, *, rank=None, device=None, verify=False, digest=
     from . import execute
 
     if model._arena is None:
-        raise ReloadError("the model was freed: there is no memory to reload into; load it again", code="reload-freed")
+        raise ReloadError("the model was freed: there is no memory to reload into; load it again", code=Code.RELOAD_FREED)
     from ..api import _plan
 
     plan = _plan(target, rank)
@@ -165,7 +166,7 @@ def check_inplace(plan) -> None:
     if bad:
         raise HandoffError(f"load_into(inplace=True) writes copies only into the module's own tensors; the plan has "
                            f"{', '.join(bad)}: load into a new arena (inplace=False) or keep the stored dtype and "
-                           f"layout in the spec", code="inplace-unsupported")
+                           f"layout in the spec", code=Code.INPLACE_UNSUPPORTED)
 
 
 def module_targets(module, plan, simulated: bool) -> tuple[list, dict]:
@@ -179,22 +180,22 @@ def module_targets(module, plan, simulated: bool) -> tuple[list, dict]:
     missing, unexpected, _, shapes = check_keys(module, names)
     if unexpected:
         raise HandoffError(f"the plan loads tensors the module does not have: {', '.join(unexpected[:20])}",
-                           code="keys-mismatch")
+                           code=Code.KEYS_MISMATCH)
     if shapes:
         raise HandoffError(f"{len(shapes)} tensor(s) differ in shape from the module's: {', '.join(shapes[:20])}",
-                           code="shape-mismatch")
+                           code=Code.SHAPE_MISMATCH)
     targets, written = [], {}
     for t in sorted(plan.tensors, key=lambda t: t.offset_bytes):
         p = state[t.name].data
         if p.dtype != torch_dtype(t.dtype):
             raise HandoffError(f"{t.name}: the plan writes {t.dtype}, the module's tensor is {p.dtype}",
-                               code="dtype-mismatch")
+                               code=Code.DTYPE_MISMATCH)
         if not p.is_contiguous():
             raise HandoffError(f"{t.name}: the module's tensor is not contiguous; it cannot be written in place",
-                               code="not-contiguous")
+                               code=Code.NOT_CONTIGUOUS)
         if simulated and p.device.type != "cpu" or not simulated and p.device.type != "cuda":
             raise HandoffError(f"{t.name}: the module's tensor is on {p.device}, not on the device; load_into(inplace=True) "
-                               f"writes into tensors on the device", code="not-on-device")
+                               f"writes into tensors on the device", code=Code.NOT_ON_DEVICE)
         if t.nbytes:
             targets.append((t.offset_bytes, t.nbytes, _destination(p, t.nbytes, simulated)))
         written[t.name] = p

@@ -12,7 +12,7 @@ name) and launch geometry (`grid`: the grids and blocks each kernel gets). Two i
   device memory is host memory and kernels run as Python threads on small grids: the CPU test
   suite goes through the same loader, the same copy list and the same kernel dispatch as a GPU.
 
-Whether a process is simulated is decided in `planc.target` alone (NUMBA_ENABLE_CUDASIM as numba
+Whether a process is simulated is decided in `planc.simulation` alone (NUMBA_ENABLE_CUDASIM as numba
 reads it), which `default_device` asks to choose the device; each device carries its kernel
 `target`, which it hands to the kernel modules that build per target. The rest of the package
 asks the device it was given (`execute(plan, device=...)`)
@@ -31,8 +31,9 @@ import threading
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from ..codes import Code
 
-from .. import target as choice
+from .. import simulation as choice
 from .geometry import GpuGrid, SimGrid
 
 ALIGN = 4096  # the ring's slots start at this alignment (O_DIRECT)
@@ -43,7 +44,7 @@ class Device(Protocol):
     """What the executor asks of a device (`Gpu`, `Simulator`, or a test's wrapper of one)."""
 
     simulated: bool  # for what the report and `LoadedModel` say, not for choosing behaviour
-    target: str  # what its kernels are built for: `planc.target.GPU` or `SIM` (handed to the kernel modules)
+    target: str  # what its kernels are built for: `planc.simulation.GPU` or `SIM` (handed to the kernel modules)
     memory_is_host: bool  # device memory is host memory: it counts against the host room
     loads_kernels: bool  # a kernel's first launch loads a module (worth loading ahead: the warmer)
     views_empty: bool  # a zero-byte slice can be viewed and shaped (else `empty` makes the array)
@@ -150,7 +151,7 @@ class Gpu:
             try:
                 return self.d.pinned_array(nbytes, "register", self.cu)
             except Exception as e:
-                if getattr(e, "code", None) != "pin-refused":
+                if getattr(e, "code", None) != Code.PIN_REFUSED:
                     raise  # no memory to be had: the load fails, typed, as cuMemHostAlloc's would
                 self.register_refused = True  # a driver or VM that registers no host memory: alloc from now on
         return self.d.pinned_array(nbytes, "alloc", self.cu)

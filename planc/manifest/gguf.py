@@ -36,6 +36,7 @@ import struct
 from planc.errors import ManifestError
 from planc.manifest.ggml_types import GGML_TYPES
 from planc.manifest.model import Manifest, ShardInfo, TensorEntry
+from ..codes import Code
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -70,16 +71,16 @@ def read_gguf(path: str) -> Manifest:
         m = _SPLIT.match(name)
         if m is None or int(m["no"]) != 1 or int(m["count"]) != count:
             raise ManifestError(f"{source}: split.count is {count} but the file is not named "
-                                f"<prefix>-00001-of-{count:05d}.gguf", code="gguf-split")
+                                f"<prefix>-00001-of-{count:05d}.gguf", code=Code.GGUF_SPLIT)
         for no in range(2, count + 1):
             other = f"{m['prefix']}-{no:05d}-of-{count:05d}.gguf"
             if not os.path.exists(os.path.join(root, other)):
-                raise ManifestError(f"{source}: split file {other} of {count} is missing", code="gguf-split")
+                raise ManifestError(f"{source}: split file {other} of {count} is missing", code=Code.GGUF_SPLIT)
             s, ts, om = _read_file(root, other)
             if _split_count(os.path.join(root, other), om) != count or om.get("split.no") != no - 1:
                 raise ManifestError(f"{os.path.join(root, other)}: split.count/split.no are "
                                     f"{om.get('split.count')}/{om.get('split.no')}, expected {count}/{no - 1}",
-                                    code="gguf-split")
+                                    code=Code.GGUF_SPLIT)
             read.append((s, ts))
         seen: dict[str, str] = {}
         for s, ts in read:
@@ -87,7 +88,7 @@ def read_gguf(path: str) -> Manifest:
                 first = seen.setdefault(t.name, s.path)
                 if first != s.path:
                     raise ManifestError(f"{root}: tensor {t.name!r} is in two split files, {first!r} and {s.path!r}",
-                                        code="duplicate-tensor")
+                                        code=Code.DUPLICATE_TENSOR)
     return Manifest(root=root, source=source, shards=tuple(s for s, _ in read),
                     tensors=tuple(t for _, ts in read for t in ts), format="gguf")
 
@@ -95,7 +96,7 @@ def read_gguf(path: str) -> Manifest:
 def _split_count(path: str, meta: dict) -> int:
     count = meta.get("split.count", 1)
     if type(count) is not int or count < 1 or count > 99_999:
-        raise ManifestError(f"{path}: split.count is {count!r}, not a count of files", code="gguf-split")
+        raise ManifestError(f"{path}: split.count is {count!r}, not a count of files", code=Code.GGUF_SPLIT)
     return count
 
 
@@ -116,7 +117,7 @@ class _Cursor:
     def take(self, n: int, what: str) -> bytes:
         if n > self.size - self.pos:
             raise ManifestError(f"{self.path}: {what} needs {n} bytes at offset {self.pos} but the file has "
-                                f"{self.size - self.pos} left ({self.size} bytes)", code="gguf-truncated")
+                                f"{self.size - self.pos} left ({self.size} bytes)", code=Code.GGUF_TRUNCATED)
         lo = self.pos - self._at
         if lo < 0 or lo + n > len(self._buf):
             self._fill(n)
@@ -132,10 +133,10 @@ class _Cursor:
                 chunk = os.pread(self.fd, want - got, self.pos + got)
             except OSError as exc:
                 raise ManifestError(f"{self.path}: read failed at offset {self.pos + got} ({exc.strerror})",
-                                    code="unreadable") from None
+                                    code=Code.UNREADABLE) from None
             if not chunk:
                 raise ManifestError(f"{self.path}: read {got} of {want} bytes at offset {self.pos}; the file is "
-                                    "shorter than stat said", code="short-read")
+                                    "shorter than stat said", code=Code.SHORT_READ)
             chunks.append(chunk)
             got += len(chunk)
         self._buf, self._at = b"".join(chunks), self.pos
@@ -146,12 +147,12 @@ class _Cursor:
     def string(self, what: str, cap: int | None = None) -> str:
         n = self.unpack("<Q", f"{what}'s length")
         if cap is not None and n > cap:
-            raise ManifestError(f"{self.path}: {what} is {n} bytes long, over the {cap}-byte cap", code="gguf-bad-string")
+            raise ManifestError(f"{self.path}: {what} is {n} bytes long, over the {cap}-byte cap", code=Code.GGUF_BAD_STRING)
         raw = self.take(n, f"{what} ({n} bytes)")
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ManifestError(f"{self.path}: {what} is not UTF-8 (byte {exc.start})", code="gguf-bad-string") from None
+            raise ManifestError(f"{self.path}: {what} is not UTF-8 (byte {exc.start})", code=Code.GGUF_BAD_STRING) from None
 
 
 def _read_file(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry], dict]:
@@ -160,36 +161,36 @@ def _read_file(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry], dict
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise ManifestError(f"{path}: no such file", code="missing") from None
+        raise ManifestError(f"{path}: no such file", code=Code.MISSING) from None
     except OSError as exc:
-        raise ManifestError(f"{path}: cannot read ({exc.strerror})", code="unreadable") from None
+        raise ManifestError(f"{path}: cannot read ({exc.strerror})", code=Code.UNREADABLE) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ManifestError(f"{path}: not a regular file", code="not-a-file")
+            raise ManifestError(f"{path}: not a regular file", code=Code.NOT_A_FILE)
         cur = _Cursor(fd, st.st_size, path)
         if st.st_size == 0:
-            raise ManifestError(f"{path}: file is empty (0 bytes)", code="empty")
+            raise ManifestError(f"{path}: file is empty (0 bytes)", code=Code.EMPTY)
         if st.st_size < 24:
             raise ManifestError(f"{path}: file is {st.st_size} bytes, shorter than a GGUF header (24)",
-                                code="gguf-truncated")
+                                code=Code.GGUF_TRUNCATED)
         magic = cur.take(4, "magic")
         if magic != MAGIC:
-            raise ManifestError(f"{path}: magic is {magic!r}, not {MAGIC!r}: not a GGUF file", code="gguf-bad-magic")
+            raise ManifestError(f"{path}: magic is {magic!r}, not {MAGIC!r}: not a GGUF file", code=Code.GGUF_BAD_MAGIC)
         version = cur.unpack("<I", "version")
         if version not in VERSIONS:
             raise ManifestError(f"{path}: GGUF version {version}; planc reads versions 2 and 3",
-                                code="gguf-bad-version")
+                                code=Code.GGUF_BAD_VERSION)
         n_tensors = cur.unpack("<Q", "tensor count")
         n_kv = cur.unpack("<Q", "key/value count")
         # the smallest key/value is 8 + 1 (key) + 4 (type) + 1 (uint8) bytes; a tensor info 8 + 1 + 4 + 8 + 4 + 8
         if n_kv > cur.left() // 14:
             raise ManifestError(f"{path}: {n_kv} key/values cannot fit the {cur.left()} bytes left",
-                                code="gguf-count-past-eof")
+                                code=Code.GGUF_COUNT_PAST_EOF)
         meta, text = _read_kv(cur, n_kv)
         if n_tensors > cur.left() // 33:
             raise ManifestError(f"{path}: {n_tensors} tensor infos cannot fit the {cur.left()} bytes left",
-                                code="gguf-count-past-eof")
+                                code=Code.GGUF_COUNT_PAST_EOF)
         infos = [_read_info(cur, i) for i in range(n_tensors)]
         alignment = _alignment(path, meta)
         data_start = -(-cur.pos // alignment) * alignment
@@ -207,18 +208,18 @@ def _read_kv(cur: _Cursor, n: int) -> tuple[dict, dict]:
     for i in range(n):
         key = cur.string(f"key {i}", KEY_CAP)
         if key in meta:
-            raise ManifestError(f"{cur.path}: metadata key {key!r} appears twice", code="gguf-duplicate-key")
+            raise ManifestError(f"{cur.path}: metadata key {key!r} appears twice", code=Code.GGUF_DUPLICATE_KEY)
         vtype = cur.unpack("<I", f"type of {key!r}")
         if vtype == _ARRAY:
             etype = cur.unpack("<I", f"element type of {key!r}")
             count = cur.unpack("<Q", f"length of {key!r}")
             if etype == _ARRAY:
                 raise ManifestError(f"{cur.path}: metadata {key!r} is an array of arrays; GGUF readers "
-                                    "(llama.cpp's included) do not take them", code="gguf-bad-value")
+                                    "(llama.cpp's included) do not take them", code=Code.GGUF_BAD_VALUE)
             if etype == _STRING:
                 if count > cur.left() // 8:
                     raise ManifestError(f"{cur.path}: metadata {key!r}: {count} strings cannot fit the "
-                                        f"{cur.left()} bytes left", code="gguf-count-past-eof")
+                                        f"{cur.left()} bytes left", code=Code.GGUF_COUNT_PAST_EOF)
                 first = [cur.string(f"{key!r}[{j}]") for j in range(count)]
                 meta[key] = first[:64] if count > 64 else first
                 text[key] = f"[{count} x string]"
@@ -228,13 +229,13 @@ def _read_kv(cur: _Cursor, n: int) -> tuple[dict, dict]:
                 if count > cur.left() // size:
                     raise ManifestError(f"{cur.path}: metadata {key!r}: {count} x {tname} ({count * size} bytes) "
                                         f"runs past the end of the file ({cur.left()} bytes left)",
-                                        code="gguf-count-past-eof")
+                                        code=Code.GGUF_COUNT_PAST_EOF)
                 raw = cur.take(count * size, f"{key!r}")
                 meta[key] = list(struct.unpack(f"<{count}{fmt[1]}", raw)) if count <= 64 else None
                 text[key] = f"[{count} x {tname}]"
             else:
                 raise ManifestError(f"{cur.path}: metadata {key!r}: unknown array element type {etype}",
-                                    code="gguf-bad-value")
+                                    code=Code.GGUF_BAD_VALUE)
         elif vtype == _STRING:
             meta[key] = cur.string(f"value of {key!r}")
             text[key] = meta[key]
@@ -244,12 +245,12 @@ def _read_kv(cur: _Cursor, n: int) -> tuple[dict, dict]:
             if vtype == 7:
                 if v > 1:
                     raise ManifestError(f"{cur.path}: metadata {key!r}: bool byte is {v}, not 0 or 1",
-                                        code="gguf-bad-value")
+                                        code=Code.GGUF_BAD_VALUE)
                 v = bool(v)
             meta[key] = v
             text[key] = str(v)
         else:
-            raise ManifestError(f"{cur.path}: metadata {key!r}: unknown value type {vtype}", code="gguf-bad-value")
+            raise ManifestError(f"{cur.path}: metadata {key!r}: unknown value type {vtype}", code=Code.GGUF_BAD_VALUE)
     return meta, text
 
 
@@ -258,7 +259,7 @@ def _read_info(cur: _Cursor, i: int) -> tuple[str, tuple[int, ...], int, int]:
     n_dims = cur.unpack("<I", f"tensor {name!r}'s dim count")
     if n_dims < 1 or n_dims > MAX_DIMS:
         raise ManifestError(f"{cur.path}: tensor {name!r} has {n_dims} dims; GGUF takes 1 to {MAX_DIMS}",
-                            code="gguf-bad-shape")
+                            code=Code.GGUF_BAD_SHAPE)
     ne = struct.unpack(f"<{n_dims}Q", cur.take(8 * n_dims, f"tensor {name!r}'s dims"))
     ttype = cur.unpack("<I", f"tensor {name!r}'s type")
     offset = cur.unpack("<Q", f"tensor {name!r}'s offset")
@@ -268,7 +269,7 @@ def _read_info(cur: _Cursor, i: int) -> tuple[str, tuple[int, ...], int, int]:
 def _alignment(path: str, meta: dict) -> int:
     a = meta.get("general.alignment", DEFAULT_ALIGNMENT)
     if type(a) is not int or a < 1 or a & (a - 1) or a > 1 << 30:
-        raise ManifestError(f"{path}: general.alignment is {a!r}, not a power of two", code="gguf-bad-alignment")
+        raise ManifestError(f"{path}: general.alignment is {a!r}, not a power of two", code=Code.GGUF_BAD_ALIGNMENT)
     return a
 
 
@@ -279,39 +280,39 @@ def _place(path: str, name: str, infos: list, data_start: int, alignment: int, s
     prev = None
     for tname, ne, ttype, offset in infos:
         if tname in seen:
-            raise ManifestError(f"{path}: tensor {tname!r} appears twice", code="duplicate-tensor")
+            raise ManifestError(f"{path}: tensor {tname!r} appears twice", code=Code.DUPLICATE_TENSOR)
         seen.add(tname)
         t = GGML_TYPES.get(ttype)
         if t is None:
-            raise ManifestError(f"{path}: tensor {tname!r}: unknown GGML type {ttype}", code="unknown-dtype")
+            raise ManifestError(f"{path}: tensor {tname!r}: unknown GGML type {ttype}", code=Code.UNKNOWN_DTYPE)
         if any(d < 1 for d in ne):
-            raise ManifestError(f"{path}: tensor {tname!r}: dims {list(ne)} hold a zero", code="gguf-bad-shape")
+            raise ManifestError(f"{path}: tensor {tname!r}: dims {list(ne)} hold a zero", code=Code.GGUF_BAD_SHAPE)
         if ne[0] % t.block:
             raise ManifestError(f"{path}: tensor {tname!r}: rows of {ne[0]} elements are not whole {t.name} "
-                                f"blocks of {t.block}", code="gguf-bad-shape")
+                                f"blocks of {t.block}", code=Code.GGUF_BAD_SHAPE)
         numel = 1
         for d in ne:
             numel *= d
             if numel > size * t.block:  # more elements than the file's bytes could hold, at any type
                 raise ManifestError(f"{path}: tensor {tname!r}: dims {list(ne)} of {t.name} need more bytes than "
-                                    f"the file's {size}", code="gguf-size-past-eof")
+                                    f"the file's {size}", code=Code.GGUF_SIZE_PAST_EOF)
         nbytes = numel // t.block * t.block_bytes
         if offset != cursor:
             after = "the data starts at 0" if prev is None else f"tensor {prev!r} ends (padded) at {cursor}"
             what = "overlap" if offset < cursor else "a hole"
             raise ManifestError(f"{path}: tensor {tname!r} begins at data offset {offset} but {after}: {what} "
-                                f"of {abs(cursor - offset)} bytes", code="overlap" if offset < cursor else "hole")
+                                f"of {abs(cursor - offset)} bytes", code=Code.OVERLAP if offset < cursor else Code.HOLE)
         end = data_start + offset + nbytes
         if end > size:
             raise ManifestError(f"{path}: tensor {tname!r} ({list(ne)} {t.name}, {nbytes} bytes at data offset "
                                 f"{offset}) ends at {end}, past the end of the file ({size} bytes)",
-                                code="data-short")
+                                code=Code.DATA_SHORT)
         tensors.append(TensorEntry(tname, t.name, tuple(reversed(ne)), name, data_start + offset, nbytes))
         cursor = -(-(offset + nbytes) // alignment) * alignment
         prev = tname
     if tensors and data_start + cursor < size:
         raise ManifestError(f"{path}: tensors end (padded) at {data_start + cursor} but the file holds {size} bytes: "
-                            f"{size - data_start - cursor} trailing bytes", code="trailing-bytes")
+                            f"{size - data_start - cursor} trailing bytes", code=Code.TRAILING_BYTES)
     tensors.sort(key=lambda e: e.start)
     return tensors
 

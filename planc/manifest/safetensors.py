@@ -25,7 +25,9 @@ import orjson
 
 from planc.dtypes import DTYPES
 from planc.errors import ManifestError
+from planc.limits import MAX_DIM
 from planc.manifest.model import Manifest, ShardInfo, TensorEntry
+from ..codes import Code
 
 HEADER_CAP = 100_000_000  # the format's limit on the JSON header, in bytes
 INDEX_CAP = 100_000_000  # refuse index files larger than this
@@ -48,12 +50,12 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     try:
         source = os.path.abspath(os.fspath(path))
     except (TypeError, ValueError) as exc:
-        raise ManifestError(f"{path!r}: not a usable path ({exc})", code="bad-path") from None
-    st = _stat(source, missing_code="missing")
+        raise ManifestError(f"{path!r}: not a usable path ({exc})", code=Code.BAD_PATH) from None
+    st = _stat(source, missing_code=Code.MISSING)
     if stat.S_ISDIR(st.st_mode):
         return _read_folder(source)
     if not stat.S_ISREG(st.st_mode):
-        raise ManifestError(f"{source}: not a regular file or folder", code="not-a-file")
+        raise ManifestError(f"{source}: not a regular file or folder", code=Code.NOT_A_FILE)
     if source.endswith(".json"):
         return _read_index(source, source)
     root, name = os.path.split(source)
@@ -68,18 +70,18 @@ def _read_folder(folder: str) -> Manifest:
     try:
         names = sorted(e.name for e in os.scandir(folder) if not e.name.startswith("."))
     except OSError as exc:
-        raise ManifestError(f"{folder}: cannot list folder ({exc.strerror})", code="unreadable") from None
+        raise ManifestError(f"{folder}: cannot list folder ({exc.strerror})", code=Code.UNREADABLE) from None
     indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
     if len(indexes) == 1:
         return _read_index(os.path.join(folder, indexes[0]), folder)
     if len(indexes) > 1:
         raise ManifestError(
             f"{folder}: {len(indexes)} index files ({', '.join(indexes)}); name the one to use",
-            code="index-ambiguous",
+            code=Code.INDEX_AMBIGUOUS,
         )
     shard_names = [n for n in names if n.endswith(SHARD_SUFFIX)]
     if not shard_names:
-        raise ManifestError(f"{folder}: no *{SHARD_SUFFIX} files in folder", code="no-shards")
+        raise ManifestError(f"{folder}: no *{SHARD_SUFFIX} files in folder", code=Code.NO_SHARDS)
     read = [_read_shard(folder, n) for n in shard_names]
     _check_unique_names(folder, read)
     return _manifest(folder, folder, read)
@@ -89,7 +91,7 @@ def _read_index(index_path: str, source: str) -> Manifest:
     root = os.path.dirname(index_path)
     weight_map = _load_index(index_path)
     if not weight_map:
-        raise ManifestError(f"{index_path}: weight_map names no tensors", code="no-shards")
+        raise ManifestError(f"{index_path}: weight_map names no tensors", code=Code.NO_SHARDS)
 
     # Normalise every shard name once (few distinct names, many tensors), in the order the index
     # first names them, so that the first bad name is the one a tensor-by-tensor pass would meet.
@@ -108,7 +110,7 @@ def _read_index(index_path: str, source: str) -> Manifest:
         if not _exists(os.path.join(root, shard), index_path, shard):
             raise ManifestError(
                 f"{index_path}: shard {shard!r} named by the index does not exist in {root}",
-                code="index-missing-shard",
+                code=Code.INDEX_MISSING_SHARD,
             )
         read.append(_read_shard(root, shard))
     found = sum(len(tensors) for _, tensors in read)
@@ -128,7 +130,7 @@ def _read_index(index_path: str, source: str) -> Manifest:
                 where = "is not in the index" if target is None else f"is indexed to {target!r}"
                 raise ManifestError(
                     f"{index_path}: tensor {t.name!r} is in shard {shard.path!r} but {where}",
-                    code="index-mismatch",
+                    code=Code.INDEX_MISMATCH,
                 )
     if found != len(wanted):
         present = {t.name for _, tensors in read for t in tensors}
@@ -137,21 +139,21 @@ def _read_index(index_path: str, source: str) -> Manifest:
                 raise ManifestError(
                     f"{index_path}: tensor {tensor!r} is indexed to shard {shard!r} "
                     f"but that shard does not hold it ({len(wanted)} indexed, {found} found)",
-                    code="index-tensor-missing",
+                    code=Code.INDEX_TENSOR_MISSING,
                 )
     return _manifest(root, source, read)
 
 
 def _load_index(index_path: str) -> dict[str, str]:
-    fd = _open(index_path, missing_code="missing")
+    fd = _open(index_path, missing_code=Code.MISSING)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ManifestError(f"{index_path}: not a regular file", code="not-a-file")
+            raise ManifestError(f"{index_path}: not a regular file", code=Code.NOT_A_FILE)
         if st.st_size > INDEX_CAP:
             raise ManifestError(
                 f"{index_path}: index is {st.st_size} bytes, over the {INDEX_CAP}-byte cap",
-                code="index-bad",
+                code=Code.INDEX_BAD,
             )
         raw = _read_exact(fd, 0, st.st_size, index_path)
     finally:
@@ -160,29 +162,29 @@ def _load_index(index_path: str) -> dict[str, str]:
         doc = _load_json(raw, raw.decode("utf-8"))
     except _DuplicateKey as dup:
         raise ManifestError(
-            f"{index_path}: key {dup.key!r} appears twice in one object", code="index-duplicate"
+            f"{index_path}: key {dup.key!r} appears twice in one object", code=Code.INDEX_DUPLICATE
         ) from None
     except UnicodeDecodeError as exc:
         raise ManifestError(
-            f"{index_path}: index is not UTF-8 (byte {exc.start})", code="index-bad"
+            f"{index_path}: index is not UTF-8 (byte {exc.start})", code=Code.INDEX_BAD
         ) from None
     except (ValueError, RecursionError) as exc:
-        raise ManifestError(f"{index_path}: index is not JSON ({_short(exc)})", code="index-bad") from None
+        raise ManifestError(f"{index_path}: index is not JSON ({_short(exc)})", code=Code.INDEX_BAD) from None
     if not isinstance(doc, dict):
         raise ManifestError(
-            f"{index_path}: index is a JSON {type(doc).__name__}, not an object", code="index-bad"
+            f"{index_path}: index is a JSON {type(doc).__name__}, not an object", code=Code.INDEX_BAD
         )
     if "metadata" in doc and not isinstance(doc["metadata"], dict):
-        raise ManifestError(f"{index_path}: 'metadata' is not an object", code="index-bad")
+        raise ManifestError(f"{index_path}: 'metadata' is not an object", code=Code.INDEX_BAD)
     weight_map = doc.get("weight_map")
     if not isinstance(weight_map, dict):
-        raise ManifestError(f"{index_path}: 'weight_map' is missing or not an object", code="index-bad")
+        raise ManifestError(f"{index_path}: 'weight_map' is missing or not an object", code=Code.INDEX_BAD)
     for tensor, shard in weight_map.items():
         if not isinstance(shard, str):
             raise ManifestError(
-                f"{index_path}: tensor {tensor!r} maps to {shard!r}, not a file name", code="index-bad"
+                f"{index_path}: tensor {tensor!r} maps to {shard!r}, not a file name", code=Code.INDEX_BAD
             )
-    _check_unicode(index_path, raw, [*weight_map, *weight_map.values()], "index-bad")
+    _check_unicode(index_path, raw, [*weight_map, *weight_map.values()], Code.INDEX_BAD)
     return weight_map
 
 
@@ -195,22 +197,22 @@ def _shard_name(index_path: str, root: str, raw: str, tensor: str) -> str:
     """
     if not raw or "\x00" in raw:
         raise ManifestError(
-            f"{index_path}: tensor {tensor!r} maps to {raw!r}, not a file name", code="index-bad"
+            f"{index_path}: tensor {tensor!r} maps to {raw!r}, not a file name", code=Code.INDEX_BAD
         )
     if raw.startswith(("/", "\\")) or os.path.isabs(raw):
         raise ManifestError(
-            f"{index_path}: shard {raw!r} (tensor {tensor!r}) is an absolute path", code="path-escape"
+            f"{index_path}: shard {raw!r} (tensor {tensor!r}) is an absolute path", code=Code.PATH_ESCAPE
         )
     # Backslashes count as separators here, so a Windows-style name cannot climb out either.
     if posixpath.normpath(raw.replace("\\", "/")).split("/")[0] == "..":
         raise ManifestError(
             f"{index_path}: shard {raw!r} (tensor {tensor!r}) climbs out of {root} with '..'",
-            code="path-escape",
+            code=Code.PATH_ESCAPE,
         )
     shard = posixpath.normpath(raw)
     if shard in (".", ""):
         raise ManifestError(
-            f"{index_path}: tensor {tensor!r} maps to {raw!r}, not a file name", code="index-bad"
+            f"{index_path}: tensor {tensor!r} maps to {raw!r}, not a file name", code=Code.INDEX_BAD
         )
     return shard
 
@@ -225,7 +227,7 @@ def _check_unique_names(where: str, read: list[tuple[ShardInfo, list[TensorEntry
             if first != shard.path:
                 raise ManifestError(
                     f"{where}: tensor {t.name!r} is in two shards, {first!r} and {shard.path!r}",
-                    code="duplicate-tensor",
+                    code=Code.DUPLICATE_TENSOR,
                 )
 
 
@@ -242,30 +244,30 @@ def _manifest(root: str, source: str, read: list[tuple[ShardInfo, list[TensorEnt
 def _read_shard(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry]]:
     """Read and check one file's header. `name` is relative to `root` (posix separators)."""
     path = os.path.join(root, name)
-    fd = _open(path, missing_code="missing")
+    fd = _open(path, missing_code=Code.MISSING)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ManifestError(f"{path}: not a regular file", code="not-a-file")
+            raise ManifestError(f"{path}: not a regular file", code=Code.NOT_A_FILE)
         size = st.st_size
         if size == 0:
-            raise ManifestError(f"{path}: file is empty (0 bytes)", code="empty")
+            raise ManifestError(f"{path}: file is empty (0 bytes)", code=Code.EMPTY)
         if size < 8:
             raise ManifestError(
                 f"{path}: file is {size} bytes, shorter than the 8-byte header length",
-                code="short-file",
+                code=Code.SHORT_FILE,
             )
         (header_len,) = _PREFIX.unpack(_read_exact(fd, 0, 8, path))
         if header_len > HEADER_CAP:
             raise ManifestError(
                 f"{path}: header length {header_len} exceeds the {HEADER_CAP}-byte cap",
-                code="header-too-large",
+                code=Code.HEADER_TOO_LARGE,
             )
         if 8 + header_len > size:
             raise ManifestError(
                 f"{path}: header length {header_len} runs past the end of the file "
                 f"(8 + {header_len} = {8 + header_len} > {size} bytes)",
-                code="header-past-eof",
+                code=Code.HEADER_PAST_EOF,
             )
         raw = _read_exact(fd, 8, header_len, path)
     finally:
@@ -289,12 +291,12 @@ def _read_shard(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry]]:
                 raise ManifestError(
                     f"{path}: tensor {tname!r} begins at data offset {begin} but {after}: "
                     f"a hole of {begin - cursor} bytes",
-                    code="hole",
+                    code=Code.HOLE,
                 )
             raise ManifestError(
                 f"{path}: tensor {tname!r} begins at data offset {begin} but {after}: "
                 f"{cursor - begin} bytes overlap",
-                code="overlap",
+                code=Code.OVERLAP,
             )
         tensors.append(_tuple_new(TensorEntry, (tname, dt, shape, name, data_start + begin, end - begin)))
         cursor = end
@@ -303,13 +305,13 @@ def _read_shard(root: str, name: str) -> tuple[ShardInfo, list[TensorEntry]]:
         raise ManifestError(
             f"{path}: tensors end at data offset {cursor} but the data region holds {data_len} bytes "
             f"(file {size} bytes, header {header_len}): {cursor - data_len} bytes short",
-            code="data-short",
+            code=Code.DATA_SHORT,
         )
     if cursor < data_len:
         raise ManifestError(
             f"{path}: tensors end at data offset {cursor} but the data region holds {data_len} bytes "
             f"(file {size} bytes, header {header_len}): {data_len - cursor} trailing bytes",
-            code="trailing-bytes",
+            code=Code.TRAILING_BYTES,
         )
     shard = ShardInfo(
         path=name,
@@ -328,23 +330,23 @@ def _parse_header(path: str, raw: bytes) -> dict:
     except UnicodeDecodeError as exc:
         raise ManifestError(
             f"{path}: header is not UTF-8 (bad byte at header offset {exc.start})",
-            code="header-not-utf8",
+            code=Code.HEADER_NOT_UTF8,
         ) from None
     try:
         header = _load_json(raw, text)
     except _DuplicateKey as dup:
         raise ManifestError(
-            f"{path}: header key {dup.key!r} appears twice in one object", code="header-duplicate-key"
+            f"{path}: header key {dup.key!r} appears twice in one object", code=Code.HEADER_DUPLICATE_KEY
         ) from None
     except (ValueError, RecursionError) as exc:
-        raise ManifestError(f"{path}: header is not JSON ({_short(exc)})", code="header-not-json") from None
+        raise ManifestError(f"{path}: header is not JSON ({_short(exc)})", code=Code.HEADER_NOT_JSON) from None
     if not isinstance(header, dict):
         raise ManifestError(
-            f"{path}: header is a JSON {_json_kind(header)}, not an object", code="header-not-object"
+            f"{path}: header is a JSON {_json_kind(header)}, not an object", code=Code.HEADER_NOT_OBJECT
         )
     meta = header.get(METADATA_KEY)
     meta = [*meta, *(v for v in meta.values() if isinstance(v, str))] if isinstance(meta, dict) else []
-    _check_unicode(path, raw, [*header, *meta], "header-not-utf8")
+    _check_unicode(path, raw, [*header, *meta], Code.HEADER_NOT_UTF8)
     return header
 
 
@@ -353,13 +355,13 @@ def _metadata(path: str, value, present: bool) -> tuple[tuple[str, str], ...]:
         return ()
     if not isinstance(value, dict):
         raise ManifestError(
-            f"{path}: {METADATA_KEY} is a JSON {_json_kind(value)}, not an object", code="bad-metadata"
+            f"{path}: {METADATA_KEY} is a JSON {_json_kind(value)}, not an object", code=Code.BAD_METADATA
         )
     for k, v in value.items():
         if not isinstance(v, str):
             raise ManifestError(
                 f"{path}: {METADATA_KEY}[{k!r}] is a JSON {_json_kind(v)}, not a string",
-                code="bad-metadata",
+                code=Code.BAD_METADATA,
             )
     return tuple(sorted(value.items()))
 
@@ -378,7 +380,7 @@ def _entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ...], int,
                 cap = (end - begin) * 8  # numel * bits must equal it; a product past it cannot
                 numel = 1
                 for d in shape:
-                    if type(d) is not int or d < 0:
+                    if type(d) is not int or d < 0 or d > MAX_DIM:
                         break
                     numel *= d
                     if numel > cap:
@@ -394,28 +396,28 @@ def _checked_entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ..
     if type(value) is not dict:
         raise ManifestError(
             f"{path}: tensor {name!r}: entry is a JSON {_json_kind(value)}, not an object",
-            code="bad-entry",
+            code=Code.BAD_ENTRY,
         )
     if value.keys() != _ENTRY_KEYS:
         keys = sorted(value.keys())
         raise ManifestError(
             f"{path}: tensor {name!r}: entry keys are {keys}, expected {sorted(_ENTRY_KEYS)}",
-            code="bad-entry",
+            code=Code.BAD_ENTRY,
         )
     dt = value["dtype"]
     if type(dt) is not str:
         raise ManifestError(
-            f"{path}: tensor {name!r}: dtype is a JSON {_json_kind(dt)}, not a string", code="bad-entry"
+            f"{path}: tensor {name!r}: dtype is a JSON {_json_kind(dt)}, not a string", code=Code.BAD_ENTRY
         )
     spec = DTYPES.get(dt)
     if spec is None:
-        raise ManifestError(f"{path}: tensor {name!r}: unknown dtype {dt!r}", code="unknown-dtype")
+        raise ManifestError(f"{path}: tensor {name!r}: unknown dtype {dt!r}", code=Code.UNKNOWN_DTYPE)
 
     shape = value["shape"]
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
         raise ManifestError(
             f"{path}: tensor {name!r}: shape {_clip(shape)} is not a list of non-negative integers",
-            code="bad-shape",
+            code=Code.BAD_SHAPE,
         )
     offsets = value["data_offsets"]
     if (
@@ -429,17 +431,22 @@ def _checked_entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ..
         raise ManifestError(
             f"{path}: tensor {name!r}: data_offsets {_clip(offsets)} is not [begin, end] "
             "with non-negative integers",
-            code="bad-offsets",
+            code=Code.BAD_OFFSETS,
         )
     begin, end = offsets
     if begin > end:
         raise ManifestError(
             f"{path}: tensor {name!r}: data_offsets [{begin}, {end}] end before they begin",
-            code="bad-offsets",
+            code=Code.BAD_OFFSETS,
         )
 
     span = end - begin
     if 0 in shape:
+        if any(d > MAX_DIM for d in shape):  # a zero-size tensor may claim any dim: none past this is real
+            raise ManifestError(
+                f"{path}: tensor {name!r}: zero-size shape {_clip(shape)} has a dim past 2**62, which no tensor has",
+                code=Code.BAD_SHAPE,
+            )
         numel = 0
     else:
         # Stop multiplying once the count is far past what the span can hold: the product of a
@@ -452,20 +459,20 @@ def _checked_entry(path: str, name: str, value) -> tuple[str, str, tuple[int, ..
                 raise ManifestError(
                     f"{path}: tensor {name!r}: shape {_clip(shape)} of {dt} needs more than the "
                     f"{span} bytes of data_offsets [{begin}, {end}]",
-                    code="size-mismatch",
+                    code=Code.SIZE_MISMATCH,
                 )
     nbytes = spec.nbytes(numel)
     if nbytes is None:
         raise ManifestError(
             f"{path}: tensor {name!r}: {_num(numel)} elements of {dt} ({spec.bits} bits each) "
             f"are {_num(numel * spec.bits)} bits, not a whole number of bytes",
-            code="partial-byte",
+            code=Code.PARTIAL_BYTE,
         )
     if nbytes != span:
         raise ManifestError(
             f"{path}: tensor {name!r}: shape {_clip(shape)} of {dt} is {nbytes} bytes but "
             f"data_offsets [{begin}, {end}] span {span}",
-            code="size-mismatch",
+            code=Code.SIZE_MISMATCH,
         )
     return name, dt, tuple(shape), begin, end
 
@@ -479,7 +486,7 @@ def _stat(path: str, *, missing_code: str) -> os.stat_result:
     except OSError as exc:
         raise _os_error(path, exc, missing_code) from None
     except ValueError as exc:
-        raise ManifestError(f"{path!r}: not a usable path ({exc})", code="bad-path") from None
+        raise ManifestError(f"{path!r}: not a usable path ({exc})", code=Code.BAD_PATH) from None
 
 
 def _open(path: str, *, missing_code: str) -> int:
@@ -491,7 +498,7 @@ def _open(path: str, *, missing_code: str) -> int:
     except OSError as exc:
         raise _os_error(path, exc, missing_code) from None
     except ValueError as exc:
-        raise ManifestError(f"{path!r}: not a usable path ({exc})", code="bad-path") from None
+        raise ManifestError(f"{path!r}: not a usable path ({exc})", code=Code.BAD_PATH) from None
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -522,19 +529,19 @@ def _exists(path: str, index_path: str, shard: str) -> bool:
     except NotADirectoryError:
         return False
     except OSError as exc:
-        raise _os_error(path, exc, "index-missing-shard") from None
+        raise _os_error(path, exc, Code.INDEX_MISSING_SHARD) from None
     except ValueError as exc:
         raise ManifestError(f"{index_path}: shard {_clip(shard)} is not a usable path ({exc})",
-                            code="bad-path") from None
+                            code=Code.BAD_PATH) from None
 
 
 def _os_error(path: str, exc: OSError, missing_code: str) -> ManifestError:
     if exc.errno == errno.ELOOP:
-        return ManifestError(f"{path}: symlink loop ({exc.strerror})", code="symlink-loop")
+        return ManifestError(f"{path}: symlink loop ({exc.strerror})", code=Code.SYMLINK_LOOP)
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         what = "broken symlink" if os.path.islink(path) else "no such file"
         return ManifestError(f"{path}: {what}", code=missing_code)
-    return ManifestError(f"{path}: cannot read ({exc.strerror})", code="unreadable")
+    return ManifestError(f"{path}: cannot read ({exc.strerror})", code=Code.UNREADABLE)
 
 
 def _read_exact(fd: int, offset: int, n: int, path: str) -> bytes:
@@ -546,11 +553,11 @@ def _read_exact(fd: int, offset: int, n: int, path: str) -> bytes:
             chunk = _pread(fd, min(n - got, 1 << 30), offset + got)
         except OSError as exc:
             raise ManifestError(f"{path}: read failed at offset {offset + got} ({exc.strerror})",
-                                code="unreadable") from None
+                                code=Code.UNREADABLE) from None
         if not chunk:
             raise ManifestError(
                 f"{path}: read {got} of {n} bytes at offset {offset}; the file is shorter than stat said",
-                code="short-read",
+                code=Code.SHORT_READ,
             )
         chunks.append(chunk)
         got += len(chunk)

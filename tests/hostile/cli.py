@@ -25,12 +25,12 @@ class Flag:
 
 FLAGS: list[Flag] = [
     Flag("device-banana", ("run", "{d}/spec.yaml", "--device", "cuda:banana"), "usage", ("--device", "'cuda:banana'")),
-    Flag("local-rank-abc", ("run", "{d}/spec.yaml"), "usage", ("LOCAL_RANK='abc'",), {"LOCAL_RANK": "abc"}),
-    Flag("rank-abc-run", ("run", "{d}/spec.yaml"), "usage", ("RANK='abc'",), {"RANK": "abc"}),
-    Flag("rank-abc-compile", ("compile", "{d}/spec.yaml"), "usage", ("RANK='abc'",), {"RANK": "abc"}),
-    Flag("rank-abc-plan", ("explain", "{d}/plan.json"), "usage", ("RANK='abc'",), {"RANK": "abc"}),
-    Flag("world-size-abc", ("compile", "{d}/spec.yaml"), "usage", ("WORLD_SIZE='x'",), {"WORLD_SIZE": "x"}),
-    Flag("rank-flag-outside", ("compile", "{d}/spec.yaml", "--rank", "1"), "usage",
+    Flag("local-rank-abc", ("run", "{d}/spec.yaml"), "bad-rank", ("LOCAL_RANK='abc'",), {"LOCAL_RANK": "abc"}),
+    Flag("rank-abc-run", ("run", "{d}/spec.yaml"), "bad-rank", ("RANK='abc'",), {"RANK": "abc"}),
+    Flag("rank-abc-compile", ("compile", "{d}/spec.yaml"), "bad-rank", ("RANK='abc'",), {"RANK": "abc"}),
+    Flag("rank-abc-plan", ("explain", "{d}/plan.json"), "bad-rank", ("RANK='abc'",), {"RANK": "abc"}),
+    Flag("world-size-abc", ("compile", "{d}/spec.yaml"), "bad-rank", ("WORLD_SIZE='x'",), {"WORLD_SIZE": "x"}),
+    Flag("rank-flag-outside", ("compile", "{d}/spec.yaml", "--rank", "1"), "bad-rank",
          ("rank 1 is outside tensor_parallel.size 1", "--rank")),
     Flag("output-missing-folder", ("compile", "{d}/spec.yaml", "-o", "{d}/nope/plan.json"), "usage",
          ("-o", "nope", "does not exist")),

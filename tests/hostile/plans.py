@@ -431,3 +431,55 @@ def corpus(built: Built) -> list[Mutation]:
     ids = [m.id for m in out]
     assert len(ids) == len(set(ids)), "mutation ids repeat"
     return out
+
+
+# --------------------------------------------------------------------------- dtype edits
+
+def dtype_edits(name: str, doc: dict) -> Iterator[Mutation]:
+    """Each kind of part (op, path, source and output dtype: the first part of each) with its dtypes
+    edited, consistently wherever the plan repeats them so that only the rule of what each op can
+    produce (`dtypes.op_problem`) or the checkpoint's headers can tell: the output dtype (its tensor,
+    every part of that tensor and their kernels), the source dtype (the part's weight input and its
+    kernel), or both, to every other dtype of the same bit width (sizes, offsets and alignment stay
+    right). Each is refused, or loads bit-exact (tests/test_plan_file.py)."""
+    from planc.dtypes import DTYPES
+
+    f = doc["fields"]
+    P, I, K = ({k: i for i, k in enumerate(f[r])} for r in ("part", "input", "kernel"))
+    kernels_at = f["run"].index("kernels")
+    seen = set()
+    for pid, p in enumerate(doc["parts"]):
+        w = p[P["inputs"]][0]
+        kind = (p[P["op"]], p[P["path"]], w[I["dtype"]], p[P["out_dtype"]])
+        if kind in seen:
+            continue
+        seen.add(kind)
+        for side, now in (("out", kind[3]), ("in", kind[2]), ("both", kind[2])):
+            if side == "both" and DTYPES[kind[2]].bits != DTYPES[kind[3]].bits:
+                continue  # a conversion to another width: relabelling both would change its sizes
+            for d in sorted(DTYPES):
+                if d == now or DTYPES[d].bits != DTYPES[now].bits:
+                    continue
+                field = f"parts[{pid}].out_dtype" if side == "out" else f"parts[{pid}].inputs[0].dtype"
+                yield Mutation(f"{name}:dtype:parts[{pid}]:{side}:{d}", name, field, "dtype",
+                               _relabel(pid, side, d, P, I, K, kernels_at))
+
+
+def _relabel(pid: int, side: str, d: str, P: dict, I: dict, K: dict, kernels_at: int):
+    def apply(doc):
+        parts = doc["parts"]
+        ti = parts[pid][P["tensor_index"]]
+        if side in ("out", "both"):
+            doc["tensors"][ti][1] = d
+            mine = {q for q, x in enumerate(parts) if x[P["tensor_index"]] == ti}
+            for q in mine:
+                parts[q][P["out_dtype"]] = d
+        if side in ("in", "both"):
+            parts[pid][P["inputs"]][0][I["dtype"]] = d
+        for r in doc["runs"]:
+            for k in r[kernels_at]:
+                if side in ("out", "both") and k[K["part"]] in mine:
+                    k[K["dst_dtype"]] = d
+                if side in ("in", "both") and k[K["part"]] == pid:
+                    k[K["src_dtype"]] = d
+    return apply
