@@ -19,11 +19,12 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from planc import costmodel, outputs
-from planc.cli import main
-from planc.compile import compile_spec
-from planc.plan import load_plan, save_plan
-from planc.probe import read_doc, save
+from planc.plan import costs as costmodel
+from planc.base import outputs
+from planc.face.cli import main
+from planc.compiler.compile import compile_spec
+from planc.plan.codec import load_plan, save_plan
+from planc.tools.probe import read_doc, save
 
 PROBE_DOC = {"kind": "planc-probe", "page_s": 1e-7, "copy_byte_s": 1e-11, "read_byte_s": 1e-11, "request_s": 1e-5}
 

@@ -1,7 +1,7 @@
-"""One place decides whether the device is simulated (`planc.simulation`); the rest asks it or the device.
+"""One place decides whether the device is simulated (`planc.base.simulation`); the rest asks it or the device.
 
 The package's source is read as Python (its syntax tree, so a message that names the variable for a
-user does not count): only `planc/simulation.py` reads numba's flag or the environment variable, only
+user does not count): only `planc/base/simulation.py` reads numba's flag or the environment variable, only
 the choosing callers ask `simulation.simulated()`, and the kernel modules build for the target their
 device hands them. Then the choice itself: NUMBA_ENABLE_CUDASIM read as numba reads it, in fresh
 processes (numba fixes its mode at import), and the kernels the simulator's device is handed.
@@ -21,12 +21,12 @@ import pytest
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before numba is first imported, as tests/test_kernels.py
 
 import planc  # noqa: E402
-from planc import simulation  # noqa: E402
+from planc.base import simulation  # noqa: E402
 
 PACKAGE = Path(planc.__file__).resolve().parent
 # Who may ask the choice: the seam choosing the device, and what runs before any device exists
 # (`planc run`'s head start, `budget.device: auto` at compile, the demo, the PTX build's guard).
-CALLERS = {"execute/seam.py", "prestart.py", "device.py", "demo.py", "execute/ptxbuild.py"}
+CALLERS = {"execute/seam.py", "face/prestart.py", "base/device.py", "face/demo.py", "execute/ptxbuild.py"}
 KERNEL_MODULES = ("execute/kernels.py", "execute/gguf_kernels.py", "execute/fp4_kernels.py", "execute/scatter.py")
 
 
@@ -51,12 +51,12 @@ def _asks_simulated(tree) -> bool:
 
 def test_only_the_choosing_module_reads_the_simulator_flag():
     readers = {rel for rel, tree in _trees() if _reads_flag(tree)}
-    assert readers == {"simulation.py"}
+    assert readers == {"base/simulation.py"}
 
 
 def test_only_the_choosing_callers_ask_whether_simulated():
     askers = {rel for rel, tree in _trees() if _asks_simulated(tree)}
-    assert askers <= CALLERS | {"simulation.py"}, askers - CALLERS
+    assert askers <= CALLERS | {"base/simulation.py"}, askers - CALLERS
     assert "execute/seam.py" in askers  # the device is chosen from it
 
 
@@ -77,7 +77,7 @@ def test_the_seam_has_no_choice_of_its_own():
     assert dev.target == simulation.name() and dev.simulated == simulation.simulated()
 
 
-def _fresh(env_value, code="import sys, planc.simulation as t; print(t.simulated(), t.name(), 'numba' in sys.modules)"):
+def _fresh(env_value, code="import sys, planc.base.simulation as t; print(t.simulated(), t.name(), 'numba' in sys.modules)"):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     if env_value is not None:
         env["NUMBA_ENABLE_CUDASIM"] = env_value
@@ -94,13 +94,13 @@ def test_the_variable_is_read_as_numba_reads_it_without_importing_numba(value, s
 
 
 def test_numba_and_the_choice_agree_in_a_process():
-    code = ("import planc.simulation as t; from numba import config; "
+    code = ("import planc.base.simulation as t; from numba import config; "
             "print(t.simulated(), bool(config.ENABLE_CUDASIM))")
     assert _fresh("1", code) == ["True", "True"]
 
 
 def test_choose_simulator_before_numba_is_imported():
-    code = ("import planc.simulation as t; t.choose_simulator(); from planc.execute import seam; "
+    code = ("import planc.base.simulation as t; t.choose_simulator(); from planc.execute import seam; "
             "d = seam.default_device(); print(type(d).__name__, d.target)")
     assert _fresh("0", code) == ["Simulator", simulation.SIM]
 
@@ -116,8 +116,8 @@ def test_gguf_kernels_built_for_the_simulator_give_the_products_plainly():
     from planc.execute import gguf_kernels
     from planc.execute.gguf_kernels import dequantize_gguf
     from planc.execute.seam import Simulator
-    from planc.gguf_dequant import dequantize
-    from planc.synth_gguf import GGUFTensor, tensor_bytes
+    from planc.execute.gguf_dequant import dequantize
+    from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     assert set(gguf_kernels.kernels(simulation.SIM)) == set(gguf_kernels.NAMES)
     raw = tensor_bytes(GGUFTensor("k.Q4_K", "Q4_K", (1, 256)))

@@ -2,7 +2,7 @@
 
 Each kernel reads a tensor's stored bytes (uint8, whole blocks in order) and writes one element per
 step of a grid-stride loop over the output, as bits (uint32 for F32, uint16 for F16 and BF16). The
-values are those of `planc.gguf_dequant` (and so of the `gguf` package's numpy): float32 products
+values are those of `planc.execute.gguf_dequant` (and so of the `gguf` package's numpy): float32 products
 rounded once each, then rounded to the output type by the bit operations the other kernels use
 (`planc.execute.kernels`). Q4_K subtracts two products; on the GPU both go through
 `libdevice.fmul_rn`, which the compiler may not fuse into a multiply-add (NVVM contracts a plain
@@ -22,7 +22,7 @@ from numba import cuda
 from numba.cuda import libdevice
 
 from planc.execute.kernels import CACHE, _ops
-from planc.simulation import GPU, SIM
+from planc.base.simulation import GPU, SIM
 
 
 def _mul_rn_py(a, b):  # the GPU's: a product rounded once, never fused into a multiply-add
@@ -131,7 +131,7 @@ _built: dict = {}
 
 
 def kernels(target: str) -> dict:
-    """name -> kernel ("gguf_{type}_{out}") built for `target` (`planc.simulation.GPU` or `SIM`), which
+    """name -> kernel ("gguf_{type}_{out}") built for `target` (`planc.base.simulation.GPU` or `SIM`), which
     the device hands over (`Device.target`): this module never asks which one the process runs."""
     got = _built.get(target)
     if got is None:

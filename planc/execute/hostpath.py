@@ -78,7 +78,7 @@ def _host_transform(p, bufs: list) -> np.ndarray:
     if p.op == "transpose":
         rows, cols = w.shape
         src = bufs[0] if w.dtype == p.out_dtype else convert_host(bufs[0], w.dtype, p.out_dtype)
-        from ..dtypes import DTYPES
+        from ..base.dtypes import DTYPES
 
         return transpose_host(src, rows, cols, DTYPES[p.out_dtype].bits // 8)
     return bufs[0]

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from .. import fp4
-from ..ir import DEQUANTIZE_OPS
+from ..base import fp4
+from ..plan.records import DEQUANTIZE_OPS
 from . import dispatch, seam
 from .events import KernelsLaunched
 
@@ -69,7 +69,7 @@ class KernelRuns:
         self.observer(KernelsLaunched(r.index, len(r.kernels), len(r.parts) - len(r.host_parts), start=t0))
 
     def _kernel(self, r, k) -> None:
-        from ..dtypes import DTYPES
+        from ..base.dtypes import DTYPES
 
         s_size, d_size = DTYPES[k.src_dtype].bits // 8, DTYPES[k.dst_dtype].bits // 8
         numel = k.numel
@@ -150,7 +150,7 @@ def warm_kernels(plan, dev=None):
 
 
 def _warm(dev, idx: int, need) -> None:
-    from ..dtypes import DTYPES
+    from ..base.dtypes import DTYPES
 
     try:
         dev.select(idx)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import settings
+from ..base import settings
 from . import driver, ptxindex
 
 _dir: Path | None = None

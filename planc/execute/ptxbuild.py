@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..simulation import GPU, choose_gpu, simulated
+from ..base.simulation import GPU, choose_gpu, simulated
 from . import ptxindex, signatures
 
 _ENTRY = re.compile(r"^\s*\.(?:visible\s+)?\.entry\s+([A-Za-z0-9_$.]+)\s*\(", re.M)

@@ -12,7 +12,7 @@ name) and launch geometry (`grid`: the grids and blocks each kernel gets). Two i
   device memory is host memory and kernels run as Python threads on small grids: the CPU test
   suite goes through the same loader, the same copy list and the same kernel dispatch as a GPU.
 
-Whether a process is simulated is decided in `planc.simulation` alone (NUMBA_ENABLE_CUDASIM as numba
+Whether a process is simulated is decided in `planc.base.simulation` alone (NUMBA_ENABLE_CUDASIM as numba
 reads it), which `default_device` asks to choose the device; each device carries its kernel
 `target`, which it hands to the kernel modules that build per target. The rest of the package
 asks the device it was given (`execute(plan, device=...)`)
@@ -31,9 +31,9 @@ import threading
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from ..codes import Code
+from ..base.codes import Code
 
-from .. import simulation as choice
+from ..base import simulation as choice
 from .geometry import GpuGrid, SimGrid
 
 ALIGN = 4096  # the ring's slots start at this alignment (O_DIRECT)
@@ -44,7 +44,7 @@ class Device(Protocol):
     """What the executor asks of a device (`Gpu`, `Simulator`, or a test's wrapper of one)."""
 
     simulated: bool  # for what the report and `LoadedModel` say, not for choosing behaviour
-    target: str  # what its kernels are built for: `planc.simulation.GPU` or `SIM` (handed to the kernel modules)
+    target: str  # what its kernels are built for: `planc.base.simulation.GPU` or `SIM` (handed to the kernel modules)
     memory_is_host: bool  # device memory is host memory: it counts against the host room
     loads_kernels: bool  # a kernel's first launch loads a module (worth loading ahead: the warmer)
     views_empty: bool  # a zero-byte slice can be viewed and shaped (else `empty` makes the array)
@@ -158,7 +158,7 @@ class Gpu:
 
     def pin_method(self) -> str:
         """How this process pins a ring slot now: PLANC_PIN, or `alloc` once registration was refused."""
-        from .. import settings
+        from ..base import settings
 
         return "alloc" if self.register_refused else settings.pin()
 
