@@ -162,7 +162,7 @@ def test_read_only_folder_and_failed_write_keep_the_old_file(tmp_path):
     # a write that fails half way (a full disk; here a file size limit) leaves the old file whole
     target = tmp_path / "out.json"
     target.write_text("old")
-    code = ("import resource, signal, sys; from planc import outputs; signal.signal(signal.SIGXFSZ, signal.SIG_IGN);"
+    code = ("import resource, signal, sys; from planc.base import outputs; signal.signal(signal.SIGXFSZ, signal.SIG_IGN);"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096));"
             f"\ntry:\n    outputs.write({str(target)!r}, b'x' * 100000, 'plan output')\n"
             "except outputs.OutputError as e:\n    print(e.code); sys.exit(2)\n")

@@ -543,3 +543,10 @@ def test_permuting_names_of_same_shaped_tensors_keeps_costs(tmp_path):
     assert counts(plans[0]) == counts(plans[1])
     strip = [{k: v for k, v in p.to_dict().items() if k not in ("checkpoint", "spec")} for p in plans]
     assert strip[0] == strip[1]  # same names, same shapes, same layout: the very same plan
+
+
+def test_the_package_states_the_plan_format_it_reads():
+    import planc
+    from planc.plan.check import FORMAT
+
+    assert planc.PLAN_FORMAT == FORMAT
