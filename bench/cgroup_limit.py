@@ -44,7 +44,7 @@ memory.max just above what it should need (nothing held uncounted makes each com
 Each case runs twice: roomy (memory.max = need + 2 GiB) for the process's baseline at admission,
 then limited at baseline + need + PATHS_RESERVE + PATHS_MARGIN with PLANC_HOST_RESERVE =
 PATHS_RESERVE, where need = the plan's predicted host peak (and, with --verify, what the verify
-holds, `planc.verifycost`, when more). It passes when the limited run exits 0 without an OOM kill;
+holds, `planc.plan.verifycost`, when more). It passes when the limited run exits 0 without an OOM kill;
 the summary gives predicted and measured (memory.peak of the cgroup less the baseline) per case.
 
 The plan: every tensor converted BF16 -> F32 on the host (`on: host`), so the host peak is the
@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, ensure_checkpoint  # noqa: E402
 
-from planc.units import fmt_bytes, parse_bytes  # noqa: E402
+from planc.base.units import fmt_bytes, parse_bytes  # noqa: E402
 
 MIB = 2**20
 GIB = 2**30
@@ -136,7 +136,7 @@ def write_host_spec(ckpt: Path, name: str, run: str) -> Path:
 
 def plan_figures(spec: Path) -> dict:
     """What the compiler predicts (`planc explain --json` says the same): host peak, each run's host bytes."""
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
 
     plan = compile_spec(spec)
     if not plan.fits:
@@ -517,8 +517,8 @@ def path_specs(data: Path, size: int) -> dict:
 
 
 def path_need(spec: Path, verify: bool, rank) -> dict:
-    from planc.compile import compile_spec
-    from planc.verifycost import verify_host_bytes
+    from planc.compiler.compile import compile_spec
+    from planc.plan.verifycost import verify_host_bytes
 
     plan = compile_spec(spec, rank=rank) if rank is not None else compile_spec(spec)
     if not plan.fits:

@@ -26,7 +26,7 @@ RULES = {
 
 
 def ensure_checkpoint(data: Path, family: str, size: int, shards: int) -> Path:
-    from planc.synth import write_checkpoint
+    from planc.tools.synth import write_checkpoint
 
     d = data / f"{family}-{size >> 20}MiB-{shards}"
     marker = d / ".complete"

@@ -6,7 +6,7 @@ Writes sparse checkpoints (headers plus a hole: no data on disk) into OUT_DIR, o
 `model.safetensors.index.json` each, and a spec beside each: experts stacked per layer and
 projection and dequantized from FP8 to bfloat16, the other FP8 weights dequantized, the rest
 copied. Then, for each size and each repeat, a fresh Python process imports planc and times
-`compile_spec`, `explain_doc` and `planc.plan.encode` separately (wall clock; the CPU time of compile +
+`compile_spec`, `explain_doc` and `planc.plan.codec.encode` separately (wall clock; the CPU time of compile +
 explain beside it, since other work on the machine stretches the wall clock) and reports its peak
 RSS (VmHWM) at the end. The table shows the median of the repeats. One JSON line per run goes to
 OUT_DIR/compile_scale.jsonl; `plan_sha256` is the digest of the plan's JSON, so a faster compiler
@@ -123,14 +123,14 @@ def tensors(v: Variant) -> list[tuple[str, str, tuple[int, ...]]]:
 
 
 def _nbytes(dtype: str, shape) -> int:
-    from planc.dtypes import DTYPES
+    from planc.base.dtypes import DTYPES
 
     return DTYPES[dtype].nbytes(math.prod(shape))
 
 
 def write_variant(out: Path, v: Variant, full_bytes: int) -> tuple[Path, int, int]:
     """Write the sparse checkpoint and its spec once; returns (spec path, tensors, shards)."""
-    from planc.synth import METADATA, shard_name, split_balanced, write_safetensors
+    from planc.tools.synth import METADATA, shard_name, split_balanced, write_safetensors
 
     ts = tensors(v)
     sizes = [_nbytes(dt, shape) for _, dt, shape in ts]
@@ -190,9 +190,9 @@ def worker(spec: str) -> None:
     import hashlib
 
     t0 = time.perf_counter()
-    from planc.compile import compile_spec
-    from planc.explain import explain_doc
-    from planc.plan import encode
+    from planc.compiler.compile import compile_spec
+    from planc.plan.explain import explain_doc
+    from planc.plan.codec import encode
 
     t1, c1 = time.perf_counter(), time.process_time()
     plan = compile_spec(spec)

@@ -15,7 +15,7 @@
    the stored bytes (`copy` of `planc.execute.kernels`). The first tensor of each is checked bit
    for bit against `planc.execute.fp4ref`.
 3. Hand-off (unless --no-handoff). A gpt-oss-shaped model (small config, random MXFP4 experts,
-   `planc.synth_fp4.write_gpt_oss`) loaded by `transformers` (`from_pretrained` with
+   `planc.tools.synth_fp4.write_gpt_oss`) loaded by `transformers` (`from_pretrained` with
    `Mxfp4Config(dequantize=True)`) and by `planc.load_into` into a meta-device `GptOssForCausalLM`
    with the shipped spec: every weight bit-exact, the logits equal.
 
@@ -43,7 +43,7 @@ SPEC = {"mxfp4": "transformers-gpt-oss", "nvfp4": "transformers-llama-nvfp4"}
 
 
 def checkpoint(data: Path, fam: str, size: int) -> Path:
-    from planc.synth_fp4 import write_fp4_checkpoint
+    from planc.tools.synth_fp4 import write_fp4_checkpoint
 
     d = data / f"{fam}-{size >> 20}MiB"
     if not (d / ".complete").exists():
@@ -107,7 +107,7 @@ def kernels_alone(fam: str, ckpt: Path) -> dict:
     import numpy as np
     from numba import cuda
 
-    from planc import fp4
+    from planc.base import fp4
     from planc.execute import fp4ref
     from planc.execute.fp4_dispatch import dequantize_fp4
     from planc.execute.kernels import KERNELS
@@ -171,7 +171,7 @@ def handoff(data: Path) -> dict:
     import transformers
 
     import planc
-    from planc.synth_fp4 import write_gpt_oss
+    from planc.tools.synth_fp4 import write_gpt_oss
 
     d = data / "gpt-oss-small"
     write_gpt_oss(d)
@@ -218,7 +218,7 @@ def main() -> int:
     ap.add_argument("--families", default="mxfp4,nvfp4")
     ap.add_argument("--no-handoff", dest="handoff", action="store_false")
     a = ap.parse_args()
-    from planc.units import parse_bytes
+    from planc.base.units import parse_bytes
 
     a.data.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ Writes a Llama-shaped GGUF per quantization with planc's synth (the `gguf` packa
 2-D weight's stored blocks from the file, and times on the device (CUDA events, after a warm-up
 launch): the dequantization to BF16 (`planc.execute.gguf_kernels`) and a copy of the stored bytes
 (`copy` of `planc.execute.kernels`). Each result is checked bit for bit against
-`planc.gguf_dequant` for the first tensor of each type. Prints one JSON line per quantization.
+`planc.execute.gguf_dequant` for the first tensor of each type. Prints one JSON line per quantization.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ def main() -> int:
 
     from planc.execute.gguf_kernels import dequantize_gguf
     from planc.execute.kernels import KERNELS
-    from planc.gguf_dequant import dequantize
+    from planc.execute.gguf_dequant import dequantize
     from planc.manifest import read_manifest
-    from planc.synth_gguf import write_gguf
-    from planc.units import parse_bytes
+    from planc.tools.synth_gguf import write_gguf
+    from planc.base.units import parse_bytes
 
     for quant in a.quant:
         folder = os.path.join(a.folder, quant)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ensure_checkpoint, planc, write_spec  # noqa: E402
 
-from planc.units import parse_bytes  # noqa: E402
+from planc.base.units import parse_bytes  # noqa: E402
 
 
 def main() -> int:

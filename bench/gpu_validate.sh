@@ -33,9 +33,9 @@ python3 -c "
 import sys; sys.path.insert(0, 'bench')
 from pathlib import Path
 from common import ensure_checkpoint, write_spec
-import planc.compile, planc.plan
+import planc.compiler.compile, planc.plan.codec
 ck = ensure_checkpoint(Path('$DATA'), 'dense', 2 << 30, 4)
-planc.plan.save_plan(planc.compile.compile_spec(write_spec(ck, 'copy')), '$OUT/dense-2GiB.plan.json')"
+planc.plan.codec.save_plan(planc.compiler.compile.compile_spec(write_spec(ck, 'copy')), '$OUT/dense-2GiB.plan.json')"
 python3 bench/timeline.py "$OUT/dense-2GiB.plan.json" "$OUT/timeline" --repeat 1 --loads 2 --pin register,alloc 2>&1 \
     | tail -5
 el checks

@@ -255,8 +255,8 @@ def _drop(*objs):
 def compare(name: str, ckpt: Path, dtype: str, out: Path, args) -> dict:
     import torch
 
-    from planc.compile import compile_spec
-    from planc.plan import save_plan
+    from planc.compiler.compile import compile_spec
+    from planc.plan.codec import save_plan
 
     family = MODELS[name][0]
     spec = write_spec(out, SPEC_OF[family], ckpt, dtype, f"{name}.{dtype}")
@@ -310,8 +310,8 @@ def fused_rate(ckpt: Path, out: Path, repeats: int) -> dict:
     import yaml
 
     import planc
-    from planc import schedule
-    from planc.compile import compile_spec
+    from planc.compiler import schedule
+    from planc.compiler.compile import compile_spec
 
     fused = write_spec(out, "transformers-mixtral", ckpt, "bf16", "mixtral.fused")
     doc = yaml.safe_load(fused.read_text())

@@ -4,7 +4,7 @@ depend on the tensor count, not on the bytes.
     python bench/inspect_sparse.py OUT_DIR [--size 400GiB] [--experts 256] [--layers 120] [--shards 80]
 
 Writes a sparse MoE checkpoint (headers plus holes: no disk used for the data) into OUT_DIR/ckpt
-with `planc.synth.write_checkpoint`, then times, each in a fresh process, median of --repeat runs:
+with `planc.tools.synth.write_checkpoint`, then times, each in a fresh process, median of --repeat runs:
 * `read_manifest(index)` alone (measured inside the process, imports excluded);
 * `planc inspect INDEX --json` end to end (process start to exit, JSON written to a pipe);
 * `planc --version` end to end, the start-up cost the line above includes.
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planc.synth import write_checkpoint  # noqa: E402
-from planc.units import fmt_bytes, parse_bytes  # noqa: E402
+from planc.tools.synth import write_checkpoint  # noqa: E402
+from planc.base.units import fmt_bytes, parse_bytes  # noqa: E402
 
 _READ = """
 import json, sys, time

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planc.manifest import read_manifest  # noqa: E402
-from planc.units import fmt_bytes  # noqa: E402
+from planc.base.units import fmt_bytes  # noqa: E402
 
 
 def raw_header(path: Path) -> tuple[int, dict]:

@@ -188,7 +188,7 @@ def _plain(direct: bool, threads: int, slot: int = 64 << 20, nslots: int = 16):
 # -- planc ---------------------------------------------------------------------------------------
 def _planc_setup(files, spec):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
     from planc.execute import seam
 
     plan = compile_spec(spec)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import drop_page_cache, ensure_checkpoint, write_spec  # noqa: E402
 
-from planc.units import parse_bytes  # noqa: E402
+from planc.base.units import parse_bytes  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ALL = ["pinned_copy", "plain_warm", "plain_direct", "planc", "st_load_file", "st_safe_open", "fastsafetensors",

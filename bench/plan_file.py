@@ -85,9 +85,9 @@ def _child(argv: list[str], env: dict | None = None) -> dict:
 def breakdown_worker(spec: str, plan_path: str) -> None:
     """In one process: import, compile, encode, write, load (read + decode), explain of each."""
     t0 = time.perf_counter()
-    from planc.compile import compile_spec
-    from planc.explain import explain_doc
-    from planc.plan import encode, load_plan
+    from planc.compiler.compile import compile_spec
+    from planc.plan.explain import explain_doc
+    from planc.plan.codec import encode, load_plan
 
     t1 = time.perf_counter()
     plan = compile_spec(spec)
@@ -114,9 +114,9 @@ def breakdown_worker(spec: str, plan_path: str) -> None:
 def execute_worker(mode: str, target: str) -> None:
     """In one process: obtain the plan (load_plan of a file, or compile_spec of a spec), execute it twice."""
     t0 = time.perf_counter()
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
     from planc.execute import execute
-    from planc.plan import load_plan
+    from planc.plan.codec import load_plan
 
     t1 = time.perf_counter()
     plan = load_plan(target) if mode == "plan" else compile_spec(target)

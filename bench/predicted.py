@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import drop_page_cache, ensure_checkpoint, planc, write_spec  # noqa: E402
 from peers import CASES, warm  # noqa: E402
 
-from planc.units import parse_bytes  # noqa: E402
+from planc.base.units import parse_bytes  # noqa: E402
 
 
 def load(spec: Path, rank: int | None, mode: str, files) -> dict:
@@ -49,7 +49,7 @@ def load(spec: Path, rank: int | None, mode: str, files) -> dict:
 
 def files_of(spec: Path) -> list[str]:
     from planc.manifest import read_manifest
-    from planc.spec import load_spec
+    from planc.spec.model import load_spec
 
     m = read_manifest(load_spec(spec).checkpoint_path)
     return [str(Path(m.root) / s.path) for s in m.shards]

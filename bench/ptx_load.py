@@ -44,7 +44,7 @@ CASES = (("dense", "fp16"), ("dense", "fp32+transpose"), ("fp8", "fp8"), ("moe",
 
 def _child(specs: list[str], hide_index: bool) -> dict:
     t_start = time.perf_counter()
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
     from planc.execute import execute, launch, ptxbuild, ptxindex, seam, signatures
 
     if hide_index:
@@ -101,7 +101,7 @@ def main() -> int:
         arg = json.loads(a.child)
         print(json.dumps(_child(arg["specs"], arg["hide"])))
         return 0
-    from planc.synth import write_checkpoint
+    from planc.tools.synth import write_checkpoint
 
     out = a.out
     work = out / "work"

@@ -35,7 +35,7 @@ from common import ensure_checkpoint, write_spec  # noqa: E402
 
 
 def _args(argv=None):
-    from planc.units import parse_bytes
+    from planc.base.units import parse_bytes
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data", type=Path)
@@ -66,7 +66,7 @@ def _med(rows, key):
 
 def dense(args, out: Path) -> dict:
     import planc
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
 
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)
     spec = write_spec(ckpt, "copy")
@@ -95,8 +95,8 @@ def dense(args, out: Path) -> dict:
 
 def digest(args, out: Path) -> dict:
     import planc
-    from planc import digest as dg
-    from planc.compile import compile_spec
+    from planc.manifest import digest as dg
+    from planc.compiler.compile import compile_spec
 
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)
     plan = compile_spec(write_spec(ckpt, "copy"))

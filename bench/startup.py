@@ -74,7 +74,7 @@ def child_phases(plan_path: str, spawned: float) -> dict:
     seam.select("cuda:0")  # the primary context retained and made current
     t["context_s"] = time.perf_counter() - c0
     c0 = time.perf_counter()
-    from planc.plan import load_plan
+    from planc.plan.codec import load_plan
 
     plan = load_plan(plan_path)
     t["load_plan_s"] = time.perf_counter() - c0
@@ -249,7 +249,7 @@ def child_runclock(plan_path: str, spawned: float) -> None:
         return m
 
     pe.execute = execute
-    import planc.plan as pp
+    import planc.plan.codec as pp
 
     real_load = pp.load_plan
 
@@ -276,7 +276,7 @@ def child_runclock(plan_path: str, spawned: float) -> None:
 
     pm.LoadedModel.free = free
     sys.argv = ["planc", "run", plan_path, "--json"]
-    from planc.entry import main
+    from planc.face.entry import main
 
     main()
 
@@ -324,7 +324,7 @@ def cell_runclock(plan: Path) -> dict:
         elif line.startswith("import time:") and line.count("|") == 2:
             _, cum, name = line.split("|")
             name = name.strip()
-            if name in ("planc.cli", "typer", "numpy", "planc.execute.loader", "planc.plan", "planc.prestart",
+            if name in ("planc.face.cli", "typer", "numpy", "planc.execute.loader", "planc.plan.codec", "planc.face.prestart",
                         "rich.console"):
                 out[f"import_{name}_s"] = int(cum) / 1e6
     return out
@@ -394,20 +394,20 @@ def prepare(data: Path, out: Path, large: bool) -> dict:
     from handoff import write_model
     from handoff import write_spec as hf_spec
 
-    import planc.compile
-    import planc.plan
+    import planc.compiler.compile
+    import planc.plan.codec
 
     llama = write_model(data, "llama-2GB", 0)
     plans = {}
     for name, spec in (("llama-bf16", hf_spec(out, "transformers-llama", llama, "bf16", "llama-bf16")),
                        ("llama-fp16", hf_spec(out, "transformers-llama", llama, "fp16", "llama-fp16"))):
         plans[name] = out / f"{name}.plan.json"
-        planc.plan.save_plan(planc.compile.compile_spec(spec), plans[name])
+        planc.plan.codec.save_plan(planc.compiler.compile.compile_spec(spec), plans[name])
     if large:
         dense = ensure_checkpoint(data, "dense", 15 << 30, 4)
         spec = dense_spec(dense, "copy")
         plans["dense-15GiB"] = out / "dense.plan.json"
-        planc.plan.save_plan(planc.compile.compile_spec(spec), plans["dense-15GiB"])
+        planc.plan.codec.save_plan(planc.compiler.compile.compile_spec(spec), plans["dense-15GiB"])
     return {"llama": llama, "plans": plans}
 
 
@@ -417,7 +417,7 @@ def libs_bytecode(out: Path) -> dict:
     process compiles it again, numpy's import then costs 0.2-0.3 s), it is compiled into a cache
     folder of the bench's own (PYTHONPYCACHEPREFIX); `run-*-pyc` cells run with that folder.
     Returns {"prefix": ..., "missing": [libraries found without bytecode]}."""
-    probe = ("import sys, json, planc.cli, planc.execute, planc.plan, numpy; "
+    probe = ("import sys, json, planc.face.cli, planc.execute, planc.plan.codec, numpy; "
              "print(json.dumps(sorted({m.__file__ for m in list(sys.modules.values()) "
              "if getattr(m, '__file__', None) and m.__file__.endswith('.py')})))")
     files = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

@@ -45,7 +45,7 @@ def child(plan_path: str, loads: int) -> list[dict]:
     import planc.execute
     from planc.execute import allocation, events as ev, reader, ring, seam
     from planc.execute.parts import Parts
-    from planc.plan import load_plan
+    from planc.plan.codec import load_plan
 
     seam.select("cuda:0")
     if os.environ.get("PLANC_BENCH_LANES"):  # this bench's variant only: the ring's pinning lanes

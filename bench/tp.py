@@ -150,9 +150,9 @@ def write_presharded(ckpt: Path, data: Path, tp: int, rank: int = 0) -> Path:
     each tensor's slice, contiguous, in the shard the tensor was in, with an index."""
     import numpy as np
 
-    from planc.dtypes import dtype
+    from planc.base.dtypes import dtype
     from planc.manifest import read_manifest
-    from planc.synth import INDEX_NAME, write_safetensors
+    from planc.tools.synth import INDEX_NAME, write_safetensors
 
     out = data / f"{ckpt.name}-tp{tp}-rank{rank}"
     marker = out / ".complete"
@@ -198,9 +198,9 @@ def write_tp_spec(ckpt: Path, out: Path, tp: int, io: dict, name: str = "") -> P
 
 def compile_plans(spec: Path, ranks: list[int], out: Path, tp: int, name: str = "") -> dict[int, dict]:
     """Compile and save each rank's plan; returns rank -> {path, and the plan's totals}."""
-    from planc.compile import compile_spec
-    from planc.explain import explain_doc
-    from planc.plan import save_plan
+    from planc.compiler.compile import compile_spec
+    from planc.plan.explain import explain_doc
+    from planc.plan.codec import save_plan
 
     plans = {}
     for r in ranks:
@@ -225,7 +225,7 @@ def worker(plan_path: str, barrier: str, result: str, verify: bool) -> None:
     """Read the plan, create the CUDA context, wait at the barrier, load, write the record."""
     t_proc = time.time()
     from planc.execute import execute, seam
-    from planc.plan import load_plan
+    from planc.plan.codec import load_plan
 
     plan = load_plan(plan_path)
     seam.select(plan.device)
@@ -560,7 +560,7 @@ def main(argv=None) -> int:
         return 0
     from common import ensure_checkpoint
 
-    from planc.units import parse_bytes
+    from planc.base.units import parse_bytes
 
     t_begin = time.time()
     a.data.mkdir(parents=True, exist_ok=True)

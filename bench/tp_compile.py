@@ -117,7 +117,7 @@ def tensors(m: Model) -> list[tuple[str, str, tuple[int, ...]]]:
 
 def write_model(out: Path, m: Model) -> Path:
     """Write the sparse checkpoint and its index once (a marker says it is complete); returns its folder."""
-    from planc.synth import METADATA, shard_name, split_balanced, write_safetensors
+    from planc.tools.synth import METADATA, shard_name, split_balanced, write_safetensors
 
     ts = tensors(m)
     sizes = [2 * math.prod(s) for _, _, s in ts]
@@ -215,9 +215,9 @@ def _methods(strided: list) -> dict:
 def worker(spec: str, rank: int, plan_path: str) -> None:
     """Compile one rank in this fresh process; print one JSON line of what the plan reads and weighs."""
     t0 = time.perf_counter()
-    from planc.compile import compile_spec
-    from planc.explain import explain_doc
-    from planc.plan import save_plan
+    from planc.compiler.compile import compile_spec
+    from planc.plan.explain import explain_doc
+    from planc.plan.codec import save_plan
 
     t1 = time.perf_counter()
     plan = compile_spec(spec, rank)

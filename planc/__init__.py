@@ -4,7 +4,7 @@ checkpoint manifest + placement spec -> admitted load plan -> explained -> execu
 """
 
 __version__ = "0.1.0"
-PLAN_FORMAT = 5  # the plan file format (planc.plan.FORMAT)
+PLAN_FORMAT = 5  # the plan file format (planc.plan.codec.FORMAT)
 
 
 __all__ = ["load", "load_into", "LoadResult", "LoadedModel", "PLAN_FORMAT", "__version__"]
@@ -14,7 +14,7 @@ def __getattr__(name: str):
     # Imported at their first use: the `planc` command imports this package first, and a Ctrl-C in
     # its first milliseconds must reach the command's own handler, not interrupt a long import here.
     if name in ("load", "load_into", "LoadResult"):
-        from . import api
+        from .face import api
 
         return getattr(api, name)
     if name == "LoadedModel":  # the executor's package, imported only when asked for

@@ -1,5 +1,5 @@
 try:
-    from planc.entry import main
+    from planc.face.entry import main
 except KeyboardInterrupt:  # Ctrl-C while the interpreter is still importing: one line, no traceback
     import os
     import signal

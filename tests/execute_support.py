@@ -17,9 +17,9 @@ import numpy as np
 import yaml
 from safetensors.numpy import save_file
 
-from planc.compile import compile_spec
+from planc.compiler.compile import compile_spec
 from planc.execute import execute
-from planc.synth import layout, tensor_data, write_checkpoint
+from planc.tools.synth import layout, tensor_data, write_checkpoint
 
 NP = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
       "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn)}
@@ -330,7 +330,7 @@ def one_line(err: str) -> str:
 
 def cli_run(capsys, *args) -> tuple[int, str, str]:
     """`planc ARGS` in process: (exit code, stdout, stderr) of that command alone."""
-    from planc import cli
+    from planc.face import cli
 
     capsys.readouterr()
     rc = cli.main([str(a) for a in args])

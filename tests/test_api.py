@@ -27,9 +27,9 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
 import families  # noqa: E402
 import planc  # noqa: E402
 from execute_support import bits, dequant  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import BindError, HandoffError  # noqa: E402
-from planc.plan import save_plan  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import BindError, HandoffError  # noqa: E402
+from planc.plan.codec import save_plan  # noqa: E402
 from test_layouts import shipped  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -384,8 +384,8 @@ def test_python_doc_examples_run(tmp_path, monkeypatch):
 
 
 def test_settings_passed_as_arguments_hold_for_the_call_only(tmp_path, loaded, monkeypatch):
-    from planc import settings
-    from planc.errors import AdmissionError
+    from planc.base import settings
+    from planc.base.errors import AdmissionError
 
     src = families.llama()
     plan = compile_spec(shipped(tmp_path, "transformers-llama", src))
@@ -406,7 +406,7 @@ def test_settings_passed_as_arguments_hold_for_the_call_only(tmp_path, loaded, m
 def test_bad_arguments_are_typed_errors_before_anything_is_loaded(tmp_path, monkeypatch):
     """What a caller may pass wrong: the target, the rank, the device, the module. Each is a typed
     error naming the argument, raised before anything is allocated."""
-    from planc.errors import SpecError
+    from planc.base.errors import SpecError
     from planc.execute import seam
 
     src = families.llama()
@@ -418,7 +418,7 @@ def test_bad_arguments_are_typed_errors_before_anything_is_loaded(tmp_path, monk
         with pytest.raises(SpecError, match="spec_or_plan must be") as info:
             planc.load(target)
         assert info.value.code == "spec-missing"
-    from planc.plan import load_plan
+    from planc.plan.codec import load_plan
 
     for rank in ("1", -1, True, 1.0):
         for target in (plan, load_plan(plan)):  # a path and a Plan alike
@@ -444,7 +444,7 @@ def test_two_loads_at_once_each_see_their_own_settings(tmp_path):
     load's own threads too), and the one that ends first takes nothing from the other."""
     import threading
 
-    from planc import settings
+    from planc.base import settings
     from planc.execute import execute
     from planc.execute.allocation import Regions
     from planc.execute.events import RunStarted
@@ -518,7 +518,7 @@ def test_two_loads_at_once_each_see_their_own_settings(tmp_path):
 def test_settings_are_checked_strictly(tmp_path):
     """What a caller may pass as `settings=`: a mapping of known names to values of their type, or a
     Settings; anything else is a SettingError before anything is read."""
-    from planc import settings
+    from planc.base import settings
 
     plan = compile_spec(shipped(tmp_path, "transformers-llama", families.llama()))
     for bad, match in ((["pin"], "expected a mapping"), ({"host_reserve": True}, "expected a byte size"),
@@ -540,8 +540,8 @@ def test_a_plan_value_edited_by_the_caller_is_checked_before_anything_is_allocat
     import dataclasses
 
     import planc
-    from planc.compile import compile_spec
-    from planc.errors import PlanFormatError
+    from planc.compiler.compile import compile_spec
+    from planc.base.errors import PlanFormatError
     from planc.execute import execute
 
     from conftest import write_spec, write_st
@@ -568,9 +568,9 @@ def test_a_plan_whose_offsets_disagree_with_the_headers_is_refused(tmp_path):
     checkpoint's headers: refused before anything is allocated, naming the tensor."""
     from conftest import write_spec, write_st
 
-    from planc.compile import compile_spec
-    from planc.errors import PlanFormatError
-    from planc.plan import encode_bytes, load_plan
+    from planc.compiler.compile import compile_spec
+    from planc.base.errors import PlanFormatError
+    from planc.plan.codec import encode_bytes, load_plan
 
     write_st(tmp_path / "m.safetensors", {"a": np.full((4, 16), 1, np.float16), "b": np.full((4, 16), 2, np.float16)})
     plan = compile_spec(write_spec(tmp_path, {"checkpoint": "m.safetensors", "budget": {"host": "1MiB"},
@@ -598,7 +598,7 @@ def test_a_plan_whose_offsets_disagree_with_the_headers_is_refused(tmp_path):
 @pytest.mark.parametrize("verify", ["yes", 1.5, None, "Digest"])
 def test_load_refuses_a_verify_it_does_not_know(tmp_path, verify):
     """`verify=` other than False, True or "digest" is a typed spec error naming the value, before anything loads."""
-    from planc.errors import SpecError
+    from planc.base.errors import SpecError
 
     with pytest.raises(SpecError, match="verify must be") as e:
         planc.load(tmp_path / "absent.yaml", verify=verify)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from planc.compile import compile_spec
-from planc.spec import load_spec
+from planc.compiler.compile import compile_spec
+from planc.spec.model import load_spec
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "handoff.py"
 

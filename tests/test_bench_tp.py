@@ -186,7 +186,7 @@ def test_arguments_and_schedule(tp, tmp_path):
 
 
 def test_spec_is_the_docs_llama_spec(tp, tmp_path):
-    from planc.spec import load_spec
+    from planc.spec.model import load_spec
 
     s = load_spec(tp.write_tp_spec(tmp_path / "ckpt", tmp_path, 4, {"merge_gap": "64KiB"})).spec
     assert s.tensor_parallel.size == 4 and s.io.slots == 16 and s.io.workers == 16
@@ -237,7 +237,7 @@ def _tensors(folder: Path) -> dict:
 def test_presharded_checkpoint_is_rank_slices(tp, tmp_path):
     """Each tensor of the written checkpoint is numpy's slice of the original for the rank, in the
     same shard; replicated tensors whole; the index lists every tensor; written once."""
-    from planc.synth import INDEX_NAME, write_checkpoint
+    from planc.tools.synth import INDEX_NAME, write_checkpoint
 
     ckpt = tmp_path / "ck"
     write_checkpoint(ckpt, "dense", layers=2, shards=2)
@@ -262,7 +262,7 @@ def test_presharded_checkpoint_is_rank_slices(tp, tmp_path):
     assert index["weight_map"] == json.loads((ckpt / INDEX_NAME).read_text())["weight_map"]
     assert index["metadata"]["total_size"] == sum(v[2].nbytes for v in got.values())
     # the bytes are those of the rank's plan under the docs' Llama spec (RULES), not only of SPLIT_DIM
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
 
     plan = compile_spec(tp.write_tp_spec(ckpt, tmp_path, 4, {}), 1)
     assert plan.totals.payload_bytes == index["metadata"]["total_size"]
@@ -290,7 +290,7 @@ def test_presharded_case_and_ceiling(tp, tmp_path):
     assert row[1].strip() == "8" and row[-2].strip() == "0.50"  # alone / pre-sharded
     assert tp.ceiling_lines(tp.medians(groups[1:])) == []  # no whole load: no table
     spec = tp.write_tp_spec(tmp_path / "own", tmp_path, 1, {}, "sharded-tp8")
-    from planc.spec import load_spec
+    from planc.spec.model import load_spec
 
     s = load_spec(spec).spec
     assert spec.name == "sharded-tp8.yaml" and s.tensor_parallel.size == 1 and len(s.rules) == 1

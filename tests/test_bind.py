@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from conftest import write_spec, write_st
-from planc.bind import bind
-from planc.errors import BindError
+from planc.compiler.bind import bind
+from planc.base.errors import BindError
 from planc.manifest import read_manifest
-from planc.spec import load_spec
+from planc.spec.model import load_spec
 
 F8 = ml_dtypes.float8_e4m3fn
 BF16 = ml_dtypes.bfloat16

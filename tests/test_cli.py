@@ -14,8 +14,8 @@ import pytest
 
 from conftest import write_spec, write_st
 from planc import __version__
-from planc.cli import main
-from planc.plan import load_plan
+from planc.face.cli import main
+from planc.plan.codec import load_plan
 
 RULES = [{"match": "*.w", "dtype": "float16"}, {"match": "*"}]
 
@@ -260,8 +260,8 @@ def test_synth_into_folder_with_other_checkpoint_exits_2(capsys, tmp_path):
 def test_run_reads_the_device_hint_of_a_saved_plan_only(tmp_path):
     """`planc run PLAN` starts the named device's context while the plan is read: the hint comes from
     a saved plan's own `device` key, never from a spec or anything else."""
-    from planc.prestart import plan_device_hint as _plan_device_hint
-    from planc.synth import write_checkpoint
+    from planc.face.prestart import plan_device_hint as _plan_device_hint
+    from planc.tools.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0)
     spec = tmp_path / "s.yaml"
@@ -321,7 +321,7 @@ def test_demo_again_keeps_the_checkpoints_a_plan_was_compiled_against(capsys, tm
 def test_text_output_to_a_pipe_is_not_cut_to_80_columns(capsys, ckpt, monkeypatch):
     """Into a file or a pipe (no terminal, no COLUMNS), tables keep their words: no cell ends in '…'."""
     monkeypatch.delenv("COLUMNS", raising=False)
-    from planc import cli
+    from planc.face import cli
 
     monkeypatch.setattr(cli, "out", cli._Console(emoji=False))
     monkeypatch.setattr(cli, "err", cli._Console(stderr=True, emoji=False))

@@ -1,6 +1,6 @@
 """The `planc` process with its standard streams closed, full, or a pipe nobody reads (real processes).
 
-The convention (docs/cli.md, "Output streams"; planc/stdio.py): stdout closed or full is one line
+The convention (docs/cli.md, "Output streams"; planc/face/stdio.py): stdout closed or full is one line
 `cannot write output to stdout ... [output-failed]` and exit 2; a pipe whose reader has gone is
 exit 141 and nothing on stderr; stderr closed keeps the exit code; no traceback, ever, and no
 "Exception ignored" at the exit.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import write_spec, write_st
-from planc.plan import load_plan
+from planc.plan.codec import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

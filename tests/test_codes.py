@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import planc
-from planc.codes import Code, table
-from planc.errors import AdmissionError, ManifestError, PlancError, SpecError
+from planc.base.codes import Code, table
+from planc.base.errors import AdmissionError, ManifestError, PlancError, SpecError
 
 PKG = Path(planc.__file__).parent
 ROOT = PKG.parent
-CODES_PY = Path(__import__("planc.codes", fromlist=["Code"]).__file__)
+CODES_PY = Path(__import__("planc.base.codes", fromlist=["Code"]).__file__)
 
 
 def test_an_unknown_code_is_refused_at_construction():
@@ -39,8 +39,8 @@ def test_every_error_class_default_is_listed():
         for s in cls.__subclasses__():
             yield s
             yield from subclasses(s)
-    import planc.cli  # noqa: F401 - defines the usage error
-    import planc.outputs  # noqa: F401
+    import planc.face.cli  # noqa: F401 - defines the usage error
+    import planc.base.outputs  # noqa: F401
     for cls in [PlancError, *subclasses(PlancError)]:
         assert Code(cls.default_code).exit_code == cls.exit_code, cls
 
@@ -112,7 +112,7 @@ def _codes_in_messages(path: Path):
 def test_no_free_string_error_code_outside_the_codes_module():
     found = [f"{p.relative_to(ROOT)}:{line}: {text}" for p in sorted(PKG.rglob("*.py")) if p != CODES_PY
              for line, text in [*_free_codes(p), *_codes_in_messages(p)]]
-    assert not found, "error codes written as strings (use planc.codes.Code):\n" + "\n".join(found)
+    assert not found, "error codes written as strings (use planc.base.codes.Code):\n" + "\n".join(found)
 
 
 def test_the_scan_finds_a_free_code(tmp_path):
@@ -130,4 +130,4 @@ def test_the_docs_table_is_the_modules():
     begin, end = "<!-- codes:begin -->\n", "<!-- codes:end -->"
     assert begin in doc and end in doc
     assert doc[doc.index(begin) + len(begin):doc.index(end)] == table(), \
-        "docs/reliability.md's table of codes differs from planc/codes.py: regenerate it (python -m planc.codes)"
+        "docs/reliability.md's table of codes differs from planc/base/codes.py: regenerate it (python -m planc.base.codes)"

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from conftest import write_spec, write_st
-from planc.cli import main
-from planc.compile import compile_loaded
-from planc.errors import SpecError
-from planc.explain import explain_doc, verdict_text
+from planc.face.cli import main
+from planc.compiler.compile import compile_loaded
+from planc.base.errors import SpecError
+from planc.plan.explain import explain_doc, verdict_text
 from planc.manifest import read_manifest
-from planc.spec import load_spec
+from planc.spec.model import load_spec
 
 
 @pytest.fixture

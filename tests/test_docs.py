@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planc.compile import compile_spec
-from planc.errors import PlancError
-from planc.spec import load_spec
-from planc.specparse import parse_yaml
-from planc.synth import write_checkpoint
+from planc.compiler.compile import compile_spec
+from planc.base.errors import PlancError
+from planc.spec.model import load_spec
+from planc.spec.parse import parse_yaml
+from planc.tools.synth import write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -58,7 +58,7 @@ def _write_checkpoint(spec_path: Path, checkpoint: str, tags: dict) -> None:
     target = (spec_path.parent / checkpoint).resolve()
     family = tags["synth"]
     if family == "gguf":  # a `.gguf` file: the gguf package's writer, through planc synth
-        from planc.synth_gguf import write_gguf
+        from planc.tools.synth_gguf import write_gguf
 
         res = write_gguf(target.parent, quant=tags.get("quant", "Q8_0"), layers=1)
         assert Path(res.path).name == target.name, f"synth writes {res.path}, the example reads {target}"
@@ -111,7 +111,7 @@ def _sections() -> dict[str, str]:
 def test_every_flag_of_every_command_is_documented():
     import typer.main
 
-    from planc.cli import app
+    from planc.face.cli import app
 
     group = typer.main.get_command(app)
     sections = _sections()
@@ -149,7 +149,7 @@ def test_packaged_specs_are_the_checkout_specs():
 
 def test_every_spec_key_is_documented():
     """Every field of the spec models has a row in docs/spec.md (`budget.host`, `io.run`, rule keys...)."""
-    from planc.spec import IO, Budget, Rule, Spec, TensorParallel
+    from planc.spec.model import IO, Budget, Rule, Spec, TensorParallel
 
     text = (ROOT / "docs" / "spec.md").read_text()
     keys = [k for k in Spec.model_fields if k not in ("budget", "io", "tensor_parallel")]

@@ -95,7 +95,7 @@ try:
     sys.exit(0)
 except OSError:
     pass
-from planc.errors import ExecuteError
+from planc.base.errors import ExecuteError
 from planc.execute import driver
 try:
     driver.lib()
@@ -198,7 +198,7 @@ def test_registered_memory_registers_what_it_maps_and_gives_both_back(stub, nbyt
 
 @pytest.mark.parametrize("rc, code", [(801, "pin-refused"), (2, "host-memory")])
 def test_a_refused_registration_leaves_nothing_mapped_or_registered(stub, monkeypatch, rc, code):
-    from planc.errors import ExecuteError
+    from planc.base.errors import ExecuteError
 
     s = stub(rc)
     seen = []
@@ -217,7 +217,7 @@ def test_a_refused_registration_leaves_nothing_mapped_or_registered(stub, monkey
 
 
 def test_the_gpu_falls_back_to_host_alloc_only_when_registration_is_refused(stub, monkeypatch):
-    from planc.errors import ExecuteError
+    from planc.base.errors import ExecuteError
     from planc.execute.seam import Gpu
 
     monkeypatch.delenv("PLANC_PIN", raising=False)

@@ -37,15 +37,15 @@ from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, Reco
                              cold_page_cache, convert_source, dequantized, fp8_rules, fused, gone, handmade, live_room_by_call, reader_of,
                              use_parts, watch_regions,
                              load_checked, spec_file, stacked, synth)
-from planc import cli  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import AdmissionError, FingerprintError, PlancError, ReadError  # noqa: E402
+from planc.face import cli  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import AdmissionError, FingerprintError, PlancError, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.execute.events import CopyIssued  # noqa: E402
 from planc.execute.parts import Parts  # noqa: E402
 from planc.execute.reader import Reader  # noqa: E402
 from planc.execute.verify import verify_model  # noqa: E402
-from planc.plan import encode, load_plan, save_plan  # noqa: E402
+from planc.plan.codec import encode, load_plan, save_plan  # noqa: E402
 
 
 @pytest.fixture
@@ -474,7 +474,7 @@ def test_run_refused_by_live_room_mid_load(tmp_path, dense, monkeypatch):
     assert ei.value.code == "live-room" and ei.value.exit_code == 3
     r = ei.value.refusal
     assert (r.run, r.needed_bytes, r.allowed_bytes) == (first["index"], first["host_bytes"], 0)
-    from planc.admission import dominant_step
+    from planc.plan.admission import dominant_step
 
     assert r.code == "live-room" and r.step == dominant_step(plan, r.run)[0]
     assert f"run {first['index']}" in ei.value.message
@@ -574,7 +574,7 @@ def test_short_file_is_refused_before_the_load(tmp_path, dense, monkeypatch):
     # The checkpoint's header, read again before the load (check_against_headers), finds the data
     # region short: refused before anything is allocated (a read that comes back short during the
     # load is a ReadError: tests/test_reader.py).
-    from planc.errors import ManifestError
+    from planc.base.errors import ManifestError
 
     with pytest.raises(ManifestError) as ei:
         execute(plan)
@@ -826,8 +826,8 @@ def test_a_checkpoint_file_that_cannot_be_stat_ed_is_a_typed_fingerprint_error(t
     import dataclasses
     import shutil
 
-    from planc.errors import FingerprintError
-    from planc.plan import decode, encode_bytes
+    from planc.base.errors import FingerprintError
+    from planc.plan.codec import decode, encode_bytes
 
     path, _ = dense
     plan = compile_spec(spec_file(tmp_path, path, [{"match": "*"}], io=SMALL_IO))

@@ -33,9 +33,9 @@ from execute_support import (CONVERSIONS, QKV, STACK, TARGET, assert_model, cast
                              use_parts)
 
 from planc.execute.parts import Parts  # noqa: E402
-from planc import cli  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import AdmissionError, ReadError  # noqa: E402
+from planc.face import cli  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import AdmissionError, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.execute.reader import Reader  # noqa: E402
 from planc.execute.seam import memory_info  # noqa: E402
@@ -238,7 +238,7 @@ def test_device_room_refusal_before_allocating(tmp_path, monkeypatch):
 
 
 def _sparse(tmp_path, size: int):
-    from planc.synth import write_checkpoint
+    from planc.tools.synth import write_checkpoint
 
     res = write_checkpoint(tmp_path / "sparse", "dense", size_bytes=size, shards=4, sparse=True)
     return res.path, None

@@ -66,15 +66,15 @@ from execute_support import (QKV, STACK, assert_model, cast, cli_run, fail_read_
                              use_parts, watch_regions)
 
 from planc.execute.events import RunStarted  # noqa: E402
-from planc import settings  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import AdmissionError, FingerprintError, Interrupted, ReadError  # noqa: E402
+from planc.base import settings  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import AdmissionError, FingerprintError, Interrupted, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.execute.seam import pinned_ring, release  # noqa: E402
 from planc.execute.memory import rss_bytes  # noqa: E402
 from planc.execute.seam import memory_info  # noqa: E402
-from planc.plan import save_plan  # noqa: E402
-from planc.synth import write_checkpoint  # noqa: E402
+from planc.plan.codec import save_plan  # noqa: E402
+from planc.tools.synth import write_checkpoint  # noqa: E402
 
 # Small tensors get small grids on purpose.
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]

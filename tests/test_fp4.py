@@ -11,11 +11,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import BindError  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import BindError  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.execute import fp4ref  # noqa: E402
-from planc.synth_fp4 import TINY, tensors, write_fp4_checkpoint  # noqa: E402
+from planc.tools.synth_fp4 import TINY, tensors, write_fp4_checkpoint  # noqa: E402
 
 
 def e2m1_def(n: int) -> float:

@@ -18,8 +18,8 @@ from hypothesis import strategies as st  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from conftest import write_spec, write_st  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import BindError  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import BindError  # noqa: E402
 from planc.execute import execute, fp4ref  # noqa: E402
 from planc.execute.fp4_dispatch import dequantize_fp4  # noqa: E402
 
@@ -195,8 +195,8 @@ def test_device_plans_pass_the_plan_check(tmp_path):
     scale lands after its block scales), and a landing offset moved is refused."""
     import dataclasses
 
-    from planc.errors import PlanFormatError
-    from planc.plan import checked, decode, encode, load_plan, save_plan
+    from planc.base.errors import PlanFormatError
+    from planc.plan.codec import checked, decode, encode, load_plan, save_plan
 
     _checkpoint(tmp_path)
     plan, m = _load(tmp_path)

@@ -25,10 +25,10 @@ if numba.config.ENABLE_CUDASIM or not cuda.is_available():
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from planc.compile import compile_spec  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.execute import execute, fp4ref, launch  # noqa: E402
 from planc.execute.fp4_dispatch import dequantize_fp4  # noqa: E402
-from planc.synth_fp4 import TINY, tensors, write_fp4_checkpoint  # noqa: E402
+from planc.tools.synth_fp4 import TINY, tensors, write_fp4_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -101,7 +101,7 @@ def test_gpt_oss_load_into_equals_transformers_dequantizing_load(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import planc
-    from planc.synth_fp4 import write_gpt_oss
+    from planc.tools.synth_fp4 import write_gpt_oss
 
     d = tmp_path / "gpt-oss"
     write_gpt_oss(d)

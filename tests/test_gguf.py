@@ -13,11 +13,11 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from planc.errors import ManifestError  # noqa: E402
-from planc.gguf_dequant import dequantize  # noqa: E402
+from planc.base.errors import ManifestError  # noqa: E402
+from planc.execute.gguf_dequant import dequantize  # noqa: E402
 from planc.manifest import read_manifest  # noqa: E402
 from planc.manifest.ggml_types import GGML_TYPES  # noqa: E402
-from planc.synth_gguf import write_gguf  # noqa: E402
+from planc.tools.synth_gguf import write_gguf  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 
@@ -132,7 +132,7 @@ QTYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K"]
 
 
 def _blocks(tmp_path, qtype, rows=2, cols=256):
-    from planc.synth_gguf import GGUFTensor, tensor_bytes
+    from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     return tensor_bytes(GGUFTensor(f"t.{qtype}", qtype, (rows, cols)))
 
@@ -155,12 +155,12 @@ def test_host_dequant_bit_exact(tmp_path, qtype, out):
 def test_device_dequant_bit_exact_under_simulator(qtype):
     from numba import cuda
 
-    from planc.execute.kernels import simulated
+    from planc.base import simulation
 
-    if not simulated() and not cuda.is_available():
+    if not simulation.simulated() and not cuda.is_available():
         pytest.skip("no simulator and no GPU")
     from planc.execute.gguf_kernels import dequantize_gguf
-    from planc.synth_gguf import GGUFTensor, tensor_bytes
+    from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     raw = tensor_bytes(GGUFTensor(f"k.{qtype}", qtype, (1, 256)))
     ref = gguf.quants.dequantize(raw.reshape(1, -1), T[qtype]).reshape(-1)
@@ -184,7 +184,7 @@ def test_kernel_values_typed_by_numba_match_gguf(qtype):
 
     from planc.execute.gguf_kernels import _value_fns
     from planc.execute.kernels import _scalar_ops
-    from planc.synth_gguf import GGUFTensor, tensor_bytes
+    from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     ops = _scalar_ops(numba.njit)
     fn = _value_fns(numba.njit, ops.f16_to_f32, lambda a, b: np.float32(a * b))[qtype]
@@ -237,8 +237,8 @@ def _read(path, r):
                                             ("blk.0.ffn_down.weight", 1, 2), ("blk.0.ffn_down.weight", 0, 2)])
 def test_rank_slices_of_quantized_tensors_are_whole_blocks(tmp_path, name, dim, world):
     """A rank's rows (or whole-block columns) of a Q4_K / Q6_K tensor, read from the file by the
-    ranges `planc.split` computes, dequantize to that rank's slice of the whole tensor."""
-    from planc.split import Slice, rank_range, ranged
+    ranges `planc.compiler.split` computes, dequantize to that rank's slice of the whole tensor."""
+    from planc.compiler.split import Slice, rank_range, ranged
 
     res = write_gguf(tmp_path, quant="Q4_K_M", layers=1)
     t = {x.name: x for x in read_manifest(res.path).tensors}[name]
@@ -252,8 +252,8 @@ def test_rank_slices_of_quantized_tensors_are_whole_blocks(tmp_path, name, dim, 
 
 
 def test_a_split_cutting_a_quantization_block_is_refused_with_the_reason(tmp_path):
-    from planc.errors import BindError
-    from planc.split import Slice, ranged
+    from planc.base.errors import BindError
+    from planc.compiler.split import Slice, ranged
 
     res = write_gguf(tmp_path, quant="Q4_K_M", layers=1)
     t = {x.name: x for x in read_manifest(res.path).tensors}["blk.0.ffn_down.weight"]  # Q6_K [256, 512]

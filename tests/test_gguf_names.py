@@ -7,10 +7,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from planc.gguf_names import (permute_rows, permuted_heads, source_rows, transformers_name,  # noqa: E402
-                              unpermute_rows)
+from planc.manifest.gguf_names import permute_rows, permuted_heads, source_rows, transformers_name, unpermute_rows
 from planc.manifest import read_manifest  # noqa: E402
-from planc.synth_gguf import write_gguf  # noqa: E402
+from planc.tools.synth_gguf import write_gguf  # noqa: E402
 
 
 def test_every_name_of_a_llama_file_maps_back_through_ggufs_table(tmp_path):
@@ -69,7 +68,7 @@ def test_head_counts_from_the_files_metadata(tmp_path):
 
 
 def test_a_quantized_tensors_rows_move_as_whole_blocks(tmp_path):
-    from planc.gguf_dequant import dequantize
+    from planc.execute.gguf_dequant import dequantize
 
     res = write_gguf(tmp_path, quant="Q4_K_M", layers=1)
     t = {x.name: x for x in read_manifest(res.path).tensors}["blk.0.attn_q.weight"]

@@ -15,12 +15,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from execute_support import SMALL_IO, load_checked, spec_file  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import BindError, PlanFormatError  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import BindError, PlanFormatError  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.manifest.ggml_types import BY_NAME  # noqa: E402
-from planc.plan import decode, encode  # noqa: E402
-from planc.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
+from planc.plan.codec import decode, encode  # noqa: E402
+from planc.tools.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
 
 TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
 NP = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float16": np.float16}
@@ -191,10 +191,10 @@ def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, 
     """specs/transformers-llama-gguf.yaml on a Llama GGUF: every tensor under transformers' name (the
     `gguf` package's own map, through planc.gguf_names), q and k rows in transformers' order
     (`unpermute_rows` of the dequantized tensor), bit for bit, verified."""
-    from planc.gguf_dequant import dequantize
-    from planc.gguf_names import permuted_heads, transformers_name, unpermute_rows
+    from planc.execute.gguf_dequant import dequantize
+    from planc.manifest.gguf_names import permuted_heads, transformers_name, unpermute_rows
     from planc.manifest import read_manifest
-    from planc.synth_gguf import write_gguf
+    from planc.tools.synth_gguf import write_gguf
 
     res = write_gguf(tmp_path / "ck", quant=quant, layers=1)
     spec = _shipped_gguf_spec(tmp_path, res.path, "float32")
@@ -233,7 +233,7 @@ def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, 
 def test_unpermute_on_the_device_of_a_small_llama_file(tmp_path, dtype):
     """q (2 heads) and k (1 head) of head dim 4, Q8_0: each head and half one strided read, dequantized
     (or kept) on the device, rows in transformers' order."""
-    from planc.gguf_names import unpermute_rows
+    from planc.manifest.gguf_names import unpermute_rows
 
     path = tmp_path / "m.gguf"
     specs = [GGUFTensor("blk.0.attn_q.weight", "Q8_0", (8, 64)), GGUFTensor("blk.0.attn_k.weight", "Q8_0", (4, 64))]
@@ -263,7 +263,7 @@ def test_unpermute_on_the_device_of_a_small_llama_file(tmp_path, dtype):
 
 
 def test_unpermute_refusals(tmp_path):
-    from planc.synth_gguf import write_gguf
+    from planc.tools.synth_gguf import write_gguf
 
     res = write_gguf(tmp_path / "ck", quant="Q8_0", layers=1)
     for k, rule in enumerate([{"match": "blk.0.attn_v.weight", "unpermute": True, "dtype": "float32"},

@@ -2,9 +2,9 @@
 decoding, and the scatter table on the device.
 
 Peaks are measured with tracemalloc (numpy's buffers are traced) on tensors of a few MiB, each
-larger than one transform chunk (`planc.hostcost.CHUNK_VALUES`), and held to the figures the plan
+larger than one transform chunk (`planc.plan.hostcost.CHUNK_VALUES`), and held to the figures the plan
 counts: a transform to its part's output and chunk scratch (its read buffers exist before it
-starts), --verify to `planc.verifycost`, decoding to `planc.plan.decode_bound`.
+starts), --verify to `planc.plan.verifycost`, decoding to `planc.plan.codec.decode_bound`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import orjson
 import pytest
 import yaml
 
-from planc.compile import compile_spec
-from planc.errors import PlanFormatError
-from planc.explain import explain_doc
-from planc.hostcost import CHUNK_VALUES
-from planc.plan import DECODE_RATIO, _no_duplicates, decode, decode_bound, encode_bytes
-from planc.synth_fp4 import FP4Dims, tensors as fp4_tensors
-from planc.verifycost import verify_chunk, verify_host_bytes
+from planc.compiler.compile import compile_spec
+from planc.base.errors import PlanFormatError
+from planc.plan.explain import explain_doc
+from planc.plan.hostcost import CHUNK_VALUES
+from planc.plan.codec import DECODE_RATIO, _no_duplicates, decode, decode_bound, encode_bytes
+from planc.tools.synth_fp4 import FP4Dims, tensors as fp4_tensors
+from planc.plan.verifycost import verify_chunk, verify_host_bytes
 
 from conftest import write_st
 
@@ -222,7 +222,7 @@ def test_a_real_plan_decodes_within_its_bound(tmp_path):
 
 def test_scatter_table_counts_in_the_device_peak(tmp_path):
     """Experts stacked through the scatter kernel (small slots of many experts each)."""
-    from planc.synth import write_checkpoint
+    from planc.tools.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "moe", "moe")
     stack = {"match": "model.layers.{L}.mlp.experts.{E}.{W}.weight",
@@ -250,9 +250,9 @@ def test_scatter_table_counts_in_the_device_peak(tmp_path):
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
 def test_gguf_host_dequantize_holds_its_output_and_one_chunk(qtype):
-    """planc.gguf_dequant in bounded chunks: the output and one chunk's scratch (planc.hostcost)."""
-    from planc.gguf_dequant import dequantize
-    from planc.hostcost import SCRATCH_PER_VALUE
+    """planc.execute.gguf_dequant in bounded chunks: the output and one chunk's scratch (planc.plan.hostcost)."""
+    from planc.execute.gguf_dequant import dequantize
+    from planc.plan.hostcost import SCRATCH_PER_VALUE
     from planc.manifest.ggml_types import BY_NAME
 
     t = BY_NAME[qtype]
@@ -272,7 +272,7 @@ def test_gguf_host_part_and_its_verify_hold_what_they_count(tmp_path, quant):
     from planc.execute import execute
     from planc.execute.hostpath import _host_transform
     from planc.execute.verify import verify_model
-    from planc.synth_gguf import write_gguf
+    from planc.tools.synth_gguf import write_gguf
 
     res = write_gguf(tmp_path / "ck", quant=quant, layers=1)
     plan = compile_spec(_spec(tmp_path, res.path, [{"match": "*", "dtype": "float32", "on": "host"}], host="16MiB"))

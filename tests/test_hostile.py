@@ -44,14 +44,13 @@ from planc.execute.events import CopyIssued  # noqa: E402
 from execute_support import (SMALL_IO, cli_run, fail_read_at, handmade, holds_open, interrupt_at,  # noqa: E402
                              gone, live_room_by_call, one_line, use_parts, watch_regions, refuse_direct_open, spec_file, synth)
 from hostile.corpus import CHECKPOINTS, SPECS, VALID, Case, ent, st_bytes, table, u8_shard  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import (AdmissionError, FingerprintError, Interrupted, PlancError, ReadError,  # noqa: E402
-                          SpecError)
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import AdmissionError, FingerprintError, Interrupted, PlancError, ReadError, SpecError
 from planc.execute import execute  # noqa: E402
 from planc.execute.memory import rss_bytes  # noqa: E402
 from planc.manifest import read_manifest  # noqa: E402
-from planc.plan import save_plan  # noqa: E402
-from planc.spec import load_spec, validate_spec  # noqa: E402
+from planc.plan.codec import save_plan  # noqa: E402
+from planc.spec.model import load_spec, validate_spec  # noqa: E402
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.function_scoped_fixture])
@@ -414,7 +413,7 @@ def test_interrupt_before_the_load(tmp_path, capsys, dense, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("planc.compile.compile_loaded", interrupted)  # the compile `run` makes of a spec
+    monkeypatch.setattr("planc.compiler.compile.compile_loaded", interrupted)  # the compile `run` makes of a spec
     rc, out, err = cli_run(capsys, "run", spec, "--json")
     assert rc == 130 and out == "" and one_line(err) == "planc: interrupted"
 

@@ -5,7 +5,7 @@
    integers are plan errors (exit 2, one line) before anything is allocated; the compiler refuses
    the same in a spec, naming the rule and the tensor. Every field path of the plans' dtypes is
    edited in tests/test_plan_file.py (`dtype_edits`).
-2. One set of limits (`planc.limits`): what a spec may ask (`dequantize.block`, `io.slot`) and what
+2. One set of limits (`planc.base.limits`): what a spec may ask (`dequantize.block`, `io.slot`) and what
    a checkpoint may hold (dims, their count) compiles to plans the reader accepts, and what is past
    them is refused at compile; a zero-size tensor with a dim past 2**62 is refused when its header
    is read.
@@ -32,13 +32,13 @@ import pytest  # noqa: E402
 from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
 
 from execute_support import cli_run, handmade, one_line, spec_file  # noqa: E402
-from planc import limits, settings  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.dtypes import DTYPES, op_problem  # noqa: E402
-from planc.errors import BindError, ManifestError, PlanFormatError, SpecError  # noqa: E402
+from planc.base import limits, settings  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.dtypes import DTYPES, op_problem  # noqa: E402
+from planc.base.errors import BindError, ManifestError, PlanFormatError, SpecError  # noqa: E402
 from planc.manifest import read_manifest  # noqa: E402
-from planc.plan import decode, encode, load_plan, save_plan  # noqa: E402
-from planc.spec import load_spec  # noqa: E402
+from planc.plan.codec import decode, encode, load_plan, save_plan  # noqa: E402
+from planc.spec.model import load_spec  # noqa: E402
 
 
 def _plan_error(fn) -> PlanFormatError:
@@ -437,7 +437,7 @@ def test_settings_from_the_environment_are_typed_or_refused(name, value):
 
 def test_the_spec_schema_states_the_plan_readers_limits():
     """The limits the spec's JSON schema states are the plan reader's (one table)."""
-    from planc.spec import json_schema
+    from planc.spec.model import json_schema
 
     io = json_schema()["$defs"]["IO"]["properties"]
     assert io["workers"]["maximum"] == limits.MAX_WORKERS and io["slots"]["maximum"] == limits.MAX_SLOTS

@@ -19,11 +19,12 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from planc import costmodel, outputs
-from planc.cli import main
-from planc.compile import compile_spec
-from planc.plan import load_plan, save_plan
-from planc.probe import read_doc, save
+from planc.plan import costs as costmodel
+from planc.base import outputs
+from planc.face.cli import main
+from planc.compiler.compile import compile_spec
+from planc.plan.codec import load_plan, save_plan
+from planc.tools.probe import read_doc, save
 
 PROBE_DOC = {"kind": "planc-probe", "page_s": 1e-7, "copy_byte_s": 1e-11, "read_byte_s": 1e-11, "request_s": 1e-5}
 
@@ -161,7 +162,7 @@ def test_read_only_folder_and_failed_write_keep_the_old_file(tmp_path):
     # a write that fails half way (a full disk; here a file size limit) leaves the old file whole
     target = tmp_path / "out.json"
     target.write_text("old")
-    code = ("import resource, signal, sys; from planc import outputs; signal.signal(signal.SIGXFSZ, signal.SIG_IGN);"
+    code = ("import resource, signal, sys; from planc.base import outputs; signal.signal(signal.SIGXFSZ, signal.SIG_IGN);"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096));"
             f"\ntry:\n    outputs.write({str(target)!r}, b'x' * 100000, 'plan output')\n"
             "except outputs.OutputError as e:\n    print(e.code); sys.exit(2)\n")

@@ -22,9 +22,9 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from hostile.plans import build_plans  # noqa: E402
-from planc.errors import PlanFormatError  # noqa: E402
+from planc.base.errors import PlanFormatError  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.plan import decode, encode  # noqa: E402
+from planc.plan.codec import decode, encode  # noqa: E402
 
 
 @pytest.fixture(scope="module")

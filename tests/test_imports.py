@@ -7,11 +7,11 @@ import json
 import subprocess
 import sys
 
-from planc.synth import write_checkpoint
+from planc.tools.synth import write_checkpoint
 
 PROBE = """
 import json, sys
-from planc.cli import main
+from planc.face.cli import main
 for argv in {argvs!r}:
     try:
         main(argv)
@@ -38,7 +38,7 @@ def test_compile_explain_inspect_import_no_gpu_or_tensor_libraries(tmp_path):
 GPU_PATH = """
 import json, os, sys
 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
-import planc, planc.api, planc.execute, planc.execute.loader, planc.execute.dispatch, planc.execute.driver
+import planc, planc.face.api, planc.execute, planc.execute.loader, planc.execute.dispatch, planc.execute.driver
 import planc.execute.model, planc.execute.verify, planc.execute.launch
 from planc.execute import seam
 print(json.dumps([type(seam.device()).__name__, "numba" in sys.modules]))
@@ -67,14 +67,14 @@ def test_reading_a_saved_plan_imports_no_spec_models(tmp_path):
     assert first.returncode == 0, first.stderr
     probe = """
 import json, sys
-from planc.cli import main
+from planc.face.cli import main
 try:
     main(["explain", sys.argv[1], "--json"])
 except SystemExit:
     pass
-import planc.api
-planc.api._plan(sys.argv[1], None)
-print(json.dumps(sorted(m for m in ("pydantic", "networkx", "yaml", "planc.spec", "planc.compile") if m in sys.modules)))
+import planc.face.api
+planc.face.api._plan(sys.argv[1], None)
+print(json.dumps(sorted(m for m in ("pydantic", "networkx", "yaml", "planc.spec.model", "planc.compiler.compile") if m in sys.modules)))
 """
     out = subprocess.run([sys.executable, "-c", probe, str(plan)], capture_output=True, text=True, cwd=tmp_path,
                          timeout=120)

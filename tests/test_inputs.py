@@ -22,11 +22,11 @@ from conftest import write_st  # noqa: E402
 from execute_support import cli_run, one_line  # noqa: E402
 from hostile.cli import FLAGS, Flag  # noqa: E402
 from hostile.corpus import GOOD, MODEL, RULES, VALID  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import BindError, SpecError, shorten, shorten_words  # noqa: E402
-from planc.plan import encode, save_plan  # noqa: E402
-from planc.spec import load_spec  # noqa: E402
-from planc.synth import write_checkpoint  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import BindError, SpecError, shorten, shorten_words  # noqa: E402
+from planc.plan.codec import encode, save_plan  # noqa: E402
+from planc.spec.model import load_spec  # noqa: E402
+from planc.tools.synth import write_checkpoint  # noqa: E402
 
 LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 

@@ -18,12 +18,12 @@ from safetensors.numpy import save_file
 
 import families
 from conftest import write_spec, write_st
-from planc.bind import bind
-from planc.compile import compile_spec
-from planc.errors import BindError
-from planc.explain import explain_doc
+from planc.compiler.bind import bind
+from planc.compiler.compile import compile_spec
+from planc.base.errors import BindError
+from planc.plan.explain import explain_doc
 from planc.manifest import read_manifest
-from planc.spec import load_spec
+from planc.spec.model import load_spec
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

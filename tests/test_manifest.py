@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from planc.dtypes import DTYPES
-from planc.errors import ManifestError
+from planc.base.dtypes import DTYPES
+from planc.base.errors import ManifestError
 from planc.manifest import Manifest, ShardInfo, TensorEntry, read_manifest
 from planc.manifest.safetensors import HEADER_CAP
 
@@ -825,8 +825,8 @@ def test_a_sub_byte_tensor_does_not_transpose(tmp_path):
     """Packed F4 elements have no byte of their own to move: the compile says so, naming the tensor."""
     import yaml
 
-    from planc.compile import compile_spec
-    from planc.errors import BindError
+    from planc.compiler.compile import compile_spec
+    from planc.base.errors import BindError
 
     write(tmp_path / "m.safetensors", raw({"f4": ent("F4", [2, 4], 0, 4)}, bytes(4)))
     spec = tmp_path / "s.yaml"

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import write_spec, write_st
-from planc.cli import main
-from planc.compile import compile_all_ranks
-from planc.node import check_nodes, first_refused, node_ranks
+from planc.face.cli import main
+from planc.compiler.compile import compile_all_ranks
+from planc.plan.node import check_nodes, first_refused, node_ranks
 
 
 @given(st.integers(1, 64), st.integers(1, 64), st.data())

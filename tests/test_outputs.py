@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from conftest import write_st
-from planc import outputs
-from planc.costmodel import DEFAULTS, load_costs
-from planc.plan import load_plan, save_plan
-from planc.probe import read_doc
-from planc.synth import synth_made, write_checkpoint
+from planc.base import outputs
+from planc.plan.costs import DEFAULTS, load_costs
+from planc.plan.codec import load_plan, save_plan
+from planc.tools.probe import read_doc
+from planc.tools.synth import synth_made, write_checkpoint
 from test_cli import ckpt, one_line_error, run, spec  # noqa: F401  (the fixture and helpers)
 
 
@@ -61,7 +61,7 @@ def test_a_symlink_is_written_through_not_replaced(tmp_path):
 def test_a_file_planc_did_not_write_is_not_replaced(tmp_path):
     other = tmp_path / "notes.json"
     other.write_text('{"mine": true}')
-    from planc.probe import is_probe_file, save
+    from planc.tools.probe import is_probe_file, save
 
     assert not is_probe_file(other)
     with pytest.raises(outputs.OutputError) as e:
@@ -115,7 +115,7 @@ def test_run_report_onto_its_plan_is_refused(capsys, ckpt):  # noqa: F811
 
 
 def test_save_plan_onto_a_device_is_refused(ckpt):  # noqa: F811
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
 
     plan = compile_spec(spec(ckpt))
     with pytest.raises(outputs.OutputError):

@@ -17,11 +17,11 @@ import pytest
 
 from conftest import st_header, write_spec, write_st
 from planc import __version__
-from planc.compile import compile_spec
-from planc.errors import PlanFormatError
-from planc.explain import explain_doc
-from planc.plan import encode, load_plan, save_plan
-from planc.synth import write_checkpoint
+from planc.compiler.compile import compile_spec
+from planc.base.errors import PlanFormatError
+from planc.plan.explain import explain_doc
+from planc.plan.codec import encode, load_plan, save_plan
+from planc.tools.synth import write_checkpoint
 
 
 def f32(n):
@@ -306,7 +306,7 @@ HOST_IO = {"slot": 4096, "slots": 1, "run": 8192, "merge_gap": 0}
 def test_host_path_costs(host_ckpt):
     tmp_path, ds = host_ckpt
     d = compile_doc(tmp_path, HOST_RULES, io=HOST_IO).to_dict()
-    # host cost of a host part = input bytes + output bytes + chunk scratch (planc.hostcost: 24 bytes
+    # host cost of a host part = input bytes + output bytes + chunk scratch (planc.plan.hostcost: 24 bytes
     # a value, the whole tensor being one chunk): a_h1 4096 + 2048 + 1024 x 24, b_h2 8192 + 4096 + 2048 x 24
     a_h, b_h = 6144 + 1024 * 24, 12288 + 2048 * 24
     assert [(p["tensor"], p["path"], p["host_bytes"], p["landing_bytes"]) for p in d["parts"]] == [
@@ -338,7 +338,7 @@ def test_host_path_costs(host_ckpt):
     assert [r["read_bytes"] for r in d["runs"]] == [4096, 8192, 8192]
 
 
-# ring 4096 + a host part's reads, output and chunk scratch (planc.hostcost: 24 bytes a value)
+# ring 4096 + a host part's reads, output and chunk scratch (planc.plan.hostcost: 24 bytes a value)
 PEAK_H = 4096 + 8192 + 4096 + 2048 * 24  # run 1: b_h2
 PEAK_A = 4096 + 4096 + 2048 + 1024 * 24  # run 0: a_h1
 
@@ -543,3 +543,10 @@ def test_permuting_names_of_same_shaped_tensors_keeps_costs(tmp_path):
     assert counts(plans[0]) == counts(plans[1])
     strip = [{k: v for k, v in p.to_dict().items() if k not in ("checkpoint", "spec")} for p in plans]
     assert strip[0] == strip[1]  # same names, same shapes, same layout: the very same plan
+
+
+def test_the_package_states_the_plan_format_it_reads():
+    import planc
+    from planc.plan.check import FORMAT
+
+    assert planc.PLAN_FORMAT == FORMAT

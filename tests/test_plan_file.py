@@ -47,12 +47,12 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
 
 from execute_support import NP, bits, cast, cli_run, one_line, watch_regions  # noqa: E402
 from hostile.plans import build_plans, corpus, dtype_edits, path_texts, walk  # noqa: E402
-from planc import admission  # noqa: E402
-from planc.dtypes import op_problem  # noqa: E402
-from planc.errors import PlanFormatError, PlancError  # noqa: E402
+from planc.plan import admission  # noqa: E402
+from planc.base.dtypes import op_problem  # noqa: E402
+from planc.base.errors import PlanFormatError, PlancError  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.explain import explain_doc  # noqa: E402
-from planc.plan import decode, encode, load_plan  # noqa: E402
+from planc.plan.explain import explain_doc  # noqa: E402
+from planc.plan.codec import decode, encode, load_plan  # noqa: E402
 from test_properties import cases, compile_plan, write  # noqa: E402
 
 # The valid plans are compiled once, when the module is collected: the mutations are named after
@@ -572,7 +572,7 @@ def test_fast_parse_decides_as_the_exact_parser():
     """Every mutated plan decodes to the same plan, or is refused with the same message, whether
     orjson parses it first or only the standard library's parser with its duplicate-key check does;
     and the valid files take the fast parse."""
-    import planc.plan as codec
+    import planc.plan.codec as codec
 
     def outcome(text):
         try:

@@ -16,11 +16,11 @@ import pytest  # noqa: E402
 
 import planc  # noqa: E402
 from conftest import write_spec, write_st  # noqa: E402
-from planc import settings  # noqa: E402
-from planc.cli import main  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.plan import encode_bytes  # noqa: E402
-from planc.plancache import cached_compile  # noqa: E402
+from planc.base import settings  # noqa: E402
+from planc.face.cli import main  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.plan.codec import encode_bytes  # noqa: E402
+from planc.compiler.plancache import cached_compile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,8 +164,8 @@ def test_unwritable_cache_costs_a_compile_not_an_error(ckpt, monkeypatch, tmp_pa
 
 _WRITER = """
 import sys
-from planc.plancache import cached_compile
-from planc.plan import encode_bytes
+from planc.compiler.plancache import cached_compile
+from planc.plan.codec import encode_bytes
 out = set()
 for _ in range(int(sys.argv[2])):
     out.add(encode_bytes(cached_compile(sys.argv[1])))

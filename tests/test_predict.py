@@ -13,9 +13,9 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conftest import write_spec, write_st  # noqa: E402
-from planc.cli import main  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.predict import predict  # noqa: E402
+from planc.face.cli import main  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.plan.predict import predict  # noqa: E402
 
 
 def _spec(folder, rules=None, name="spec.yaml"):

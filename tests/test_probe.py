@@ -8,10 +8,10 @@ import numpy as np
 import yaml
 from safetensors.numpy import save_file
 
-from planc import costmodel
-from planc.cli import main
-from planc.compile import compile_spec
-from planc.explain import explain_doc
+from planc.plan import costs as costmodel
+from planc.face.cli import main
+from planc.compiler.compile import compile_spec
+from planc.plan.explain import explain_doc
 
 
 def test_probe_writes_figures_that_compile_reads(tmp_path, monkeypatch, capsys):

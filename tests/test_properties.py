@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import write_st
-from planc.compile import compile_loaded
+from planc.compiler.compile import compile_loaded
 from planc.manifest import read_manifest
-from planc.spec import LoadedSpec, validate_spec
+from planc.spec.model import LoadedSpec, validate_spec
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 TARGETS = ["keep", "float16", "bfloat16", "float32"]

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from planc.dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE  # noqa: E402
+from planc.base.dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE  # noqa: E402
 from planc.execute import ptxindex, signatures  # noqa: E402
 
 INDEX = ptxindex.read()
@@ -124,7 +124,7 @@ def test_the_table_is_every_launch_the_dispatchers_make():
 
     from planc.execute import dispatch
     from planc.execute.seam import default_device
-    from planc.schedule import _width
+    from planc.compiler.schedule import _width
 
     dev = RecordingDevice(default_device(), forward=False)
     kernels = type("Dispatch", (), {n: staticmethod(partial(getattr(dispatch, n), dev=dev))

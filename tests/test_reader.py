@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planc import costmodel
-from planc.errors import ReadError
+from planc.plan import costs as costmodel
+from planc.base.errors import ReadError
 from planc.execute.reader import Reader
 
 

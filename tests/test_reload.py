@@ -23,8 +23,8 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
 import planc  # noqa: E402
 from execute_support import (SMALL_IO, assert_model, cast, cli_run, fail_read_at, handmade, one_line,  # noqa: E402
                              record_events, spec_file, synth)
-from planc import digest as dg  # noqa: E402
-from planc.errors import DigestError, FingerprintError, ReadError, ReloadError, TornModelError  # noqa: E402
+from planc.manifest import digest as dg  # noqa: E402
+from planc.base.errors import DigestError, FingerprintError, ReadError, ReloadError, TornModelError  # noqa: E402
 from planc.execute.events import CopyIssued  # noqa: E402
 
 EXTENT = 64 << 10  # the smallest extent: a 300 KiB checkpoint spans several
@@ -120,7 +120,7 @@ def test_failure_mid_reload_leaves_a_torn_model(tmp_path, models, monkeypatch):
 
 def test_reload_refused_by_a_changed_file_leaves_the_model_intact(tmp_path, models):
     sa, want_a, sb, want_b = _two(tmp_path, shards=1)
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
 
     plan_b = compile_spec(sb)
     model = planc.load(sa)
@@ -296,7 +296,7 @@ def test_coverage_counts_what_the_verifier_reads_besides(tmp_path):
     """A plan that skips a tensor: its bytes inside touched extents are read by the verifier (fill),
     and the load still verifies."""
     sa, want_a, _, _ = _two(tmp_path, shards=1)
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
     from planc.manifest import read_manifest
 
     root = tmp_path / "a" / "dense"

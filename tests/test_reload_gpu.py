@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import families  # noqa: E402
 import planc  # noqa: E402
 from execute_support import bits  # noqa: E402
-from planc.errors import DigestError  # noqa: E402
+from planc.base.errors import DigestError  # noqa: E402
 from test_layouts import shipped  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]
@@ -97,7 +97,7 @@ def test_load_into_inplace_into_tensors_torch_allocated(tmp_path):
 
 
 def test_digest_catches_a_flipped_byte_on_the_gpu(tmp_path):
-    from planc import digest as dg
+    from planc.manifest import digest as dg
 
     src = families.llama(0)
     spec = shipped(tmp_path, "transformers-llama", src)

@@ -13,7 +13,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from execute_support import SMALL_IO, spec_file, synth  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.execute.records import Count, DeviceMemory, HostMemory, Report  # noqa: E402
 
@@ -38,7 +38,7 @@ def report(tmp_path_factory):
     path, _ = synth(tmp, "dense", layers=1)
     plan = compile_spec(spec_file(tmp, path, [{"match": "*.mlp.*", "dtype": "float32"}, {"match": "*"}],
                                   io=SMALL_IO))
-    from planc import digest
+    from planc.manifest import digest
 
     d = tmp / "digest.json"  # a digest-verified load: the report's `digest` too
     d.write_bytes(digest.encode(digest.make_digest(path, extent_bytes=64 << 10)))

@@ -15,7 +15,7 @@ import pytest
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-from planc import prestart  # noqa: E402
+from planc.face import prestart  # noqa: E402
 from planc.execute import ring, seam  # noqa: E402
 from planc.execute.ring import Pinner, Slots  # noqa: E402
 
@@ -104,11 +104,11 @@ def test_release_later_gives_the_ring_back_off_the_callers_thread():
 def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_path):
     """The ring of a load that returned is given back by the unpinning thread; the next load waits for
     it first thing, so its baseline and admission see the memory free."""
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
     from planc.execute import execute
     from planc.execute.allocation import Regions
     from planc.execute.parts import Parts
-    from planc.synth import write_checkpoint
+    from planc.tools.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0)
     spec = tmp_path / "s.yaml"
@@ -144,10 +144,10 @@ def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_pat
 def test_the_lanes_start_after_the_files_are_open_and_the_readers_threads_exist(tmp_path, monkeypatch):
     """Populating a slot holds the memory-map lock that mapping a file and starting a thread wait for:
     the caller's steps come first, and the lanes start last."""
-    from planc.compile import compile_spec
+    from planc.compiler.compile import compile_spec
     from planc.execute import allocation, execute
     from planc.execute.parts import Parts
-    from planc.synth import write_checkpoint
+    from planc.tools.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0, shards=2)
     spec = tmp_path / "s.yaml"
@@ -247,8 +247,8 @@ PRESTART = """
 import json, os, sys
 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
 os.environ.pop("OPENBLAS_NUM_THREADS", None)
-import planc.prestart
-mods = sorted(m for m in ("numpy", "typer", "rich", "pydantic", "numba", "planc.cli") if m in sys.modules)
+import planc.face.prestart
+mods = sorted(m for m in ("numpy", "typer", "rich", "pydantic", "numba", "planc.face.cli") if m in sys.modules)
 print(json.dumps([mods, sorted(m for m in sys.modules if m.startswith("planc"))]))
 """
 
@@ -263,7 +263,7 @@ def test_the_head_start_imports_nothing_heavy():
 def test_planc_run_through_the_entry_point_under_the_simulator(tmp_path):
     """`python -m planc run` goes through the head start (which under the simulator starts nothing)
     and loads as before."""
-    from planc.synth import write_checkpoint
+    from planc.tools.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0)
     spec = tmp_path / "s.yaml"

@@ -1,11 +1,11 @@
-"""PLANC_* settings are read in planc/settings.py alone, and each is documented."""
+"""PLANC_* settings are read in planc/base/settings.py alone, and each is documented."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from planc import settings
+from planc.base import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,11 +18,11 @@ def test_no_planc_variable_is_read_outside_settings():
         for i, line in enumerate(p.read_text().splitlines(), 1):
             if re.search(r"""environ(\.get)?\s*[\[(]\s*["']PLANC_""", line):
                 offenders.append(f"{p.relative_to(ROOT)}:{i}")
-    assert not offenders, f"read PLANC_* through planc.settings: {offenders}"
+    assert not offenders, f"read PLANC_* through planc.base.settings: {offenders}"
 
 
 def test_every_setting_is_documented():
-    names = set(re.findall(r'"(PLANC_[A-Z_]+)"', (ROOT / "planc" / "settings.py").read_text()))
+    names = set(re.findall(r'"(PLANC_[A-Z_]+)"', (ROOT / "planc" / "base" / "settings.py").read_text()))
     assert names
     for doc in ("cli.md", "execution.md"):
         text = (ROOT / "docs" / doc).read_text()
@@ -60,7 +60,7 @@ def test_overridden_takes_precedence_and_restores(monkeypatch, tmp_path):
     with pytest.raises(settings.SettingError, match="expected a bool"):
         with settings.overridden({"raw_launch": 1.5}):
             pass
-    assert set(settings.NAMES.values()) == set(re.findall(r'"(PLANC_[A-Z_]+)"', (ROOT / "planc" / "settings.py")
+    assert set(settings.NAMES.values()) == set(re.findall(r'"(PLANC_[A-Z_]+)"', (ROOT / "planc" / "base" / "settings.py")
                                                           .read_text()))
 
 

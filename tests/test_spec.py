@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import write_spec
-from planc.errors import SpecError
-from planc.spec import IO, compile_match, json_schema, load_spec, validate_spec
-from planc.units import parse_bytes
+from planc.base.errors import SpecError
+from planc.spec.model import IO, compile_match, json_schema, load_spec, validate_spec
+from planc.base.units import parse_bytes
 
 BASE = {"checkpoint": "model.safetensors", "budget": {"host": "1GiB"}, "rules": [{"match": "*"}]}
 
@@ -261,7 +261,7 @@ def test_typos_that_would_be_taken_literally_or_read_loosely_are_refused(tmp_pat
 
 
 def test_placeholders_and_character_sets_still_match():
-    from planc.spec import Rule
+    from planc.spec.model import Rule
 
     r = Rule(match="model.layers.[0-9].{P}.weight")
     assert r.pattern().match("model.layers.3.q.weight").group("P") == "q"

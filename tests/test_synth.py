@@ -14,8 +14,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from planc.dtypes import DTYPES
-from planc.synth import (
+from planc.base.dtypes import DTYPES
+from planc.tools.synth import (
     FP8_BLOCK,
     INDEX_NAME,
     SINGLE_NAME,

@@ -1,5 +1,5 @@
 """One target resolver for both faces: the same bad spec, plan, rank or launcher variable gives the
-same error class, code and message from `planc explain` as from `planc.load` (planc.target)."""
+same error class, code and message from `planc explain` as from `planc.load` (planc.face.target)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest  # noqa: E402
 from conftest import write_spec, write_st  # noqa: E402
 
 import planc  # noqa: E402
-from planc.cli import main  # noqa: E402
-from planc.compile import compile_spec  # noqa: E402
-from planc.errors import PlancError  # noqa: E402
-from planc.plan import save_plan  # noqa: E402
-from planc.target import Launch, is_plan, resolve  # noqa: E402
+from planc.face.cli import main  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.base.errors import PlancError  # noqa: E402
+from planc.plan.codec import save_plan  # noqa: E402
+from planc.face.target import Launch, is_plan, resolve  # noqa: E402
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
-from planc.cli import main  # noqa: E402
-from planc.explain import explain_doc
-from planc.compile import compile_all_ranks, compile_spec  # noqa: E402
-from planc.errors import BindError  # noqa: E402
+from planc.face.cli import main  # noqa: E402
+from planc.plan.explain import explain_doc
+from planc.compiler.compile import compile_all_ranks, compile_spec  # noqa: E402
+from planc.base.errors import BindError  # noqa: E402
 from planc.execute import execute  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
@@ -184,7 +184,7 @@ def test_mapped_windows_are_what_the_plan_counts(ckpt, monkeypatch, window):
     counted as a full window)."""
     import mmap as mmap_mod
 
-    from planc import costmodel
+    from planc.plan import costs as costmodel
     from planc.execute import reader as reader_mod
 
     d, t = ckpt
@@ -232,8 +232,8 @@ def test_mapped_windows_are_what_the_plan_counts(ckpt, monkeypatch, window):
 def test_a_plan_claiming_full_windows_still_loads_and_one_claiming_less_is_refused(ckpt):
     """Plans written when every strided request counted a full window are admitted as they are (they
     claim more, never less); a plan claiming less than its windows is refused, naming the field."""
-    from planc.errors import PlanFormatError
-    from planc.plan import decode, encode
+    from planc.base.errors import PlanFormatError
+    from planc.plan.codec import decode, encode
 
     d, t = ckpt
     rules = [{"match": "l.*.mlp.down_proj.weight", "split": {"dim": 1}}, {"match": "*", "skip": True}]
@@ -384,9 +384,9 @@ def test_a_plan_without_its_mapping_settings_is_read_as_it_was_run(ckpt):
     """A format-3 plan written before `io` carried `map_window_bytes` and `map_lanes` was run with 8 MiB
     windows on 4 lanes, and counted its windows so: it is read with those, and its reader maps no more.
     One of the two alone, or a value out of range, is refused naming the field."""
-    from planc import costmodel
-    from planc.errors import PlanFormatError
-    from planc.plan import decode, encode
+    from planc.plan import costs as costmodel
+    from planc.base.errors import PlanFormatError
+    from planc.plan.codec import decode, encode
 
     d, t = ckpt
     rules = [{"match": "l.*.mlp.down_proj.weight", "split": {"dim": 1}}, {"match": "*", "skip": True}]
@@ -416,7 +416,7 @@ def test_a_budget_too_small_for_the_windows_names_the_window_and_lanes(tmp_path)
     window then fits."""
     from safetensors.numpy import save_file
 
-    from planc import costmodel
+    from planc.plan import costs as costmodel
 
     save_file({"w.weight": np.arange(64 * 2048, dtype=np.float32).reshape(64, 2048)}, str(tmp_path / "m.safetensors"))
     rules = [{"match": "w.weight", "split": {"dim": 1}}]  # 64 segments of 4 KiB, 8 KiB apart

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from planc.compile import compile_all_ranks
+from planc.compiler.compile import compile_all_ranks
 from planc.manifest import read_manifest
 
 

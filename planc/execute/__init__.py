@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import time
 
-from ..errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError, printable
-from ..ir import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal
-from ..units import gib
-from ..codes import Code
+from ..base.errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError, printable
+from ..plan.records import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal
+from ..base.units import gib
+from ..base.codes import Code
 
 __all__ = ["execute"]
 
@@ -50,7 +50,7 @@ def check_against_headers(plan) -> None:
     against the checkpoint as its headers describe it. Only the headers are read."""
     import math
 
-    from ..errors import PlanFormatError
+    from ..base.errors import PlanFormatError
     from ..manifest import read_manifest
     from ..manifest.ggml_types import QUANTIZED, quant_type
 
@@ -91,16 +91,16 @@ def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False) -> 
     """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory of
     `dev` (a `seam.Device`); returns (room, the device's (free, total) bytes or None).
     `reused_bytes`: device bytes the load writes into without allocating them (a reload's arena).
-    With `verify`, what `--verify` holds after the load (`planc.verifycost`) counts too, where it is
+    With `verify`, what `--verify` holds after the load (`planc.plan.verifycost`) counts too, where it is
     more than the load's host peak."""
     need = plan.peak.host_bytes
     what = "the plan's host peak"
     if verify:
-        from ..verifycost import verify_host_bytes
+        from ..plan.verifycost import verify_host_bytes
 
         v = verify_host_bytes(plan)
         if v > need:
-            need, what = v, "what --verify holds (planc.verifycost)"
+            need, what = v, "what --verify holds (planc.plan.verifycost)"
     if dev.memory_is_host:  # the simulator's device memory is host memory: the regions count against the room
         need += plan.layout.device_bytes - reused_bytes
         what = "the plan's host peak plus its simulated device regions"
@@ -123,8 +123,8 @@ def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False) -> 
 def resolve_settings(settings):
     """The load's `Settings`: the environment's with `settings` over them (a bad variable in the
     environment: SpecError `bad-env`; a bad argument: SettingError)."""
-    from ..errors import SpecError
-    from ..settings import SettingError, Settings
+    from ..base.errors import SpecError
+    from ..base.settings import SettingError, Settings
 
     try:
         return Settings.resolve(settings)
@@ -143,17 +143,17 @@ def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, devic
     one: it owns the memory, streams, copies, launches and launch geometry of the load, at the
     plan's device index); None: the plan's device on the process's device.
 
-    `settings`: a `planc.settings.Settings`, or name -> value over the environment's
+    `settings`: a `planc.base.settings.Settings`, or name -> value over the environment's
     (`{"host_reserve": "1GiB", "raw_launch": False, "kernel_dir": "/tmp/k"}`), resolved once here and
     in force for this call only (this thread, and the threads the load starts). `digest`: a digest
-    file's path (or a read `planc.digest.Digest`) that every byte read is hashed against as it passes
-    through the ring (`planc.digest`); a mismatch is a `DigestError` and no model. `into`: a
+    file's path (or a read `planc.manifest.digest.Digest`) that every byte read is hashed against as it passes
+    through the ring (`planc.manifest.digest`); a mismatch is a `DigestError` and no model. `into`: a
     `reload.Into`, the device memory the load writes into instead of a new arena. `observer`: called
     with each `events` record of the load. `parts`: the `parts.Parts` the pipeline is composed of
     (default: the real ones). `timings`: phases timed before this call (the API's compile), put
     in the report as they are."""
-    from .. import settings as _settings
-    from ..plan import checked
+    from ..base import settings as _settings
+    from ..plan.codec import checked
 
     from . import seam
 
@@ -290,10 +290,10 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
 
 
 def _verifier(plan, digest):
-    """The load's `planc.digest.Verifier` (None without `digest`), its files' fingerprints checked."""
+    """The load's `planc.manifest.digest.Verifier` (None without `digest`), its files' fingerprints checked."""
     if digest is None or digest is False:
         return None
-    from ..digest import Digest, Verifier, default_path, read_digest
+    from ..manifest.digest import Digest, Verifier, default_path, read_digest
 
     if digest is True:
         digest = default_path(plan.checkpoint.source, plan.checkpoint.root)
@@ -378,8 +378,8 @@ def _progress(plan):
 
 def _device_arg(device) -> str:
     """`device=` of a load: `cuda` or `cuda:N`, else a typed error before anything is allocated."""
-    from ..device import check_device
-    from ..errors import SpecError
+    from ..base.device import check_device
+    from ..base.errors import SpecError
 
     try:
         return check_device(device)

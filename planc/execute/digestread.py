@@ -1,5 +1,5 @@
 """The reader of a digest-verified load: a `reader.Reader` whose every read, once its bytes are in
-their ring slot (or a host-path part's buffer), is handed to a `planc.digest.Verifier` on the same
+their ring slot (or a host-path part's buffer), is handed to a `planc.manifest.digest.Verifier` on the same
 thread. The bytes are hashed where they lie: no second read, no second copy.
 
 `DigestReader(reader, verifier)` forwards everything else to `reader` (the pipeline, the report

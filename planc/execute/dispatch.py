@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from ..dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
+from ..base.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
 from . import seam
 from .geometry import cdiv
 from .refconv import fp8_table

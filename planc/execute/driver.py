@@ -18,7 +18,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from .libc import MAP_FAILED, libc
-from ..codes import Code
+from ..base.codes import Code
 
 if TYPE_CHECKING:  # numpy is imported where arrays are made: `planc run` starts the driver before it
     import numpy as np
@@ -81,7 +81,7 @@ def lib():
                 try:
                     cu = ctypes.CDLL("libcuda.so.1")
                 except OSError as e:
-                    from ..errors import ExecuteError
+                    from ..base.errors import ExecuteError
 
                     raise ExecuteError(f"no CUDA driver (libcuda.so.1: {e}); run on a machine with an NVIDIA "
                                        "GPU, or set NUMBA_ENABLE_CUDASIM=1 for the simulator", code=Code.CUDA) from None
@@ -101,7 +101,7 @@ def error_text(rc: int, cu=None) -> str:
 
 def check(rc: int, what: str, cu=None) -> None:
     if rc:
-        from ..errors import ExecuteError
+        from ..base.errors import ExecuteError
 
         raise ExecuteError(f"{what} failed: {error_text(rc, cu)}", code=Code.CUDA)
 
@@ -125,7 +125,7 @@ def primary_context(idx: int) -> int:
                 cu = lib()
                 n = device_count()
                 if not 0 <= idx < n:
-                    from ..errors import ExecuteError
+                    from ..base.errors import ExecuteError
 
                     raise ExecuteError(f"device cuda:{idx} does not exist: this machine has {n} CUDA device(s)",
                                        code=Code.NO_DEVICE)
@@ -276,7 +276,7 @@ class DeviceMemory(_Owned):
         p = _u64()
         rc = lib().cuMemAlloc_v2(ctypes.byref(p), max(1, self.nbytes))
         if rc:
-            from ..errors import ExecuteError
+            from ..base.errors import ExecuteError
 
             raise ExecuteError(f"cuMemAlloc of {self.nbytes:,} bytes failed: {error_text(rc)}", code=Code.CUDA)
         self.ptr = int(p.value)
@@ -401,7 +401,7 @@ class PinnedMemory(_Owned):
         p = _vp()
         rc = (cu or lib()).cuMemHostAlloc(ctypes.byref(p), max(1, self.nbytes), 0)
         if rc:
-            from ..errors import ExecuteError
+            from ..base.errors import ExecuteError
 
             raise ExecuteError(f"cuMemHostAlloc of {self.nbytes:,} pinned bytes failed: {error_text(rc, cu)}",
                                code=Code.CUDA)
@@ -425,7 +425,7 @@ class RegisteredMemory(_Owned):
     cannot be had (mapping, populating, or the driver out of memory). Nothing is left mapped."""
 
     def __init__(self, nbytes: int, cu=None):
-        from ..errors import ExecuteError
+        from ..base.errors import ExecuteError
 
         self.cu = cu
         self.ptr, self.base, self.nbytes, self.ctx = 0, 0, int(nbytes), ensure_context(cu)
@@ -489,7 +489,7 @@ def _populate(ptr: int, nbytes: int) -> None:
 
     err = ctypes.get_errno()
     if err not in (errno.EINVAL, 0):
-        from ..errors import ExecuteError
+        from ..base.errors import ExecuteError
 
         raise ExecuteError(f"making {nbytes:,} bytes of host memory for the pinned ring failed: "
                            f"{os.strerror(err)}", code=Code.HOST_MEMORY)
@@ -512,7 +512,7 @@ def _map_anonymous(nbytes: int) -> tuple[int, int]:
     if p is None or p == MAP_FAILED:
         import os
 
-        from ..errors import ExecuteError
+        from ..base.errors import ExecuteError
 
         raise ExecuteError(f"mmap of {length:,} host bytes failed: {os.strerror(ctypes.get_errno())}", code=Code.HOST_MEMORY)
     return int(p), length

@@ -9,14 +9,14 @@ dequantized values. Output: one launch of `{format}_{target}` (as stored) or `{f
 
 Invariants: cols is a whole number of the format's blocks (so no scale spans two rows); the output
 never overlaps an input; the per-tensor scale is 4-byte aligned (the schedule lands it so,
-`planc.fp4.scale2_offset`).
+`planc.base.fp4.scale2_offset`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import fp4
+from ..base import fp4
 from . import dispatch, seam
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}

@@ -16,7 +16,7 @@ The bits every implementation (host path, device kernels, verification) must pro
   positive quiet NaN.
 * `transpose`: the last two dims of the dequantized tensor swapped.
 
-Work goes a chunk of at most `planc.hostcost.CHUNK_VALUES` values at a time (rows, and blocks of a
+Work goes a chunk of at most `planc.plan.hostcost.CHUNK_VALUES` values at a time (rows, and blocks of a
 row when a row alone is longer), written straight to its place in the output, transposed or not,
 so the float32 temporaries are the chunk scratch the host path's cost model counts beside the read
 buffers and the output (a transpose holds no second copy of the output).
@@ -27,9 +27,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from planc import fp4
-from planc.dtypes import dtype
-from planc.hostcost import CHUNK_VALUES
+from planc.base import fp4
+from planc.base.dtypes import dtype
+from planc.plan.hostcost import CHUNK_VALUES
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                  -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)

@@ -2,12 +2,13 @@
 
 Each kernel reads a tensor's stored bytes (uint8, whole blocks in order) and writes one element per
 step of a grid-stride loop over the output, as bits (uint32 for F32, uint16 for F16 and BF16). The
-values are those of `planc.gguf_dequant` (and so of the `gguf` package's numpy): float32 products
+values are those of `planc.execute.gguf_dequant` (and so of the `gguf` package's numpy): float32 products
 rounded once each, then rounded to the output type by the bit operations the other kernels use
 (`planc.execute.kernels`). Q4_K subtracts two products; on the GPU both go through
 `libdevice.fmul_rn`, which the compiler may not fuse into a multiply-add (NVVM contracts a plain
 `a * b - c` by default, which would round once instead of twice). The simulator has no fused
-multiply-add (and no libdevice), so there the products are plain.
+multiply-add (and its libdevice calls return NaN), so there the products are plain: `kernels(target)`
+builds the set for the target its caller's device names.
 
 Element i of the output is element j = i % B of block b = i // B (B the type's block); a block's
 scale bytes are read by each of its elements' threads, from cache after the first.
@@ -18,17 +19,18 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from planc.execute.kernels import CACHE, _ops, simulated
+from numba.cuda import libdevice
 
-if simulated():  # the target numba compiles for: the simulator's libdevice calls return NaN
+from planc.execute.kernels import CACHE, _ops
+from planc.base.simulation import GPU, SIM
 
-    def _mul_rn_py(a, b):
-        return np.float32(a * b)
-else:  # pragma: no cover - compiled for the GPU only
-    from numba.cuda import libdevice
 
-    def _mul_rn_py(a, b):
-        return libdevice.fmul_rn(a, b)
+def _mul_rn_py(a, b):  # the GPU's: a product rounded once, never fused into a multiply-add
+    return libdevice.fmul_rn(a, b)
+
+
+def _mul_plain_py(a, b):  # the simulator's, whose libdevice calls return NaN (it has no fused multiply-add)
+    return np.float32(a * b)
 
 
 def _value_fns(jit, f16_to_f32, mul_rn_py) -> dict:
@@ -121,13 +123,24 @@ def _kernel(value, out_bits):
     return kernel
 
 
-_VALUES = _value_fns(cuda.jit(device=True), _ops.f16_to_f32, _mul_rn_py)
 _BITS = {"F32": _ops.identity, "F16": _ops.f32_to_f16, "BF16": _ops.f32_to_bf16}
+_MUL = {GPU: _mul_rn_py, SIM: _mul_plain_py}
+TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
+NAMES = tuple(f"gguf_{t}_{o}" for t in TYPES for o in _BITS)  # e.g. gguf_Q4_K_BF16
+_built: dict = {}
 
-# name -> kernel: "gguf_{type}_{out}", e.g. gguf_Q4_K_BF16
-GGUF_KERNELS = {f"gguf_{t}_{o}": _kernel(v, b) for t, v in _VALUES.items() for o, b in _BITS.items()}
 
-__all__ = ["GGUF_KERNELS"]
+def kernels(target: str) -> dict:
+    """name -> kernel ("gguf_{type}_{out}") built for `target` (`planc.base.simulation.GPU` or `SIM`), which
+    the device hands over (`Device.target`): this module never asks which one the process runs."""
+    got = _built.get(target)
+    if got is None:
+        values = _value_fns(cuda.jit(device=True), _ops.f16_to_f32, _MUL[target])
+        got = _built[target] = {f"gguf_{t}_{o}": _kernel(values[t], b) for t in TYPES for o, b in _BITS.items()}
+    return got
+
+
+__all__ = ["NAMES", "kernels"]
 
 
 def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0, dev=None) -> None:
@@ -136,10 +149,10 @@ def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, str
     from planc.execute import seam
 
     name = f"gguf_{type_name}_{out_dtype}"
-    if name not in GGUF_KERNELS:
+    if name not in NAMES:
         raise ValueError(f"no GGUF dequantization kernel {name}")
     if numel <= 0:
         return
     dev = seam.device() if dev is None else dev
     blocks, threads = dev.grid.map(numel)
-    dev.launch(name, blocks, threads, stream, src_u8, dst, numel, kernel=GGUF_KERNELS[name])
+    dev.launch(name, blocks, threads, stream, src_u8, dst, numel, kernel=kernels(dev.target)[name])

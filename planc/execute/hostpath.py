@@ -68,7 +68,7 @@ class HostPath:
 
 def gguf_host(p, raw: np.ndarray) -> np.ndarray:
     """A gguf part's blocks (U8 rows) dequantized on the host, as the bytes of its output."""
-    from ..gguf_dequant import dequantize
+    from .gguf_dequant import dequantize
     from ..manifest.ggml_types import quant_type
 
     qt = quant_type(p.ggml)
@@ -90,7 +90,7 @@ def _host_transform(p, bufs: list) -> np.ndarray:
     if p.op == "transpose":
         rows, cols = w.shape
         src = bufs[0] if w.dtype == p.out_dtype else convert_host(bufs[0], w.dtype, p.out_dtype)
-        from ..dtypes import DTYPES
+        from ..base.dtypes import DTYPES
 
         return transpose_host(src, rows, cols, DTYPES[p.out_dtype].bits // 8)
     return bufs[0]

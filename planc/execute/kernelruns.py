@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from .. import fp4
-from ..ir import DEQUANTIZE_OPS
+from ..base import fp4
+from ..plan.records import DEQUANTIZE_OPS
 from . import dispatch, seam
 from .events import KernelsLaunched
 
@@ -69,7 +69,7 @@ class KernelRuns:
         self.observer(KernelsLaunched(r.index, len(r.kernels), len(r.parts) - len(r.host_parts), start=t0))
 
     def _kernel(self, r, k) -> None:
-        from ..dtypes import DTYPES
+        from ..base.dtypes import DTYPES
 
         s_size, d_size = DTYPES[k.src_dtype].bits // 8, DTYPES[k.dst_dtype].bits // 8
         numel = k.numel
@@ -95,7 +95,7 @@ class KernelRuns:
     def _gguf(self, r, k, d_size: int) -> None:
         """GGUF blocks (U8 rows, `k.rows` x `k.cols` bytes, in the landing region) dequantized to the
         part's dtype: its GGML type is the part's `ggml`."""
-        from ..dtypes import DTYPES
+        from ..base.dtypes import DTYPES
         from .gguf_kernels import dequantize_gguf
 
         src = self.regions.dst(k.src_space, r, k.src_offset, k.rows * k.cols)
@@ -167,7 +167,7 @@ def warm_kernels(plan, dev=None):
 
 
 def _warm(dev, idx: int, need) -> None:
-    from ..dtypes import DTYPES
+    from ..base.dtypes import DTYPES
 
     try:
         dev.select(idx)

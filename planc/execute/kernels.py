@@ -36,7 +36,7 @@ if not hasattr(np, "row_stack"):  # numba-cuda's kernel compiler still calls num
 import numba  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from planc import settings
+from planc.base import settings
 
 _TILE = 32  # transpose tile edge
 _TILE_PAD = 33  # padded row of the shared tile (no bank conflicts on the column read)
@@ -46,11 +46,6 @@ warnings.filterwarnings(
     "ignore", message=r".*Grid size \d+ will likely result in GPU under-utilization"
 )
 
-
-
-def simulated() -> bool:
-    """True when numba.cuda is the CUDA simulator."""
-    return bool(numba.config.ENABLE_CUDASIM)
 
 
 def _cache_writable() -> bool:

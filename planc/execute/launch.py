@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import settings
+from ..base import settings
 from . import driver, ptxindex
 
 _dir: Path | None = None
@@ -142,11 +142,14 @@ def _file(folder: Path, name: str, sig: tuple, cc: tuple) -> Path:
     return folder / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".cubin")
 
 
-def kernel_of(name: str):
-    """The numba kernel behind a launch name (imports numba and the kernels' source)."""
+def kernel_of(name: str, target: str):
+    """The numba kernel behind a launch name, built for `target` (the device's `target`; imports
+    numba and the kernels' source)."""
     from . import fp4_kernels, gguf_kernels, kernels, scatter
 
-    return {**kernels.KERNELS, **scatter.KERNELS, **gguf_kernels.GGUF_KERNELS, **fp4_kernels.KERNELS}[name]
+    if name.startswith("gguf_"):
+        return gguf_kernels.kernels(target)[name]
+    return {**kernels.KERNELS, **scatter.KERNELS, **fp4_kernels.KERNELS}[name]
 
 
 _numba_streams: dict = {}
@@ -373,14 +376,14 @@ class Launcher:
                     self.calls.launch(fn, grid, block, stream, args)
                     return
                 self._count_compile(name, sig, why)
-                kernel = kernel or kernel_of(name)
+                kernel = kernel or kernel_of(name, dev.target)
                 kernel[grid, block, _numba_stream(stream)](*args)
                 if not self._save(dev, kernel, name, sig):
                     self.given_up.add((name, sig))  # numba launches this one from now on, without asking the disk
                 return
         else:
             self._count_compile(name, self.calls.signature(args), f"{name}: PLANC_RAW_LAUNCH=0")
-        kernel = kernel or kernel_of(name)
+        kernel = kernel or kernel_of(name, dev.target)
         kernel[grid, block, _numba_stream(stream)](*args)
 
 

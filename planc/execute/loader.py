@@ -19,14 +19,14 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from ..admission import dominant_step
-from ..errors import AdmissionError, ExecuteError
-from ..ir import Refusal
-from ..units import gib
+from ..plan.admission import dominant_step
+from ..base.errors import AdmissionError, ExecuteError
+from ..plan.records import Refusal
+from ..base.units import gib
 from . import dispatch
 from .events import CopyIssued, ReadDone, RunDone, RunStarted, Step
 from .kernelruns import reads_landing
-from ..codes import Code
+from ..base.codes import Code
 
 
 def new_counters() -> dict:

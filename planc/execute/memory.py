@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from ..codes import Code
+from ..base.codes import Code
 
 
 def reserve_bytes() -> int:
     """The current settings' host reserve (a bad PLANC_HOST_RESERVE: SpecError `bad-env`, exit 2)."""
-    from ..settings import SettingError, host_reserve_bytes
+    from ..base.settings import SettingError, host_reserve_bytes
 
     try:
         return host_reserve_bytes()
     except SettingError as e:
-        from ..errors import SpecError
+        from ..base.errors import SpecError
 
         raise SpecError(str(e), code=Code.BAD_ENV) from None
 

@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from ..dtypes import DTYPES
+from ..base.dtypes import DTYPES
 from . import seam
-from ..codes import Code
+from ..base.codes import Code
 
 _STORAGE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
@@ -40,7 +40,7 @@ class State:
 
     def check(self, what: str) -> None:
         if self.torn is not None:
-            from ..errors import TornModelError
+            from ..base.errors import TornModelError
 
             raise TornModelError(f"{what}: the model is torn ({self.torn}); its bytes mix two checkpoints. "
                                  f"Reload it (LoadedModel.reload) before reading", code=Code.TORN)
@@ -125,7 +125,7 @@ class LoadedModel:
         into this model's device memory: every tensor keeps its address. The layout is checked
         first (`ReloadError`, nothing written); a failure after writing began leaves the model
         torn (reads raise `TornModelError`) until a reload succeeds. Returns the load's report
-        (also `self.report`). `digest`: verify every byte against a digest file (`planc.digest`)."""
+        (also `self.report`). `digest`: verify every byte against a digest file (`planc.manifest.digest`)."""
         from .reload import reload_model
 
         return reload_model(self, target, rank=rank, device=device, verify=verify, digest=digest, settings=settings)
@@ -148,7 +148,7 @@ class LoadedModel:
     def state_dict(self) -> dict:
         """name -> torch.Tensor in the true dtype, sharing the arena (copied to host under the simulator)."""
         self._state.check("state_dict")
-        from ..torch_handoff import state_dict
+        from ..face.torch import state_dict
 
         return state_dict(self)
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..base.simulation import GPU, choose_gpu, simulated
 from . import ptxindex, signatures
 
 _ENTRY = re.compile(r"^\s*\.(?:visible\s+)?\.entry\s+([A-Za-z0-9_$.]+)\s*\(", re.M)
@@ -59,7 +60,7 @@ def registry() -> dict:
     """Kernel name -> numba dispatcher, for every name `signatures.launches()` uses."""
     from . import fp4_kernels, gguf_kernels, kernels, scatter
 
-    return {**kernels.KERNELS, **scatter.KERNELS, **gguf_kernels.GGUF_KERNELS, **fp4_kernels.KERNELS}
+    return {**kernels.KERNELS, **scatter.KERNELS, **gguf_kernels.kernels(GPU), **fp4_kernels.KERNELS}
 
 
 @contextlib.contextmanager
@@ -79,10 +80,9 @@ def _device_of_capability(cc):
 
 def build(out: Path, ccs=signatures.CCS, log=print) -> dict:
     """Write one PTX file per (launch, capability) and the index to `out`; returns the index."""
-    import numba
     from numba import cuda
 
-    if numba.config.ENABLE_CUDASIM:
+    if simulated():
         raise PtxBuildError("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1); PTX needs the real target")
     reg = registry()
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,7 @@ def build(out: Path, ccs=signatures.CCS, log=print) -> dict:
     entries = []
     for name, sig in signatures.launches():
         if name not in reg:
-            raise PtxBuildError(f"no kernel named {name!r} (kernels.KERNELS, scatter.KERNELS, gguf_kernels.GGUF_KERNELS)")
+            raise PtxBuildError(f"no kernel named {name!r} (kernels.KERNELS, scatter.KERNELS, gguf_kernels.NAMES)")
         fn = reg[name].py_func
         for cc in ccs:
             try:
@@ -209,5 +209,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"  # before numba is imported: PTX needs the real target
+    choose_gpu()  # before numba is imported: PTX needs the real target
     sys.exit(main())

@@ -15,10 +15,10 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from .. import costmodel
-from ..errors import ReadError
+from ..plan import costs as costmodel
+from ..base.errors import ReadError
 from .libc import MAP_FAILED, libc
-from ..codes import Code
+from ..base.codes import Code
 
 ALIGN = 4096
 

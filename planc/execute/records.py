@@ -129,9 +129,9 @@ class Report(Record):
     files: Mapping  # file -> {direct, why}
     retries: int
     kernel_code: Mapping
-    predicted: Mapping  # the plan's predicted wall beside the measured one (planc.predict.beside)
+    predicted: Mapping  # the plan's predicted wall beside the measured one (planc.plan.predict.beside)
     verify: Mapping | None = None
-    digest: Mapping | None = None  # the digest check (`planc.digest.Verifier.summary`)
+    digest: Mapping | None = None  # the digest check (`planc.manifest.digest.Verifier.summary`)
 
     def with_timings(self, **seconds: float) -> "Report":
         """This report with more phases timed (rounded to the microsecond)."""
@@ -149,7 +149,7 @@ def build_report(plan, *, device: str, simulator: bool, counters: Mapping, timin
     dev_used = None
     if free_before is not None and free_alloc is not None:
         dev_used = free_before[0] - free_alloc[0]
-    from ..predict import beside
+    from ..plan.predict import beside
 
     return Report(
         predicted=beside(plan, wall),

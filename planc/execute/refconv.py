@@ -20,11 +20,11 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from planc.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, dtype
-from planc.hostcost import CHUNK_VALUES
+from planc.base.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE, dtype
+from planc.plan.hostcost import CHUNK_VALUES
 
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-CONVERT_CHUNK = CHUNK_VALUES  # elements converted at a time: the scratch `planc.hostcost` counts
+CONVERT_CHUNK = CHUNK_VALUES  # elements converted at a time: the scratch `planc.plan.hostcost` counts
 
 _FP8_NUMPY = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 
@@ -97,7 +97,7 @@ def dequantize_fp8_host(
     out = np.empty((rows, cols), dtype=d_np)
     # A chunk of at most CHUNK_VALUES values: rows within one band of scales, and columns when a row
     # alone is longer (a per-tensor scale is one block as large as the matrix), so the float32
-    # temporaries are what `planc.hostcost` counts, whatever the block.
+    # temporaries are what `planc.plan.hostcost` counts, whatever the block.
     width = min(cols, CHUNK_VALUES)
     step = max(1, CHUNK_VALUES // max(1, cols))
     with np.errstate(over="ignore", invalid="ignore"):

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import HandoffError, PlancError, ReloadError
+from ..base.errors import HandoffError, PlancError, ReloadError
 from .allocation import Regions
-from ..codes import Code
+from ..base.codes import Code
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def reload_model(model, target, *, rank=None, device=None, verify=False, digest=
 
     if model._arena is None:
         raise ReloadError("the model was freed: there is no memory to reload into; load it again", code=Code.RELOAD_FREED)
-    from ..api import _plan
+    from ..face.api import _plan
 
     plan = _plan(target, rank)
     arena_bytes = model.report["device_memory"]["arena_bytes"]
@@ -173,7 +173,7 @@ def module_targets(module, plan, simulated: bool) -> tuple[list, dict]:
     """(targets for `ModuleArena`, name -> the module tensor written) for `plan`'s tensors, each
     checked against the module's parameter or persistent buffer of that name: present, same shape
     and dtype, contiguous, on the plan's device (on the CPU under the simulator)."""
-    from ..torch_handoff import check_keys, torch_dtype
+    from ..face.torch import check_keys, torch_dtype
 
     state = module.state_dict(keep_vars=True)
     names = {t.name: t for t in plan.tensors}

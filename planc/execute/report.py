@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import printable
-from ..units import fmt_bytes
+from ..base.errors import printable
+from ..base.units import fmt_bytes
 
 
 def render_report(rep: dict, console: Console) -> None:

@@ -12,9 +12,10 @@ name) and launch geometry (`grid`: the grids and blocks each kernel gets). Two i
   device memory is host memory and kernels run as Python threads on small grids: the CPU test
   suite goes through the same loader, the same copy list and the same kernel dispatch as a GPU.
 
-Whether a process is simulated is asked here alone, where its device is chosen (`default_device`:
-NUMBA_ENABLE_CUDASIM as numba reads it, numba's own flag once numba is imported, so a process never
-mixes them). The rest of the package asks the device it was given (`execute(plan, device=...)`)
+Whether a process is simulated is decided in `planc.base.simulation` alone (NUMBA_ENABLE_CUDASIM as numba
+reads it), which `default_device` asks to choose the device; each device carries its kernel
+`target`, which it hands to the kernel modules that build per target. The rest of the package
+asks the device it was given (`execute(plan, device=...)`)
 or, outside a load, `device()`: the device a load put in force for its thread and the threads it
 starts (`using`), else the default. Where behaviour must differ it asks a capability
 (`memory_is_host`, `loads_kernels`, `views_empty`), not the kind. Device memory is a flat uint8
@@ -26,13 +27,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import gc
-import sys
 import threading
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from ..codes import Code
+from ..base.codes import Code
 
+from ..base import simulation as choice
 from .geometry import GpuGrid, SimGrid
 
 ALIGN = 4096  # the ring's slots start at this alignment (O_DIRECT)
@@ -43,6 +44,7 @@ class Device(Protocol):
     """What the executor asks of a device (`Gpu`, `Simulator`, or a test's wrapper of one)."""
 
     simulated: bool  # for what the report and `LoadedModel` say, not for choosing behaviour
+    target: str  # what its kernels are built for: `planc.base.simulation.GPU` or `SIM` (handed to the kernel modules)
     memory_is_host: bool  # device memory is host memory: it counts against the host room
     loads_kernels: bool  # a kernel's first launch loads a module (worth loading ahead: the warmer)
     views_empty: bool  # a zero-byte slice can be viewed and shaped (else `empty` makes the array)
@@ -68,20 +70,11 @@ class Device(Protocol):
     def prewarm(self, idx: int | None): ...
 
 
-def _simulator_chosen() -> bool:
-    """NUMBA_ENABLE_CUDASIM, as numba reads it (numba's own flag once numba is imported)."""
-    numba = sys.modules.get("numba")
-    if numba is not None and hasattr(numba, "config"):
-        return bool(numba.config.ENABLE_CUDASIM)
-    from ..prestart import simulated_by_env
-
-    return simulated_by_env()
-
-
 class Gpu:
     """A CUDA device through the driver API."""
 
     simulated = False
+    target = choice.GPU
     memory_is_host = False
     loads_kernels = True
     views_empty = True
@@ -165,7 +158,7 @@ class Gpu:
 
     def pin_method(self) -> str:
         """How this process pins a ring slot now: PLANC_PIN, or `alloc` once registration was refused."""
-        from .. import settings
+        from ..base import settings
 
         return "alloc" if self.register_refused else settings.pin()
 
@@ -201,6 +194,7 @@ class Simulator:
     """numba's CUDA simulator: device arrays are numpy arrays underneath, kernels run as threads."""
 
     simulated = True
+    target = choice.SIM
     memory_is_host = True
     loads_kernels = False
     views_empty = False
@@ -216,7 +210,7 @@ class Simulator:
         if kernel is None:
             from .launch import kernel_of
 
-            kernel = kernel_of(name)
+            kernel = kernel_of(name, self.target)
         kernel[grid, block, stream](*args)
 
     def prewarm(self, idx: int | None):
@@ -292,7 +286,7 @@ _in_force: contextvars.ContextVar = contextvars.ContextVar("planc_device", defau
 
 def default_device() -> Device:
     """This process's device: the simulator's or the driver's, chosen here and only here."""
-    sim = _simulator_chosen()
+    sim = choice.simulated()
     dev = _devices.get(sim)
     if dev is None:
         dev = _devices[sim] = Simulator() if sim else Gpu()

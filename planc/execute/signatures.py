@@ -8,7 +8,7 @@ complete, explicit set of launches, derived from the dtype tables the compiler i
 * convert: every ordered pair of `FLOAT_CONVERTIBLE` dtypes (a pair of equal dtypes copies);
 * dequantize: every `FLOAT_CONVERTIBLE` target (each `FP8_DEQUANTIZABLE` source uses the same
   kernel: only its 256-entry decode table differs);
-* transpose: elements of 1, 2, 4 and 8 bytes (every whole-byte dtype in `planc.dtypes`);
+* transpose: elements of 1, 2, 4 and 8 bytes (every whole-byte dtype in `planc.base.dtypes`);
 * scatter: the request widths the schedule picks (1, 2, 4, 8 bytes);
 * zero: the zero-fill of tensor-parallel padding;
 * gguf: the dequantization of each `GGUF_DEQUANTIZABLE` GGML block type to each `FLOAT_CONVERTIBLE` dtype.
@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from planc.dtypes import FLOAT_CONVERTIBLE
-from planc.fp4 import FORMATS as FP4_FORMATS
+from planc.base.dtypes import FLOAT_CONVERTIBLE
+from planc.base.fp4 import FORMATS as FP4_FORMATS
 
 # Compute capabilities PTX is built for. The driver JIT-compiles PTX for any device of the same or
 # a later capability, so the lowest one covers every newer GPU; later ones are built for codegen

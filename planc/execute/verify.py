@@ -1,10 +1,10 @@
 """--verify: compare every loaded tensor with a host reference computed from the checkpoint.
 
-Part by part, chunk by chunk: at most `planc.verifycost.verify_chunk(plan)` bytes of source at a
+Part by part, chunk by chunk: at most `planc.plan.verifycost.verify_chunk(plan)` bytes of source at a
 time (an eighth of the plan's host budget, 64 KiB to 16 MiB); an FP8 dequantization by rows of one
 scale band, or pieces of a row inside one block when a row is longer than the chunk; a transpose
 and an FP4 dequantization need their whole source. What that holds at most is
-`planc.verifycost.verify_host_bytes(plan)`, which the executor admits against the live room and the
+`planc.plan.verifycost.verify_host_bytes(plan)`, which the executor admits against the live room and the
 result reports. Bit-exact: the device bytes must equal the reference bytes.
 """
 
@@ -14,8 +14,8 @@ import os
 
 import numpy as np
 
-from ..dtypes import DTYPES
-from ..verifycost import verify_chunk, verify_host_bytes
+from ..base.dtypes import DTYPES
+from ..plan.verifycost import verify_chunk, verify_host_bytes
 from . import fp4ref
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 

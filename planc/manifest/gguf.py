@@ -33,10 +33,10 @@ import re
 import stat
 import struct
 
-from planc.errors import ManifestError
+from planc.base.errors import ManifestError
 from planc.manifest.ggml_types import GGML_TYPES
 from planc.manifest.model import Manifest, ShardInfo, TensorEntry
-from ..codes import Code
+from ..base.codes import Code
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

@@ -23,11 +23,11 @@ from operator import itemgetter
 
 import orjson
 
-from planc.dtypes import DTYPES
-from planc.errors import ManifestError
-from planc.limits import MAX_DIM
+from planc.base.dtypes import DTYPES
+from planc.base.errors import ManifestError
+from planc.base.limits import MAX_DIM
 from planc.manifest.model import Manifest, ShardInfo, TensorEntry
-from ..codes import Code
+from ..base.codes import Code
 
 HEADER_CAP = 100_000_000  # the format's limit on the JSON header, in bytes
 INDEX_CAP = 100_000_000  # refuse index files larger than this

@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 with atheris.instrument_imports():
-    from planc.errors import PlancError
+    from planc.base.errors import PlancError
     from planc.manifest import read_manifest
 
 WORK = Path(tempfile.mkdtemp(prefix="planc-fuzz-manifest-"))

@@ -28,8 +28,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 with atheris.instrument_imports():
-    from planc.compile import compile_spec
-    from planc.errors import PlancError
+    from planc.compiler.compile import compile_spec
+    from planc.base.errors import PlancError
 
 from hostile.corpus import GOOD, MODEL, RULES, SPECS, VALID  # noqa: E402
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from planc.errors import BindError, ManifestError, PlancError, SpecError
+from planc.base.errors import BindError, ManifestError, PlancError, SpecError
 from planc.manifest.safetensors import HEADER_CAP
 
 MODEL = "model.safetensors"
@@ -125,7 +125,7 @@ def loop_spec(folder: Path) -> Path:
 
 def big_spec(folder: Path) -> Path:
     """A spec one byte over the cap, as a sparse file: refused from its size, never read."""
-    from planc.spec import SPEC_CAP
+    from planc.spec.model import SPEC_CAP
 
     (folder / MODEL).write_bytes(VALID)
     p = folder / "spec.yaml"

@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 from safetensors.numpy import save_file
 
-from planc.compile import compile_spec
+from planc.compiler.compile import compile_spec
 
 IO = {"workers": 2, "slot": "4KiB", "slots": 4, "run": "16KiB", "merge_gap": "4KiB"}
 
@@ -364,7 +364,7 @@ def edits(name: str, doc: dict, refusal: dict | None, replay: Callable) -> Itera
             yield e(f"peak-{k}{what}", f"peak.{k}", _set(("peak", k), v), "refuse", "peak")
         yield e(f"peak-{k}-negative", f"peak.{k}", _set(("peak", k), -peak[k]), "refuse", f"peak.{k}")
     # the header
-    from planc.plancheck import FORMAT
+    from planc.plan.check import FORMAT
     for what, v in (("previous", FORMAT - 1), ("next", FORMAT + 1), ("text", str(FORMAT)), ("null", None)):
         yield e(f"format-{what}", "format", _set(("format",), v), "refuse", "plan format")
     yield e("format-removed", "format", _remove(("format",)), "refuse", "plan format")
@@ -415,8 +415,8 @@ WALKED = {
 
 
 def corpus(built: Built) -> list[Mutation]:
-    from planc.admission import admit
-    from planc.plan import encode
+    from planc.plan.admission import admit
+    from planc.plan.codec import encode
 
     out = []
     refused = built.plans["refused"].refusal._asdict()
@@ -442,7 +442,7 @@ def dtype_edits(name: str, doc: dict) -> Iterator[Mutation]:
     every part of that tensor and their kernels), the source dtype (the part's weight input and its
     kernel), or both, to every other dtype of the same bit width (sizes, offsets and alignment stay
     right). Each is refused, or loads bit-exact (tests/test_plan_file.py)."""
-    from planc.dtypes import DTYPES
+    from planc.base.dtypes import DTYPES
 
     f = doc["fields"]
     P, I, K = ({k: i for i, k in enumerate(f[r])} for r in ("part", "input", "kernel"))

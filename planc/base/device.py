@@ -1,0 +1,56 @@
+"""Device names and the direct-I/O alignment: what the spec, the plan checks and the schedule share.
+
+Kept apart from `planc.spec.model` (pydantic) so that reading a saved plan imports no spec machinery.
+"""
+
+from __future__ import annotations
+
+import re
+
+DIRECT_ALIGN = 4096  # O_DIRECT offsets, lengths and buffers are multiples of this
+_DEVICE = re.compile(r"cuda(?::[0-9]{1,4})?")
+
+
+def check_device(device: str) -> str:
+    """`cuda` or `cuda:N`; anything else is refused here, before a load could fail on it."""
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ValueError(f"must be cuda or cuda:N (N a GPU index, e.g. cuda:0), got {brief(device)}")
+    return device
+
+
+def brief(value, limit: int = 80) -> str:
+    """repr() for messages: clipped, and safe for ints past the interpreter's str-conversion limit."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"<{value.bit_length()}-bit integer>"
+    try:
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else repr(value)
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def index(device: str) -> int:
+    """The GPU index of `cuda` or `cuda:N`."""
+    return int(device.partition(":")[2] or 0)
+
+
+def capacity(device: str) -> tuple[int | None, str]:
+    """(bytes, how it was found) of `device`'s memory on this host, for `budget.device: auto`.
+
+    Asked of the CUDA driver through ctypes (`execute.driver.total_memory`: no context, no numba);
+    (None, why) under the simulator, without a driver, or when this host has no such device: the
+    device budget is then not checked at compile (the executor still checks free device memory)."""
+    from . import simulation
+
+    if simulation.simulated():
+        return None, f"auto: {device} is simulated (NUMBA_ENABLE_CUDASIM=1), its capacity is unknown"
+    try:
+        from ..execute import driver
+
+        n = driver.device_count()
+        idx = index(device)
+        if idx >= n:
+            return None, f"auto: this host has no {device} ({n} CUDA device(s))"
+        return driver.total_memory(idx), f"auto: {device} capacity from the CUDA driver"
+    except Exception as e:  # noqa: BLE001 - no driver, a driver error: the budget stays unchecked, said why
+        return None, f"auto: no CUDA driver on this host ({str(e)[:120]})"

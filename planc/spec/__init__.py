@@ -1,0 +1,2 @@
+"""The placement spec: its models (`model`) and its hostile-input YAML/JSON reader (`parse`).
+"""

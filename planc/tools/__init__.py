@@ -1,0 +1,2 @@
+"""Tools beside the loader: synthetic checkpoints (`synth`, `synth_fp4`, `synth_gguf`) and the probe.
+"""
