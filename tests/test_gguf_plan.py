@@ -189,7 +189,7 @@ def _shipped_gguf_spec(tmp_path, checkpoint, dtype=None):
 @pytest.mark.parametrize("quant,on", [("Q4_K_M", "host"), ("Q8_0", "host"), ("F16", "host")])
 def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, on):
     """specs/transformers-llama-gguf.yaml on a Llama GGUF: every tensor under transformers' name (the
-    `gguf` package's own map, through planc.gguf_names), q and k rows in transformers' order
+    `gguf` package's own map, through planc.manifest.gguf_names), q and k rows in transformers' order
     (`unpermute_rows` of the dequantized tensor), bit for bit, verified."""
     from planc.execute.gguf_dequant import dequantize
     from planc.manifest.gguf_names import permuted_heads, transformers_name, unpermute_rows

@@ -80,7 +80,7 @@ def _verify_part(root: str, p, arena, chunk: int) -> tuple[bool, int]:
                 return False, off
         return True, p.out_bytes
     if op == "gguf":
-        # Whole rows of blocks at a time, dequantized by the host reference (`planc.gguf_dequant`).
+        # Whole rows of blocks at a time, dequantized by the host reference (`planc.execute.gguf_dequant`).
         from .hostpath import gguf_host
 
         rows, row = w.shape

@@ -33,7 +33,7 @@ OPS = ("copy", "convert", "dequantize", "transpose", "dequantize_t", "gguf")
 KERNEL_OPS = ("convert", "dequantize", "transpose", "dequantize_t", "gguf")
 DEQUANTIZE_OPS = ("dequantize", "dequantize_t")  # dequantize_t: an FP4 weight, its last two dims swapped
 # gguf: a GGUF tensor's quantized blocks (read as U8 rows of whole blocks, its GGML type in the part's
-# `ggml`) dequantized to F32, F16 or BF16 (`planc.gguf_dequant`, `planc.execute.gguf_kernels`).
+# `ggml`) dequantized to F32, F16 or BF16 (`planc.execute.gguf_dequant`, `planc.execute.gguf_kernels`).
 PATHS = ("direct", "host")
 DIRECT_MODES = ("auto", "on", "off")
 
