@@ -282,14 +282,15 @@ def test_gguf_host_part_and_its_verify_hold_what_they_count(tmp_path, quant):
         out, peak = _peak(_host_transform, p, _bufs(plan.checkpoint.root, p))
         assert len(out) == p.out_bytes
         assert peak <= p.host_bytes - p.inputs[0].nbytes, (p.label, peak)
-    # on the device under a budget whose verify chunk (64 KiB) is less than a tensor's blocks
-    plan = compile_spec(_spec(tmp_path, res.path, [{"match": "*", "dtype": "float32"}], host="512KiB", name="d.yaml",
-                              io={"slot": "64KiB", "slots": 2, "run": "1MiB", "merge_gap": 0}))
-    assert plan.fits and verify_chunk(plan) == 64 << 10
-    assert max(p.inputs[0].nbytes for p in plan.parts if p.op == "gguf") > 64 << 10
+    # `--verify` under a budget whose chunk (64 KiB) is less than a tensor's blocks. The model is loaded
+    # on the host path (the simulator's kernels take minutes on tensors this size); what verify holds
+    # depends on the parts and the budget, not on where they were dequantized.
     m = execute(plan)
+    small = plan.with_budget(host_bytes=512 << 10)
+    assert verify_chunk(small) == 64 << 10
+    assert max(p.inputs[0].nbytes for p in small.parts if p.op == "gguf") > 64 << 10
     try:
-        got, peak = _peak(verify_model, plan, m)
-        assert got["ok"] and peak <= verify_host_bytes(plan) + SLACK, (peak, verify_host_bytes(plan))
+        got, peak = _peak(verify_model, small, m)
+        assert got["ok"] and peak <= verify_host_bytes(small) + SLACK, (peak, verify_host_bytes(small))
     finally:
         m.free()
