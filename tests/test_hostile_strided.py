@@ -40,12 +40,13 @@ def docs():
 def _slice_request(doc):
     """(run, request) of the request that carries the rows of the strided slice `tp.col`."""
     part = next(k for k, p in enumerate(doc["parts"]) if doc["tensors"][p[0]][0] == "tp.col")
-    inp = doc["parts"][part][5][0]
-    start, seg, stride, count = inp[3], inp[7], inp[8], inp[9]
+    pf, inf = doc["fields"]["part"], doc["fields"]["input"]  # positions by the file's own field table
+    inp = dict(zip(inf, doc["parts"][part][pf.index("inputs")][0]))
+    start, seg, stride, count = inp["start"], inp["seg"], inp["stride"], inp["count"]
     for r in doc["runs"]:
         for q in r[1]:
             if q[7] and q[1] == start or any(q[1] + c[0] == start for c in q[3]):
-                return r, q, (start, seg, stride, count, doc["parts"][part][13])
+                return r, q, (start, seg, stride, count, doc["parts"][part][pf.index("dst_offset")])
     raise AssertionError("no request carries tp.col")
 
 
