@@ -101,8 +101,13 @@ class Regions:
 
     def _allocate_device(self) -> None:
         t0 = time.perf_counter()
+        self.arena = self.dev.device_bytes(self.plan.layout.arena_bytes)
+        self._allocate_regions()
+        self.observer(Step("device_alloc", start=t0))
+
+    def _allocate_regions(self) -> None:
+        """The landing regions and the staging area with its scatter table: everything but the arena."""
         lay, dev = self.plan.layout, self.dev
-        self.arena = dev.device_bytes(lay.arena_bytes)
         # One allocation per landing region (even runs, odd runs): each starts aligned for any element
         # type, which a region placed right after the other (its size unrounded) would not be.
         self.landing = [dev.device_bytes(n) if n else None for n in lay.landing_region_bytes]
@@ -111,7 +116,6 @@ class Regions:
             table, self.scatter_rows = dispatch.scatter_table(self.plan)
             self.table = dev.to_device(table)
             self.counters["copies"] += 1
-        self.observer(Step("device_alloc", start=t0))
 
     def ready(self) -> None:
         """Wait for the device allocations (once); zero-fill the padding before any copy lands."""

@@ -44,16 +44,8 @@ class ReusedRegions(Regions):
         super().__init__(*a, **k)
 
     def _allocate_device(self) -> None:
-        lay, dev = self.plan.layout, self.dev
         self.arena = self._given
-        self.landing = [dev.device_bytes(n) if n else None for n in lay.landing_region_bytes]
-        if lay.staging_bytes:
-            from . import dispatch
-
-            self.staging = dev.device_bytes(lay.staging_bytes)
-            table, self.scatter_rows = dispatch.scatter_table(self.plan)
-            self.table = dev.to_device(table)
-            self.counters["copies"] += 1
+        self._allocate_regions()
 
     def ready(self) -> None:
         if self.device_job is not None and self._on_write is not None:
