@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from planc.compiler.compile import compile_spec  # noqa: E402
-from planc.execute import execute, fp4ref, launch  # noqa: E402
+from planc.execute import execute, fp4ref, launch, seam  # noqa: E402
 from planc.execute.fp4_dispatch import dequantize_fp4  # noqa: E402
 from planc.tools.synth_fp4 import TINY, tensors, write_fp4_checkpoint  # noqa: E402
 
@@ -45,8 +45,10 @@ def _run(fmt, w, s, s2, target, batch, rows, cols, t):
 
 
 @pytest.mark.parametrize("target", ["BF16", "F16", "F32"])
-def test_shipped_kernels_bit_exact(target):
-    before = launch.stats()
+def test_shipped_kernels_bit_exact(target, monkeypatch):
+    monkeypatch.setenv("PLANC_RAW_LAUNCH", "1")
+    dev = seam.device()
+    before = dev.kernel_stats()
     rng = np.random.default_rng(3)
     classes = np.array([0, 1, 127, 254, 255], np.uint8)
     every = np.tile(np.arange(256, dtype=np.uint8).reshape(1, 16, 16), (5, 1, 1, 1))
@@ -63,7 +65,7 @@ def test_shipped_kernels_bit_exact(target):
         for t in (False, True):
             want = fp4ref.nvfp4(w, sc, s2, target, t).reshape(-1).view(np.uint8)
             assert np.array_equal(_run("nvfp4", w, sc, s2, target, 1, 70, 80, t), want)
-    got = launch.since(before)
+    got = launch.since(before, dev.kernel_stats())
     assert got["kernels_compiled"] == 0, got["fallbacks"]
 
 
@@ -77,7 +79,8 @@ def test_shipped_specs_on_the_device(tmp_path, fam):
     spec.write_text(yaml.safe_dump(doc))
     plan = compile_spec(spec)
     assert {p.path for p in plan.parts if p.op.startswith("dequantize")} == {"direct"}
-    before = launch.stats()
+    dev = seam.device()
+    before = dev.kernel_stats()
     m = execute(plan, verify=True)
     try:
         assert m.report["verify"]["ok"]
@@ -94,7 +97,7 @@ def test_shipped_specs_on_the_device(tmp_path, fam):
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
     finally:
         m.free()
-    assert launch.since(before)["kernels_compiled"] == 0
+    assert launch.since(before, dev.kernel_stats())["kernels_compiled"] == 0
 
 
 def test_gpt_oss_load_into_equals_transformers_dequantizing_load(tmp_path):
