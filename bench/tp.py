@@ -201,6 +201,7 @@ def compile_plans(spec: Path, ranks: list[int], out: Path, tp: int, name: str = 
     from planc.compiler.compile import compile_spec
     from planc.plan.explain import explain_doc
     from planc.plan.codec import save_plan
+    from planc.plan.predict import predict
 
     plans = {}
     for r in ranks:
@@ -214,6 +215,7 @@ def compile_plans(spec: Path, ranks: list[int], out: Path, tp: int, name: str = 
             raise SystemExit(f"tp {tp} rank {r}: refused: {doc['refusal']['message']}")
         tot = doc["totals"]
         plans[r] = {"path": str(path), "compile_s": dt, "plan_bytes": path.stat().st_size,
+                    "predict": predict(plan),
                     **{k: tot[k] for k in ("payload_bytes", "read_bytes", "requests", "copies", "kernels")}}
     return plans
 
@@ -323,6 +325,7 @@ def load_record(x: dict, plan: dict) -> dict:
         "hwm_reset": h.get("hwm_reset"), "files": rep.get("files"), "timings": rep.get("timings"),
         "t_start": x["t_start"], "t_end": x["t_end"], "ready_to_start_s": x["t_start"] - x["t_ready"],
         "process_setup_s": x["t_ready"] - x["t_proc"],
+        "predicted": rep.get("predicted"), "plan_predict": plan.get("predict"),
     }
     if "verify" in rep:
         rec["verify_ok"] = rep["verify"]["ok"]
