@@ -54,6 +54,7 @@ ALONE_GBS_MIN = 0.8  # one rank alone, warm GB/s / whole load's
 GROUP_WALL_MAX = 1.5  # all ranks at once, warm load wall / whole load's
 COLD_DISK_MAX = 1.1  # disk bytes read / checkpoint bytes, cold
 HOST_GROWTH_TOL = 0.05  # |growth / predicted - 1|
+PREDICTED_TOL = 0.2  # |measured load wall / the plans' predicted wall - 1|
 SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own
 BARRIER_TIMEOUT = 300.0
 
@@ -307,7 +308,19 @@ def run_group(plans: dict[int, dict], work: Path, verify: bool, disks: list[str]
     group["start_skew_s"] = max(x["t_start"] for x in loads) - min(x["t_start"] for x in loads)
     group["payload_bytes"] = sum(x["report"]["payload_bytes"] for x in loads)
     group["gb_per_s"] = group["payload_bytes"] / group["load_wall_s"] / 1e9
+    group["predicted"] = predicted_group(plans)
     return {"group": group, "loads": loads}
+
+
+def predicted_group(plans: dict[int, dict]) -> dict:
+    """The plans' predicted wall loading at once (`planc.plan.predict.predict_node`), all on the one
+    GPU this bench uses (one plan: its own prediction)."""
+    from planc.plan.codec import load_plan
+    from planc.plan.predict import predict_node
+
+    loaded = [load_plan(info["path"]) for info in plans.values()]
+    p = predict_node(loaded, ["cuda:0"] * len(loaded))
+    return {"warm_s": p["warm_seconds"], "cold_s": p["cold_seconds"]}
 
 
 def load_record(x: dict, plan: dict) -> dict:
@@ -348,6 +361,7 @@ def medians(groups: list[dict]) -> dict:
         disk = [g["disk_bytes"] for g in gs if g.get("disk_bytes") is not None]
         m["disk_bytes"] = statistics.median(disk) if disk else None
         m["payload_bytes"] = gs[0]["payload_bytes"]
+        m["predicted_s"] = (gs[0].get("predicted") or {}).get(f"{key[2]}_s")
         m["n"] = len(gs)
         out[key] = m
     return out
@@ -365,6 +379,10 @@ def evaluate(groups: list[dict], loads: list[dict], checkpoint_bytes: int) -> li
         if case == "all" and mode == "warm" and whole:
             checks.append(_check(f"all tp{tp} warm load wall / whole", m["load_wall_s"] / whole["load_wall_s"],
                                  GROUP_WALL_MAX))
+        if m.get("predicted_s"):
+            checks.append({"target": f"{case} tp{tp} {mode} load wall / predicted", "value": m["load_wall_s"] / m["predicted_s"],
+                           "limit": f"1 +- {PREDICTED_TOL}", "ok": abs(m["load_wall_s"] / m["predicted_s"] - 1) <= PREDICTED_TOL,
+                           "what": f"{m['load_wall_s']:.3f} s / {m['predicted_s']:.3f} s"})
         if case in ("whole", "all") and mode == "cold" and m["disk_bytes"] is not None:
             checks.append(_check(f"{case} tp{tp} cold disk bytes / checkpoint", m["disk_bytes"] / checkpoint_bytes,
                                  COLD_DISK_MAX))

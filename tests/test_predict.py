@@ -80,3 +80,51 @@ def test_run_report_puts_the_prediction_beside_the_wall(capsys, tmp_path):
     pr = rep["predicted"]
     assert pr["wall_warm_seconds"] > 0 and pr["default_costs"] is True
     assert pr["measured_over_warm"] == pytest.approx(rep["wall_seconds"] / pr["wall_warm_seconds"])
+
+
+def _tp_plans(folder, size):
+    from planc.compiler.compile import compile_all_ranks
+
+    write_st(folder / "m.safetensors", {"a.w": np.ones((64, 256), np.float32), "b.w": np.ones((256, 64), np.float32)})
+    spec = write_spec(folder, {"checkpoint": "m.safetensors", "budget": {"host": "1MiB"},
+                               "tensor_parallel": {"size": size}, "io": {"slot": 16384, "slots": 2, "run": 16384},
+                               "rules": [{"match": "a.w", "split": {"dim": 0}}, {"match": "*", "split": {"dim": 1}}]},
+                      "tp.yaml")
+    return spec, compile_all_ranks(spec)
+
+
+def test_a_node_of_one_plan_is_predicted_as_the_plan(tmp_path):
+    from planc.plan.predict import predict_node
+
+    _, plans = _tp_plans(tmp_path, 2)
+    for p in plans:
+        one, node = predict(p), predict_node([p])
+        assert node["warm_seconds"] == pytest.approx(one["warm_seconds"])
+        assert node["cold_seconds"] == pytest.approx(one["cold_seconds"])
+
+
+def test_mapped_reads_are_priced_by_their_span(tmp_path):
+    from planc.plan.predict import predict_node
+
+    _, plans = _tp_plans(tmp_path, 4)
+    p = plans[0]
+    t = predict(p)["terms"]
+    strided = [q for r in p.runs for q in r.requests if q.strided]
+    assert strided, "b.w's dim-1 slice is read as strided requests"
+    assert t["mapped_span_bytes"] == sum((q.count - 1) * q.stride + q.length for q in strided)
+    assert t["mapped_pages"] >= t["mapped_span_bytes"] // 4096
+    # all ranks at once read the shared spans from disk once: cold is less than the ranks one after another
+    node = predict_node(plans)
+    assert node["cold_seconds"] < sum(predict(q)["cold_seconds"] for q in plans)
+    # one device for every rank: its link carries them all, never faster than a device each
+    assert predict_node(plans, ["cuda:0"] * len(plans))["warm_seconds"] >= node["warm_seconds"]
+
+
+def test_explain_of_every_rank_states_the_nodes_predicted_wall(capsys, tmp_path):
+    spec, _ = _tp_plans(tmp_path, 2)
+    assert main(["explain", str(spec), "--rank", "all", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    pw = d["nodes"][0]["predicted_wall"]
+    assert pw["warm_seconds"] > 0 and pw["cold_seconds"] > 0
+    assert main(["explain", str(spec), "--rank", "all"]) == 0
+    assert "all at once" in capsys.readouterr().out

@@ -107,12 +107,13 @@ def node_checks(spec_path: str | Path, plans: list[Plan], complete: bool = False
 
     loaded = load_spec(spec_path)
     tp, budget = loaded.spec.tensor_parallel, loaded.spec.budget
-    peaks = {p.tensor_parallel.rank: p.peak.host_bytes for p in plans}
+    by_rank = {p.tensor_parallel.rank: p for p in plans}
     if complete and tp.size > 1:
-        want = {r for ranks in node_ranks(tp.size, tp.per_node) if set(ranks) & set(peaks) for r in ranks}
-        missing = sorted(want - set(peaks))
+        want = {r for ranks in node_ranks(tp.size, tp.per_node) if set(ranks) & set(by_rank) for r in ranks}
+        missing = sorted(want - set(by_rank))
         if missing:
             manifest = read_manifest(loaded.checkpoint_path)
             for r in missing:
-                peaks[r] = compile_loaded(loaded, manifest, r).peak.host_bytes
-    return check_nodes(peaks, tp.size, tp.per_node, budget.node_host)
+                by_rank[r] = compile_loaded(loaded, manifest, r)
+    peaks = {r: p.peak.host_bytes for r, p in by_rank.items()}
+    return check_nodes(peaks, tp.size, tp.per_node, budget.node_host, by_rank)

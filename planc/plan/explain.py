@@ -249,10 +249,12 @@ def render(plan: Plan, console: Console, node=None) -> None:
 def render_nodes(nodes, console: Console) -> None:
     """The node table: each node's ranks, their host peaks together, the budget and the verdict."""
     t = Table(title="nodes: the ranks' host peaks together", show_edge=False)
-    for c in ("node", "ranks", "host total", "budget.node_host", "fits"):
+    for c in ("node", "ranks", "host total", "budget.node_host", "fits", "all at once: predicted wall warm / cold"):
         t.add_column(c, justify="right")
     for n in nodes:
+        p = n.predicted
         t.add_row(str(n.node), f"{n.ranks[0]}..{n.ranks[-1]}", fmt_bytes(n.total_bytes),
                   fmt_bytes(n.budget_bytes) if n.budget_bytes is not None else "not checked",
-                  ("yes" if n.fits else "REFUSED") if n.budget_bytes is not None else "-")
+                  ("yes" if n.fits else "REFUSED") if n.budget_bytes is not None else "-",
+                  f"{p['warm_seconds']:.2f} s / {p['cold_seconds']:.2f} s" if p else "-")
     console.print(t)

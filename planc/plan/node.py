@@ -6,6 +6,8 @@ ranks 0..k-1 on node 0, k..2k-1 on node 1, ...; a node's total is the sum of its
 (each rank's peak may come at a different moment, so the sum is an upper bound on what the node
 holds at once: the figure to admit by). With `budget.node_host` set, a node whose total exceeds it
 is refused, naming its ranks and their bytes; the first such node in order is the refusal.
+Given the ranks' plans, each node also states the predicted wall of its ranks loading at once
+(`predict.predict_node`: one device per rank, the host's readers, cores and disk shared).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class NodeCheck(NamedTuple):
     peaks: tuple[int, ...]  # each rank's host peak, in the order of `ranks`
     total_bytes: int
     budget_bytes: int | None
+    predicted: dict | None = None  # predict.predict_node of the node's ranks at once
 
     @property
     def fits(self) -> bool:
@@ -31,7 +34,10 @@ class NodeCheck(NamedTuple):
     def as_dict(self) -> dict:
         return {"node": self.node, "ranks": list(self.ranks), "host_peak_bytes": list(self.peaks),
                 "total_bytes": self.total_bytes, "budget_bytes": self.budget_bytes,
-                "checked": self.budget_bytes is not None, "fits": self.fits}
+                "checked": self.budget_bytes is not None, "fits": self.fits,
+                "predicted_wall": None if self.predicted is None else
+                {"warm_seconds": self.predicted["warm_seconds"], "cold_seconds": self.predicted["cold_seconds"],
+                 "note": "the node's ranks loading at once, one device each"}}
 
 
 def node_ranks(size: int, per_node: int) -> list[tuple[int, ...]]:
@@ -44,13 +50,18 @@ def node_of(rank: int, per_node: int) -> int:
     return rank // max(1, per_node)
 
 
-def check_nodes(host_peaks: dict[int, int], size: int, per_node: int, budget: int | None) -> list[NodeCheck]:
-    """One check per node whose every rank is in `host_peaks` (rank -> host peak bytes)."""
+def check_nodes(host_peaks: dict[int, int], size: int, per_node: int, budget: int | None,
+                plans: dict | None = None) -> list[NodeCheck]:
+    """One check per node whose every rank is in `host_peaks` (rank -> host peak bytes); with
+    `plans` (rank -> Plan) holding them all, the node's predicted wall too."""
+    from .predict import predict_node
+
     out = []
     for i, ranks in enumerate(node_ranks(size, per_node)):
         if all(r in host_peaks for r in ranks):
             peaks = tuple(host_peaks[r] for r in ranks)
-            out.append(NodeCheck(i, ranks, peaks, sum(peaks), budget))
+            pred = predict_node([plans[r] for r in ranks]) if plans and all(r in plans for r in ranks) else None
+            out.append(NodeCheck(i, ranks, peaks, sum(peaks), budget, pred))
     return out
 
 

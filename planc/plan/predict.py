@@ -7,10 +7,23 @@ streams, plus the part of the faster that cannot overlap (about one run's share 
     wall = fixed + max(read, link) + min(read, link) / runs
     fixed = start_s + ring_bytes * pin_byte_s     (the process's setup, then pinning the ring)
     read (warm) = for each request: whole, length * read_byte_s + request_s;
-                  strided through a mapping, pages * page_s + bytes * copy_byte_s (`costmodel`)
+                  strided through a mapping, every page of its span faulted in on one of the
+                  plan's mapping lanes: span pages * map_page_s / lanes + bytes * copy_byte_s
                   + host-path input bytes * read_byte_s + their output bytes * host_byte_s
-    read (cold) = every byte read from disk at disk_byte_s, + request_s per request
+    read (cold) = whole requests' bytes from disk at disk_byte_s; a mapped request's whole span at
+                  map_cold_byte_s (its faults and their read-ahead bring the pages between its
+                  segments too); + request_s per request
     link = payload bytes * link_byte_s
+
+`predict_node` is the wall of several plans loading at once on one host (the ranks of a node): the
+host's readers, cores and disk are shared (reads add up; mapped pages are faulted on every lane of
+every rank, as many at a time as the host has cores; the disk reads the union of their byte
+ranges once), and each device's link carries the payload of the plans on it.
+
+The mapped-read figures are fitted to tensor-parallel ranks of a Llama-3-8B-shaped checkpoint on
+the H200 host (docs/tp.md, "Predicted against measured"): the plan's `page_s` (`planc probe`'s) is
+fitted to the pages that hold segments, which is what chooses the read method; a load faults in
+every page of each window (`reader.fault_in`), so its wall follows the span.
 
 The read figures are the plan's own (`plan.costs`: the `planc probe` file it was compiled with, or
 the built-in `DEFAULTS`); the link, disk, host-conversion and fixed figures are built in (`FIXED`,
@@ -22,7 +35,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .costs import DEFAULTS, pages_touched
+from .costs import DEFAULTS, MAP_LANES, PAGE
 from .records import Plan
 
 
@@ -35,14 +48,31 @@ class Fixed(NamedTuple):
     host_byte_s: float  # a host-path conversion (numpy / ml_dtypes), per output byte: about 1 GB/s
     start_s: float  # before the first read: fingerprints, live room, threads (0.02 s measured)
     pin_byte_s: float  # pinning the ring while the first copy waits (0.04 s for 256 MiB)
+    map_page_s: float = 2.64e-7  # one lane faulting in, mapping and unmapping one page of a window
+    map_cold_byte_s: float = 1 / 1.2e9  # a mapped span read from disk by faults (read-ahead), cold
+    cores: int = 16  # lanes faulting pages at once, at most, across every plan on the host
 
 
 FIXED = Fixed("built-in (H200 host, docs/benchmarks.md)", 1 / 55.4e9, 1 / 1.8e9, 1e-9, 0.02, 0.04 / (256 << 20))
 
 
-def _reads(plan: Plan, c) -> tuple[float, int, int]:
-    """(warm read seconds, requests, bytes read) of every run."""
-    secs, n, nbytes = 0.0, 0, 0
+class _Reads(NamedTuple):
+    plain_s: float  # whole requests and host-path parts, warm
+    mapped_pages: int  # pages of mapped windows, every one faulted in
+    mapped_copy_s: float  # the segments copied out of the windows
+    requests: int
+    plain_bytes: int  # bytes of whole requests and host-path inputs (what a cold load reads from disk)
+    mapped_span_bytes: int  # bytes the mapped requests' spans cover
+    lanes: int  # windows mapped at once (io.map_lanes, at most io.workers)
+
+
+def _span(q) -> int:
+    return (q.count - 1) * q.stride + q.length
+
+
+def _reads(plan: Plan, c) -> _Reads:
+    plain_s = copy_s = 0.0
+    n = pages = plain_bytes = span_bytes = 0
     parts = plan.parts
     for r in plan.runs:
         ring = 0
@@ -50,41 +80,108 @@ def _reads(plan: Plan, c) -> tuple[float, int, int]:
             n += 1
             ring += q.read_bytes
             if q.strided:
-                secs += pages_touched(q.length, q.stride, q.count) * c.page_s + q.read_bytes * c.copy_byte_s
+                pages += -(-_span(q) // PAGE) + 1
+                span_bytes += _span(q)
+                copy_s += q.read_bytes * c.copy_byte_s
             else:
-                secs += q.length * c.read_byte_s + c.request_s
+                plain_s += q.length * c.read_byte_s + c.request_s
+                plain_bytes += q.length
         host_in = max(0, r.read_bytes - ring)
         host_out = sum(parts[h.part].out_bytes for h in r.host_parts)
         host_reads = sum(parts[h.part].reads for h in r.host_parts)
-        secs += host_in * c.read_byte_s + host_reads * c.request_s + host_out * FIXED.host_byte_s
+        plain_s += host_in * c.read_byte_s + host_reads * c.request_s + host_out * FIXED.host_byte_s
+        plain_bytes += host_in
         n += host_reads
-        nbytes += r.read_bytes
-    return secs, n, nbytes
+    lanes = max(1, min(plan.io.map_lanes or MAP_LANES, plan.io.workers or 1))
+    return _Reads(plain_s, pages, copy_s, n, plain_bytes, span_bytes, lanes)
+
+
+def _warm(rd: _Reads, fixed: Fixed, lanes: int) -> float:
+    return rd.plain_s + rd.mapped_copy_s + rd.mapped_pages * fixed.map_page_s / max(1, min(lanes, fixed.cores))
+
+
+def _cold(rd: _Reads, c, fixed: Fixed) -> float:
+    return rd.plain_bytes * fixed.disk_byte_s + rd.mapped_span_bytes * fixed.map_cold_byte_s + rd.requests * c.request_s
+
+
+def _wall(start: float, read: float, link: float, runs: int) -> float:
+    return start + max(read, link) + min(read, link) / max(1, runs)
 
 
 def predict(plan: Plan, fixed: Fixed = FIXED) -> dict:
     """The predicted wall seconds of `plan`'s load (JSON-ready): warm and cold, their terms, the sources."""
     c = plan.costs or DEFAULTS
-    warm_read, requests, read_bytes = _reads(plan, c)
-    cold_read = read_bytes * fixed.disk_byte_s + requests * c.request_s
+    rd = _reads(plan, c)
+    warm_read, cold_read = _warm(rd, fixed, rd.lanes), _cold(rd, c, fixed)
     link = plan.totals.payload_bytes * fixed.link_byte_s
     start = fixed.start_s + plan.layout.ring_bytes * fixed.pin_byte_s
     runs = max(1, len(plan.runs))
-
-    def wall(read: float) -> float:
-        return start + max(read, link) + min(read, link) / runs
-
     default = c.source == "default"
     return {
-        "warm_seconds": wall(warm_read),
-        "cold_seconds": wall(cold_read),
+        "warm_seconds": _wall(start, warm_read, link, runs),
+        "cold_seconds": _wall(start, cold_read, link, runs),
         "terms": {"fixed_seconds": start, "read_warm_seconds": warm_read, "read_cold_seconds": cold_read,
-                  "link_seconds": link, "runs": runs},
+                  "link_seconds": link, "runs": runs, "mapped_pages": rd.mapped_pages,
+                  "mapped_span_bytes": rd.mapped_span_bytes},
         "figures": {"read": c.source, "link_disk_fixed": fixed.source},
         "default_costs": default,
         "note": ("compiled with default costs (run planc probe on the loading host, then compile again)" if default
                  else f"read costs measured by planc probe ({c.source})"),
     }
+
+
+def _union(ranges: list[tuple[int, int]]) -> int:
+    total, end = 0, -1
+    for lo, hi in sorted(ranges):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def _disk_ranges(plan: Plan) -> tuple[dict, dict]:
+    """Per file, the byte ranges a cold load reads from disk: (whole requests, mapped spans)."""
+    plain: dict = {}
+    mapped: dict = {}
+    for r in plan.runs:
+        for q in r.requests:
+            (mapped if q.strided else plain).setdefault(q.file, []).append((q.offset, q.offset + (_span(q) if q.strided else q.length)))
+    return plain, mapped
+
+
+def predict_node(plans: list[Plan], devices: list[str] | None = None, fixed: Fixed = FIXED) -> dict:
+    """The predicted wall of `plans` loading at once on one host (JSON-ready): warm and cold.
+    `devices[i]` is plan i's device (None: each plan on a device of its own, as tensor-parallel
+    ranks are); plans on one device share its link."""
+    if not plans:
+        return {"warm_seconds": 0.0, "cold_seconds": 0.0, "plans": 0}
+    reads = [_reads(p, p.costs or DEFAULTS) for p in plans]
+    lanes = sum(rd.lanes for rd in reads)
+    warm = sum(_warm(rd, fixed, lanes) for rd in reads)
+    devices = devices or [f"own-{i}" for i in range(len(plans))]
+    per_device: dict = {}
+    for p, d in zip(plans, devices):
+        per_device[d] = per_device.get(d, 0) + p.totals.payload_bytes
+    link = max(per_device.values()) * fixed.link_byte_s
+    plain: dict = {}
+    mapped: dict = {}
+    for p in plans:
+        a, b = _disk_ranges(p)
+        for f, rs in a.items():
+            plain.setdefault(f, []).extend(rs)
+        for f, rs in b.items():
+            mapped.setdefault(f, []).extend(rs)
+    c = plans[0].costs or DEFAULTS
+    cold = (sum(_union(rs) for rs in plain.values()) * fixed.disk_byte_s
+            + sum(_union(rs) for rs in mapped.values()) * fixed.map_cold_byte_s
+            + max(rd.requests for rd in reads) * c.request_s)
+    start = max(fixed.start_s + p.layout.ring_bytes * fixed.pin_byte_s for p in plans)
+    runs = max(max(1, len(p.runs)) for p in plans)
+    return {"warm_seconds": _wall(start, warm, link, runs), "cold_seconds": _wall(start, cold, link, runs),
+            "plans": len(plans), "devices": len(per_device),
+            "terms": {"fixed_seconds": start, "read_warm_seconds": warm, "read_cold_seconds": cold,
+                      "link_seconds": link, "lanes": lanes}}
 
 
 def beside(plan: Plan, wall: float | None) -> dict:
