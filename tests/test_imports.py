@@ -80,3 +80,25 @@ print(json.dumps(sorted(m for m in ("pydantic", "networkx", "yaml", "planc.spec.
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_executor_imports_no_face_but_the_torch_hand_off():
+    """execute/ sits below face/: it runs Plans; resolving specs and plan files (`face.target`), the
+    API and the in-place module targets (`face.inplace`) are the face's. The one arrow up is the
+    hand-off of a loaded model's tensors to torch (`LoadedModel.state_dict` -> `face.torch`)."""
+    import ast
+    from pathlib import Path
+
+    import planc
+
+    root = Path(planc.__file__).parent / "execute"
+    found = []
+    for f in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mod = ("." * node.level) + (node.module or "")
+                if mod.startswith("..face") or mod.startswith("planc.face"):
+                    found.append((f.name, mod))
+            elif isinstance(node, ast.Import):
+                found += [(f.name, a.name) for a in node.names if a.name.startswith("planc.face")]
+    assert found == [("model.py", "..face.torch")], found

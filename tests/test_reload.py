@@ -24,7 +24,7 @@ import planc  # noqa: E402
 from execute_support import (SMALL_IO, assert_model, cast, cli_run, fail_read_at, handmade, one_line,  # noqa: E402
                              record_events, spec_file, synth)
 from planc.manifest import digest as dg  # noqa: E402
-from planc.base.errors import DigestError, FingerprintError, ReadError, ReloadError, TornModelError  # noqa: E402
+from planc.base.errors import DigestError, FingerprintError, PlanFormatError, ReadError, ReloadError, TornModelError  # noqa: E402
 from planc.execute.events import CopyIssued  # noqa: E402
 
 EXTENT = 64 << 10  # the smallest extent: a 300 KiB checkpoint spans several
@@ -132,6 +132,22 @@ def test_reload_refused_by_a_changed_file_leaves_the_model_intact(tmp_path, mode
         model.reload(plan_b)
     assert model.torn is None
     assert_model(model, want_a)
+
+
+def test_a_model_from_execute_reloads_a_plan_and_refuses_a_path(tmp_path, models):
+    """The executor's own models take a Plan; specs and plan files are resolved by planc.load's."""
+    from planc.compiler.compile import compile_spec
+    from planc.execute import execute
+
+    sa, want_a, sb, want_b = _two(tmp_path)
+    model = execute(compile_spec(sa))
+    models.append(model)
+    with pytest.raises(PlanFormatError) as e:
+        model.reload(str(sb))
+    assert e.value.code == "plan-kind" and model.torn is None
+    assert_model(model, want_a)
+    model.reload(compile_spec(sb))
+    assert_model(model, want_b)
 
 
 def test_reload_through_device_conversions(tmp_path, models):

@@ -104,9 +104,12 @@ class LoadedModel:
     `simulated`: whether the tensors live in the CUDA simulator (host memory standing in for the
     device). `free()` releases the device memory. `reload(target)` writes another checkpoint of the
     same layout into the same memory (docs/reload.md); `torn` says why a failed reload left the
-    bytes unusable (None: they are a checkpoint's)."""
+    bytes unusable (None: they are a checkpoint's). `resolve(target, rank)`: how `reload` turns its
+    target into a Plan (`planc.load` gives its models the resolver of specs and plan files; without
+    one, `reload` takes a `Plan`)."""
 
     def __init__(self, tensors: dict, report, arena, simulated: bool):
+        self.resolve = None
         self.tensors = tensors
         self.report = report
         self.simulated = simulated
@@ -128,7 +131,8 @@ class LoadedModel:
         (also `self.report`). `digest`: verify every byte against a digest file (`planc.manifest.digest`)."""
         from .reload import reload_model
 
-        return reload_model(self, target, rank=rank, device=device, verify=verify, digest=digest, settings=settings)
+        plan = self.resolve(target, rank) if self.resolve is not None else target
+        return reload_model(self, plan, device=device, verify=verify, digest=digest, settings=settings)
 
     def __getitem__(self, name: str) -> DeviceTensor:
         return self.tensors[name]

@@ -83,8 +83,10 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
         t0 = time.perf_counter()
         plan = _plan(spec_or_plan, rank)
         t1 = time.perf_counter()
-        return execute(plan, verify=verify, device=device, progress=progress, settings=s,
-                       timings={"plan": t1 - t0}, digest=digest)
+        model = execute(plan, verify=verify, device=device, progress=progress, settings=s,
+                        timings={"plan": t1 - t0}, digest=digest)
+    model.resolve = _plan  # its reload takes what load takes: a spec, a plan file or a Plan
+    return model
 
 
 @dataclass
@@ -156,7 +158,8 @@ def _load_inplace(module, spec_or_plan, *, rank, device, verify, settings, diges
                            "verify=True", code=Code.BAD_VERIFY)
     from ..base import settings as _settings
     from ..execute import execute, resolve_settings
-    from ..execute.reload import Into, ModuleArena, ReusedRegions, check_inplace, module_targets
+    from ..execute.reload import Into, ModuleArena, ReusedRegions, check_inplace
+    from .inplace import module_targets
     from ..execute.seam import default_device
 
     s = resolve_settings(settings)
