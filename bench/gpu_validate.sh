@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine that checks the executor and measures the headline cells:
-#   GPU suites (execute, tensor parallel and API, faults, hand-off), predicted against issued on every
+#   GPU suites (execute, tensor parallel and API, faults, hand-off, FP4, GGUF, reload), predicted against issued on every
 #   shape family (gpu_check, 2 GiB, --verify), one load's steps thread by thread (timeline), then
 #   dense / fp16 / fp8 / MoE warm loads (n=3).
 # Usage, from the repository root on the GPU machine (carry .whl): bash bench/gpu_validate.sh OUT_DIR
@@ -24,6 +24,9 @@ NUMBA_ENABLE_CUDASIM=0 python3 -m pytest -p no:cacheprovider -o addopts="" -q te
 PLANC_FAULTS_LOG="$OUT/faults_gpu.jsonl" python3 -m pytest -m gpu -p no:cacheprovider -o addopts="" -q \
     tests/test_faults_gpu.py 2>&1 | tail -3
 python3 -m pytest -m gpu -p no:cacheprovider -o addopts="" -q tests/test_handoff_gpu.py 2>&1 | tail -1
+for t in fp4 gguf reload; do  # the formats' kernels from the shipped cubins, the reload in place
+    python3 -m pytest -m gpu -p no:cacheprovider -o addopts="" -q tests/test_${t}_gpu.py 2>&1 | tail -1
+done
 el tests
 wait $W
 sync  # the checkpoints just written are on disk before any load is timed (write-back slowed them)
