@@ -293,3 +293,23 @@ def test_verify_finds_a_changed_value_of_a_dequantized_tensor(ckpt):
         assert not got["ok"] and got["mismatches"] == [f"{p.label} (t.Q6_K)"]
     finally:
         model.free()
+
+
+def test_the_plans_gguf_kernels_are_warmed_on_a_whole_block(ckpt):
+    """Before the first read, the warming thread launches each GGUF kernel the plan needs once, on
+    one whole block of its type (a device that loads modules loads them there, not on the stream)."""
+    from execute_support import RecordingDevice
+    from planc.execute import seam
+    from planc.execute.kernelruns import warm_kernels
+
+    class Loading(RecordingDevice):
+        loads_kernels = True
+
+    d, path, _ = ckpt
+    plan = compile_spec(spec_file(d, path, [{"match": "t.*", "dtype": "bfloat16"}, {"match": "*", "skip": True}],
+                                  io=SMALL_IO, name="warm.yaml"))
+    dev = Loading(seam.device())
+    warm_kernels(plan, dev).join()
+    block = {"Q8_0": 32, "Q4_0": 32, "Q4_K": 256, "Q6_K": 256}
+    got = {name: args[-1] for name, _, _, args in dev.launches}
+    assert got == {f"gguf_{q}_BF16": block[q] for q in TYPES}

@@ -129,6 +129,11 @@ def reads_landing(r) -> bool:
     return any(k.src_space != "arena" or k.op in DEQUANTIZE_OPS for k in r.kernels)
 
 
+def gguf_type(plan, k) -> str:
+    """The GGML type of GGUF kernel k's part."""
+    return plan.parts[k.part].ggml
+
+
 def warm_kernels(plan, dev=None):
     """Load the kernels the plan will launch, in a thread, while the first reads run.
 
@@ -144,7 +149,8 @@ def warm_kernels(plan, dev=None):
     for r in plan.runs:
         for k in r.kernels:
             fmt = fp4_format(plan, k) if k.op in DEQUANTIZE_OPS else None
-            if k.op == "gguf":  # launched on tiny arrays it would not load: its first real launch does
+            if k.op == "gguf":
+                need.add(("gguf", gguf_type(plan, k), k.dst_dtype))
                 continue
             need.add((f"fp4:{fmt}", k.op == "dequantize_t", k.dst_dtype) if fmt else (k.op, k.src_dtype, k.dst_dtype))
         for q in r.requests:
@@ -172,8 +178,8 @@ def _warm(dev, idx: int, need) -> None:
     try:
         dev.select(idx)
         stream = dev.stream()
-        buf = dev.device_bytes(64)
-        out = dev.device_bytes(256)
+        buf = dev.device_bytes(256)  # a whole block of every GGUF type (Q6_K: 210 bytes)
+        out = dev.device_bytes(1024)  # its 256 values in F32
         for op, a, b in need:
             if op == "convert":
                 dispatch.convert(buf, out if DTYPES[a].bits != DTYPES[b].bits else buf, a, b, 1, stream=stream, dev=dev)
@@ -192,6 +198,13 @@ def _warm(dev, idx: int, need) -> None:
                 dispatch.scatter(buf, out, table, 0, 1, a, stream, 1, dev=dev)
             elif op == "zero":
                 dispatch.zero(out, [(0, 1)], stream, dev=dev)
+            elif op == "gguf":
+                from ..manifest.ggml_types import quant_type
+                from .gguf_kernels import dequantize_gguf
+
+                values = quant_type(a).block
+                dequantize_gguf(buf, out.view(np.uint32 if b == "F32" else np.uint16), a, b, values, stream=stream,
+                                dev=dev)
         stream.synchronize()
     except Exception:  # noqa: BLE001 - warming is an optimization; the real launch reports errors
         pass
