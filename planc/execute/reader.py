@@ -183,14 +183,22 @@ class Reader:
             return False, f"page cache warm ({frac:.0%} resident): buffered"
         return True, "page cache cold: O_DIRECT" if frac is not None else "O_DIRECT (cache state unknown)"
 
-    def read_into(self, rel: str, offset: int, length: int, buf, needed: int) -> int:
-        """Read [offset, offset+length) of `rel` into `buf` (a writable uint8 array); at least `needed` bytes."""
+    def read_into(self, rel: str, offset: int, length: int, buf, needed: int, *, sink=None, piece: int = 0) -> int:
+        """Read [offset, offset+length) of `rel` into `buf` (a writable uint8 array); at least `needed` bytes.
+
+        With `sink`, the read goes `piece` bytes at a time (file offsets that are multiples of
+        `piece` end each `preadv`; `piece` a multiple of 4096, so O_DIRECT reads stay aligned), and
+        `sink(file_offset, view)` gets each piece's bytes as soon as they are in `buf`, while they
+        are in the cache: every view starts at `offset` or a multiple of `piece` and ends at one or
+        at `offset + needed`. One request for the counters, as without."""
         f = self.files[rel]
         mv = memoryview(buf)[:length]
-        got = 0
+        got = fed = 0
+        short = False
         while got < needed:
+            stop = length if sink is None or not piece else min(length, ((offset + got) // piece + 1) * piece - offset)
             try:
-                n = os.preadv(f.fd, [mv[got:]], offset + got)
+                n = os.preadv(f.fd, [mv[got:stop]], offset + got)
             except OSError as e:
                 if f.direct and e.errno == errno.EINVAL and self.direct != "on":
                     self._fallback(rel)
@@ -203,11 +211,17 @@ class Reader:
                                 code=Code.READ_FAILED) from None
             with self._lock:
                 self.requests += 1 if got == 0 else 0
-                self.retries += 1 if got else 0
+                self.retries += 1 if got and short else 0
             if n == 0:
                 raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, {needed - got} bytes short of the "
                                 f"planned read at offset {offset} (was it truncated after compile?)", code=Code.READ_SHORT)
+            short = n < stop - got
             got += n
+            if sink is not None:
+                upto = needed if got >= needed else ((offset + got) // piece * piece - offset if piece else got)
+                if upto > fed:
+                    sink(offset + fed, mv[fed:upto])
+                    fed = upto
             if f.direct and got % ALIGN:
                 break  # O_DIRECT short read at end of file
         if got < needed:
