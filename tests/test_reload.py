@@ -376,8 +376,9 @@ def test_leaves_split_across_reads_verify_and_a_flipped_byte_in_one_is_caught(tm
 
 
 def test_reader_hands_over_pieces_on_leaf_boundaries(tmp_path):
-    """`Reader.read_into(..., sink, piece)`: the bytes of one read, in order, each view ending on a
-    multiple of `piece` or at the read's end; one request counted."""
+    """`Reader.read_into(..., sink, piece)`: the bytes of one read, the last piece (ending between
+    two multiples of `piece`) first, then the others in order, each view ending on a multiple of
+    `piece` or at the read's end; one request counted."""
     from planc.execute.reader import Reader
 
     f = tmp_path / "f.bin"
@@ -391,9 +392,9 @@ def test_reader_hands_over_pieces_on_leaf_boundaries(tmp_path):
                     sink=lambda at, view: got.append((at, bytes(view))))
     r.close()
     assert n >= 590_000 and r.requests == 1 and r.retries == 0
-    assert got[0][0] == 70_000 and all((at + len(b)) % LEAF == 0 for at, b in got[:-1])
-    assert got[-1][0] + len(got[-1][1]) == 660_000
-    assert b"".join(b for _, b in got) == data[70_000:660_000].tobytes()
+    assert got[0] == (655_360, data[655_360:660_000].tobytes())  # the tail first
+    assert got[1][0] == 70_000 and all((at + len(b)) % LEAF == 0 for at, b in got[1:])
+    assert b"".join(b for _, b in got[1:] + got[:1]) == data[70_000:660_000].tobytes()
 
 
 def test_version_1_digest_refused_with_its_own_code(tmp_path, capsys):
