@@ -119,7 +119,7 @@ def digest(args, out: Path) -> dict:
             (rows[k] if rnd else first.setdefault(k, [])).append(row)
     med = {k: _med(v, "gb_per_s") for k, v in rows.items()}
     return {"digest_seconds": made, "digest_gb_per_s": total / made / 1e9, "digest_file_bytes": path.stat().st_size,
-            "coverage": dg.coverage(plan, doc["extent_bytes"]), "first": first, "rounds": rows, "median_gb_per_s": med,
+            "coverage": dg.coverage(plan, doc["extent_bytes"], doc["leaf_bytes"]), "first": first, "rounds": rows, "median_gb_per_s": med,
             "digest_over_plain": med["digest"] / med["plain"]}
 
 

@@ -331,3 +331,106 @@ def test_coverage_counts_what_the_verifier_reads_besides(tmp_path):
         assert_model(model, want_a)
     finally:
         model.free()
+
+
+# -- leaves: extents of several leaves, reads that split leaves, the format's version ----------------
+
+LEAF = 64 << 10
+LEAVED = 256 << 10  # four leaves per extent
+
+
+def _tiny_io_spec(tmp_path, root, name="tiny.yaml", rules=None):
+    """Requests of 96 KiB, from the first tensor's page: nearly every one begins and ends inside a leaf."""
+    return spec_file(tmp_path, root, rules or [{"match": "*"}], io=dict(SMALL_IO, slot="96KiB", slots=4, workers=4, run="1MiB"),
+                     name=name)
+
+
+def test_digest_leaves_hash_to_the_extent():
+    """An extent's hash is the xxh3-128 of its leaves' digests, in order; the last leaf and extent shorter."""
+    import xxhash
+
+    data = np.random.default_rng(3).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    leaves = b"".join(xxhash.xxh3_128_digest(data[i:i + LEAF]) for i in range(256 << 10, len(data), LEAF))
+    assert dg.extent_hash(leaves) == xxhash.xxh3_128_digest(leaves)
+
+
+def test_leaves_split_across_reads_verify_and_a_flipped_byte_in_one_is_caught(tmp_path, models):
+    sa, want_a, _, _ = _two(tmp_path, shards=1, size=900_000)
+    root = tmp_path / "a" / "dense"
+    spec = _tiny_io_spec(tmp_path / "a", root)
+    from planc.compiler.compile import compile_spec
+    from planc.manifest import digestcheck
+
+    plan = compile_spec(spec)
+    d = tmp_path / "a.digest.json"
+    d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=LEAF)))
+    size = plan.checkpoint.files[0].size_bytes
+    lay = digestcheck._layout(digestcheck.read_pieces(plan)[plan.checkpoint.files[0].path], size, LEAVED, LEAF)
+    kinds = b"".join(bytes(v.kinds) for _, v in sorted(lay.items()))
+    assert kinds.count(digestcheck.SHARED) >= 5 and kinds.count(digestcheck.WHOLE) >= 1  # reads split leaves
+    model = planc.load(plan, verify="digest", digest=d)
+    models.append(model)
+    assert_model(model, want_a)
+    rep = model.report["digest"]
+    assert rep["ok"] and rep["leaf_bytes"] == LEAF and rep["reread_bytes"] == 0
+    assert rep["hashed_bytes"] + rep["fill_bytes"] == size  # every byte, hashed once
+    assert rep["fill_bytes"] == dg.coverage(plan, LEAVED, LEAF)["fill_bytes"]
+    # a flipped byte in a leaf two reads share, and one in a leaf one read covers whole
+    starts = sorted(q.offset for r in plan.runs for q in r.requests)
+    for at in (starts[3] - 7, (starts[5] // LEAF + 1) * LEAF + 100):
+        victim = root / plan.checkpoint.files[0].path
+        data = bytearray(victim.read_bytes())
+        data[at] ^= 0x04
+        victim.write_bytes(bytes(data))
+        with pytest.raises(DigestError) as e:
+            planc.load(spec, verify="digest", digest=d)  # compiled again: the file's mtime changed
+        lo = at // LEAVED * LEAVED
+        assert e.value.code == "digest-mismatch" and str(victim) in str(e.value)
+        assert f"[{lo:,}, {min(lo + LEAVED, size):,})" in str(e.value)
+        data[at] ^= 0x04
+        victim.write_bytes(bytes(data))
+
+
+def test_reader_hands_over_pieces_on_leaf_boundaries(tmp_path):
+    """`Reader.read_into(..., sink, piece)`: the bytes of one read, the last piece (ending between
+    two multiples of `piece`) first, then the others in order, each view ending on a multiple of
+    `piece` or at the read's end; one request counted."""
+    from planc.execute.reader import Reader
+
+    f = tmp_path / "f.bin"
+    data = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
+    f.write_bytes(data.tobytes())
+    r = Reader(str(tmp_path), "off")
+    r.open("f.bin", f.stat().st_size)
+    got = []
+    buf = np.zeros(600_000, np.uint8)
+    n = r.read_into("f.bin", 70_000, 600_000, buf, 590_000, piece=LEAF,
+                    sink=lambda at, view: got.append((at, bytes(view))))
+    r.close()
+    assert n >= 590_000 and r.requests == 1 and r.retries == 0
+    assert got[0] == (655_360, data[655_360:660_000].tobytes())  # the tail first
+    assert got[1][0] == 70_000 and all((at + len(b)) % LEAF == 0 for at, b in got[1:])
+    assert b"".join(b for _, b in got[1:] + got[:1]) == data[70_000:660_000].tobytes()
+
+
+def test_version_1_digest_refused_with_its_own_code(tmp_path, capsys):
+    sa, _, _, _ = _two(tmp_path)
+    d = _digest(tmp_path / "a" / "dense", tmp_path / "a.digest.json")
+    doc = json.loads(d.read_text())
+    doc.pop("leaf_bytes")
+    doc["version"] = 1
+    doc["check"] = dg._check(doc)
+    d.write_text(json.dumps(doc))
+    with pytest.raises(DigestError) as e:
+        dg.read_digest(d)
+    assert e.value.code == "digest-version" and e.value.exit_code == 2 and "planc digest" in str(e.value)
+    rc, out, err = cli_run(capsys, "run", sa, "--verify-digest", d)
+    assert rc == 2 and "[digest-version]" in one_line(err)
+
+
+@pytest.mark.parametrize("leaf", [32 << 10, 96 << 10, 512 << 10])
+def test_leaf_size_out_of_range_refused(tmp_path, leaf):
+    _two(tmp_path)
+    with pytest.raises(DigestError) as e:
+        dg.make_digest(tmp_path / "a" / "dense", extent_bytes=LEAVED, leaf_bytes=leaf)
+    assert e.value.code == "digest-extent"

@@ -177,6 +177,7 @@ class Code(StrEnum):
     DIGEST_OTHER = "digest-other", 2, "a digest file is the digest of another checkpoint (or the file changed)"
     DIGEST_READ = "digest-read", 2, "a checkpoint file ended early while it was hashed"
     DIGEST_TOO_LARGE = "digest-too-large", 2, "a digest file is larger than a digest file holds"
+    DIGEST_VERSION = "digest-version", 2, "a digest file of an older format (write it again with planc digest)"
     DTYPE_MISMATCH = "dtype-mismatch", 2, "load_into(inplace=True): the plan writes another dtype than the module's tensor holds"
     INPLACE_UNSUPPORTED = "inplace-unsupported", 2, "load_into(inplace=True) of a plan that does not only copy into the module's tensors"
     NOT_CONTIGUOUS = "not-contiguous", 2, "load_into(inplace=True): a module's tensor is not contiguous"

@@ -183,39 +183,66 @@ class Reader:
             return False, f"page cache warm ({frac:.0%} resident): buffered"
         return True, "page cache cold: O_DIRECT" if frac is not None else "O_DIRECT (cache state unknown)"
 
-    def read_into(self, rel: str, offset: int, length: int, buf, needed: int) -> int:
-        """Read [offset, offset+length) of `rel` into `buf` (a writable uint8 array); at least `needed` bytes."""
+    def read_into(self, rel: str, offset: int, length: int, buf, needed: int, *, sink=None, piece: int = 0) -> int:
+        """Read [offset, offset+length) of `rel` into `buf` (a writable uint8 array); at least `needed` bytes.
+
+        With `sink`, the read goes `piece` bytes at a time (file offsets that are multiples of
+        `piece` end each `preadv`; `piece` a multiple of 4096, so O_DIRECT reads stay aligned), and
+        `sink(file_offset, view)` gets each piece's bytes as soon as they are in `buf`, while they
+        are in the cache: every view starts at `offset` or a multiple of `piece` and ends at one or
+        at `offset + needed`. The last piece, when it ends between two multiples of `piece`, is
+        read first (its bytes begin what the next request ends: handed over early, that request's
+        hash of them need not wait), then the others in order. One request for the counters."""
         f = self.files[rel]
         mv = memoryview(buf)[:length]
-        got = 0
-        while got < needed:
-            try:
-                n = os.preadv(f.fd, [mv[got:]], offset + got)
-            except OSError as e:
-                if f.direct and e.errno == errno.EINVAL and self.direct != "on":
-                    self._fallback(rel)
-                    f = self.files[rel]
-                    continue
-                if f.direct and e.errno == errno.EINVAL:
-                    raise ReadError(f"{f.path}: the file system refuses O_DIRECT reads and io.direct is on; "
-                                    f"set io.direct: auto or off", code=Code.DIRECT_REFUSED) from None
-                raise ReadError(f"{f.path}: read of {length} bytes at offset {offset + got} failed: {e.strerror}",
-                                code=Code.READ_FAILED) from None
-            with self._lock:
-                self.requests += 1 if got == 0 else 0
-                self.retries += 1 if got else 0
-            if n == 0:
-                raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, {needed - got} bytes short of the "
-                                f"planned read at offset {offset} (was it truncated after compile?)", code=Code.READ_SHORT)
-            got += n
-            if f.direct and got % ALIGN:
-                break  # O_DIRECT short read at end of file
-        if got < needed:
-            raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, short of the planned read at offset "
-                            f"{offset} (was it truncated after compile?)", code=Code.READ_SHORT)
+        spans = [(0, needed, length)]
+        if sink is not None and piece:
+            tb = (offset + needed - 1) // piece * piece - offset  # the last multiple of `piece` inside the read
+            if tb > 0 and (offset + needed) % piece:
+                spans = [(tb, needed, length), (0, tb, tb)]
+        first, total, end = True, 0, 0
+        for lo, need, cap in spans:
+            got = fed = lo
+            short = False
+            while got < need:
+                stop = cap if sink is None or not piece else min(cap, ((offset + got) // piece + 1) * piece - offset)
+                try:
+                    n = os.preadv(f.fd, [mv[got:stop]], offset + got)
+                except OSError as e:
+                    if f.direct and e.errno == errno.EINVAL and self.direct != "on":
+                        self._fallback(rel)
+                        f = self.files[rel]
+                        continue
+                    if f.direct and e.errno == errno.EINVAL:
+                        raise ReadError(f"{f.path}: the file system refuses O_DIRECT reads and io.direct is on; "
+                                        f"set io.direct: auto or off", code=Code.DIRECT_REFUSED) from None
+                    raise ReadError(f"{f.path}: read of {length} bytes at offset {offset + got} failed: {e.strerror}",
+                                    code=Code.READ_FAILED) from None
+                with self._lock:
+                    self.requests += 1 if first else 0
+                    self.retries += 1 if short else 0
+                first = False
+                if n == 0:
+                    raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, {needed - got} bytes short "
+                                    f"of the planned read at offset {offset} (was it truncated after compile?)",
+                                    code=Code.READ_SHORT)
+                short = n < stop - got
+                got += n
+                if sink is not None:
+                    upto = need if got >= need else ((offset + got) // piece * piece - offset if piece else got)
+                    if upto > fed:
+                        sink(offset + fed, mv[fed:upto])
+                        fed = upto
+                if f.direct and got % ALIGN:
+                    break  # O_DIRECT short read at end of file
+            if got < need:
+                raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, short of the planned read at "
+                                f"offset {offset} (was it truncated after compile?)", code=Code.READ_SHORT)
+            total += got - lo
+            end = max(end, got)
         with self._lock:
-            self.bytes_read += got
-        return got
+            self.bytes_read += total
+        return end
 
     def _fallback(self, rel: str) -> None:
         with self._lock:

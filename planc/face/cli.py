@@ -632,7 +632,7 @@ def _verification(plan, value: Optional[str]) -> dict:
     path = default_path(plan.checkpoint.source, plan.checkpoint.root) if value == "" else value
     d = read_digest(path)
     Verifier(plan, d)  # every file in the digest, of the same size
-    return {"kind": "digest", "digest_file": str(path), **coverage(plan, d.extent_bytes)}
+    return {"kind": "digest", "digest_file": str(path), **coverage(plan, d.extent_bytes, d.leaf_bytes)}
 
 
 def _verification_line(v: dict) -> str:
@@ -642,7 +642,7 @@ def _verification_line(v: dict) -> str:
     return (f"verified: yes, against {printable(v['digest_file'])}: {v['extents_verified']} of {v['extents']} extents "
             f"of {fmt_bytes(v['extent_bytes'])} hashed as they stream, {fmt_bytes(v['fill_bytes'])} read besides the "
             f"plan's (bytes of those extents it does not read), {fmt_bytes(v['reread_bytes'])} read again "
-            f"(extents read out of file order), {v['extents_untouched']} extents not loaded and not checked")
+            f"(leaves read out of file order), {v['extents_untouched']} extents not loaded and not checked")
 
 
 @app.command()
@@ -652,11 +652,13 @@ def digest(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a f
                                                  help="Where to write the digest file (default: beside the "
                                                       "checkpoint, where run --verify-digest looks)."),
            extent: str = typer.Option("16MiB", "--extent", help="Extent size: a power of two, 64KiB to 1GiB."),
+           leaf: Optional[str] = typer.Option(None, "--leaf", help="Leaf size: a power of two from 64KiB to the "
+                                                                     "extent (default 1MiB, or the extent if smaller)."),
            sha256: bool = typer.Option(False, "--sha256", help="Also each file's sha256 (what the Hugging Face hub "
                                                                 "records for an LFS file)."),
            workers: int = typer.Option(4, min=1, max=64, help="Files hashed at once."),
            as_json: bool = typer.Option(False, "--json", help="Print a summary as JSON.")):
-    """Write a digest file for a checkpoint: per file its size and head, per extent an xxh3-128."""
+    """Write a digest file for a checkpoint: per file its size and head, per extent an xxh3-128 over its leaves'."""
     from ..manifest import digest as _digest
     from ..manifest import read_manifest
 
@@ -664,15 +666,21 @@ def digest(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a f
         extent_bytes = parse_bytes(extent)
     except ValueError as e:
         raise _usage(f"--extent: {e}") from None
+    try:
+        leaf_bytes = None if leaf is None else parse_bytes(leaf)
+    except ValueError as e:
+        raise _usage(f"--leaf: {e}") from None
     m = read_manifest(checkpoint)
     dest = output or _digest.default_path(str(checkpoint), m.root)
     inputs = [checkpoint] + [Path(m.root) / s.path for s in m.shards]
     from ..base import outputs
 
     outputs.target(dest, "-o", inputs=inputs)  # before a minute of hashing
-    doc = _digest.make_digest(checkpoint, extent_bytes=extent_bytes, sha256=sha256, workers=workers)
+    doc = _digest.make_digest(checkpoint, extent_bytes=extent_bytes, leaf_bytes=leaf_bytes, sha256=sha256,
+                              workers=workers)
     where = outputs.write(dest, _digest.encode(doc), "-o", inputs=inputs)
     summary = {"path": str(where), "files": len(doc["files"]), "extent_bytes": extent_bytes,
+               "leaf_bytes": doc["leaf_bytes"],
                "extents": sum(len(f["extents"]) for f in doc["files"]),
                "bytes": sum(f["size_bytes"] for f in doc["files"]), "sha256": sha256}
     if as_json:

@@ -1,33 +1,29 @@
 """Digest files: a checkpoint -> per-extent hashes (`make_digest`, `encode`); a digest file -> a
-checked `Digest` (`read_digest`); a plan + a digest -> a `Verifier` that hashes the bytes a load
-reads as they pass through the pinned ring.
+checked `Digest` (`read_digest`). How a load is checked against one: `planc.manifest.digestcheck`
+(`Verifier`, `coverage`, re-exported here).
 
-The file (JSON, written through `planc.base.outputs`):
+The file (JSON, written through `planc.base.outputs`), version 2:
 
-    {"kind": "planc-digest", "version": 1, "hash": "xxh3-128", "extent_bytes": 16777216,
-     "head_bytes": 4096,
+    {"kind": "planc-digest", "version": 2, "hash": "xxh3-128", "extent_bytes": 16777216,
+     "leaf_bytes": 1048576, "head_bytes": 4096,
      "files": [{"path": "model-00001-of-00004.safetensors", "size_bytes": 3.9e9,
                 "head": "<xxh3-128 of the first head_bytes bytes, 32 hex>",
-                "extents": ["<xxh3-128 of bytes [k*E, (k+1)*E), 32 hex>", ...],
+                "extents": ["<extent k's hash, 32 hex>", ...],
                 "sha256": "<64 hex, the whole file>" | null}],
      "check": "<xxh3-128 of the canonical JSON of every other key, 32 hex>"}
 
-Invariants of a digest that `read_digest` accepts: at most `MAX_FILE_BYTES`; exactly these keys;
-paths relative, without `..`, sorted and unique; `ceil(size / extent_bytes)` extents per file;
-lowercase hex of the right length; `check` equal to the hash of the rest (an edited or truncated
-file is refused: `DigestError`, exit 2).
+An extent's hash is a two-level tree (`extent_hash`): the extent `[k*E, (k+1)*E)` (the file's
+last one shorter) is cut into leaves of `leaf_bytes` from its start (the last one shorter), each
+leaf hashed with xxh3-128, and the extent's hash is the xxh3-128 of its leaves' 16-byte digests
+one after the other. Leaves are hashed independently, in any order, on any thread: a load hashes
+each leaf where it lands, while it is in the cache. Version 1 (the extent's bytes hashed as one
+stream) is refused with `[digest-version]`: write the file again with `planc digest`.
 
-How a load is verified (`Verifier`): each file's fingerprint (size, hash of its head) is checked
-before anything is allocated. Then every extent that the plan's reads touch keeps a streaming
-xxh3-128 state and a cursor: a read, on the reader's thread, feeds the bytes of each extent it
-covers at the cursor, after waiting for the reads that come before it in the extent (they were
-submitted earlier: requests go to the pool in plan order, FIFO, so the one waited for is running
-or done). Bytes of a touched extent that no read covers (a skipped tensor, another rank's rows)
-are read by the verifier itself, in `FILL_CHUNK` pieces, when the cursor reaches them:
-`fill_bytes`, counted in `coverage` and in the report. An extent whose reads are not submitted in
-file order (a rule that reorders) is hashed after the load by reading it whole: `reread_bytes`.
-Extents no read touches are not verified: nothing of them is loaded. A complete extent is
-compared at once; a mismatch fails the read, so the load fails with no model returned.
+Invariants of a digest that `read_digest` accepts: at most `MAX_FILE_BYTES`; exactly these keys;
+`extent_bytes` and `leaf_bytes` powers of two, `MIN_LEAF <= leaf_bytes <= extent_bytes`; paths
+relative, without `..`, sorted and unique; `ceil(size / extent_bytes)` extents per file; lowercase
+hex of the right length; `check` equal to the hash of the rest (an edited or truncated file is
+refused: `DigestError`, exit 2).
 """
 
 from __future__ import annotations
@@ -45,15 +41,17 @@ from pathlib import Path
 from ..base.errors import DigestError, printable, shorten
 from ..base.codes import Code
 
-KIND, VERSION, HASH = "planc-digest", 1, "xxh3-128"
+KIND, VERSION, HASH = "planc-digest", 2, "xxh3-128"
 EXTENT_BYTES = 16 << 20
+LEAF_BYTES = 1 << 20  # hashed where it lands: fits a core's L2 beside the read that brings it in
+MIN_LEAF = 64 << 10  # a multiple of the O_DIRECT alignment: a leaf boundary is a place to split a read
 HEAD_BYTES = 4 << 10  # the fingerprint: size + the hash of the first bytes (the header, mostly)
 MAX_FILE_BYTES = 64 << 20  # a 4 TB checkpoint at 16 MiB extents is about 9 MB of digest
 MIN_EXTENT, MAX_EXTENT = 64 << 10, 1 << 30
 FILL_CHUNK = 1 << 20
 _HEX32, _HEX64 = re.compile(r"[0-9a-f]{32}\Z"), re.compile(r"[0-9a-f]{64}\Z")
 _FILE_KEYS = {"path", "size_bytes", "head", "extents", "sha256"}
-_TOP_KEYS = {"kind", "version", "hash", "extent_bytes", "head_bytes", "files", "check"}
+_TOP_KEYS = {"kind", "version", "hash", "extent_bytes", "leaf_bytes", "head_bytes", "files", "check"}
 
 
 def _xxh():
@@ -80,18 +78,27 @@ def default_path(source: str, root: str) -> Path:
     return Path(root) / "planc-digest.json"
 
 
-def _file_digest(path: str, size: int, extent: int, head: int, sha: bool) -> dict:
-    """One file, read once from start to end in `FILL_CHUNK` pieces."""
-    import numpy as np
+def extent_hash(leaves: bytes) -> bytes:
+    """An extent's hash from its leaves' 16-byte xxh3-128 digests, in file order."""
+    import xxhash
 
-    buf = np.empty(min(FILL_CHUNK, max(size, 1)), np.uint8)
+    return xxhash.xxh3_128_digest(leaves)
+
+
+def _file_digest(path: str, size: int, extent: int, leaf: int, head: int, sha: bool) -> dict:
+    """One file, read once from start to end in pieces of at most `FILL_CHUNK` (and no more than a
+    leaf: each piece lies in one leaf)."""
+    import numpy as np
+    import xxhash
+
+    buf = np.empty(min(FILL_CHUNK, leaf, max(size, 1)), np.uint8)
     extents, whole = [], hashlib.sha256() if sha else None
-    h = _xxh()
+    leaves, h = bytearray(), _xxh()
     fd = os.open(path, os.O_RDONLY)
     try:
         off = 0
         while off < size:
-            n = min(len(buf), size - off, extent - off % extent)
+            n = min(len(buf), size - off, leaf - off % leaf)
             got = os.preadv(fd, [memoryview(buf)[:n]], off)
             if got != n:
                 raise DigestError(f"{printable(path)}: ended at {off + got:,} bytes while being digested, "
@@ -101,9 +108,12 @@ def _file_digest(path: str, size: int, extent: int, head: int, sha: bool) -> dic
             if whole is not None:
                 whole.update(mv)
             off += n
-            if off % extent == 0 or off == size:
-                extents.append(h.hexdigest())
+            if off % leaf == 0 or off == size:
+                leaves += h.digest()
                 h = _xxh()
+            if off % extent == 0 or off == size:
+                extents.append(xxhash.xxh3_128_hexdigest(bytes(leaves)))
+                leaves = bytearray()
         head_hex = _head_hash(fd, size, head, path)
     finally:
         os.close(fd)
@@ -118,9 +128,11 @@ def _head_hash(fd: int, size: int, head: int, path: str) -> str:
     return _hex(data)
 
 
-def make_digest(checkpoint, *, extent_bytes: int = EXTENT_BYTES, sha256: bool = False, workers: int = 4) -> dict:
+def make_digest(checkpoint, *, extent_bytes: int = EXTENT_BYTES, leaf_bytes: int | None = None, sha256: bool = False,
+                workers: int = 4) -> dict:
     """The digest document of `checkpoint` (a file, a folder, an index: as `planc inspect` takes),
-    each file read once (files in parallel, `workers` at a time)."""
+    each file read once (files in parallel, `workers` at a time). Leaves of `leaf_bytes` (default
+    `LEAF_BYTES`, or the extent when it is smaller)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from . import read_manifest
@@ -128,12 +140,17 @@ def make_digest(checkpoint, *, extent_bytes: int = EXTENT_BYTES, sha256: bool = 
     if not (MIN_EXTENT <= extent_bytes <= MAX_EXTENT) or extent_bytes & (extent_bytes - 1):
         raise DigestError(f"extent size must be a power of two from 64 KiB to 1 GiB, got {extent_bytes:,}",
                           code=Code.DIGEST_EXTENT)
+    leaf = min(LEAF_BYTES, extent_bytes) if leaf_bytes is None else leaf_bytes
+    if not (MIN_LEAF <= leaf <= extent_bytes) or leaf & (leaf - 1):
+        raise DigestError(f"leaf size must be a power of two from 64 KiB to the extent size ({extent_bytes:,}), "
+                          f"got {leaf:,}", code=Code.DIGEST_EXTENT)
     m = read_manifest(checkpoint)
     jobs = [(s.path, os.path.join(m.root, s.path), s.size_bytes) for s in m.shards]
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
-        got = list(pool.map(lambda j: _file_digest(j[1], j[2], extent_bytes, HEAD_BYTES, sha256), jobs))
+        got = list(pool.map(lambda j: _file_digest(j[1], j[2], extent_bytes, leaf, HEAD_BYTES, sha256), jobs))
     files = [{"path": rel, "size_bytes": size, **g} for (rel, _, size), g in zip(jobs, got)]
-    doc = {"kind": KIND, "version": VERSION, "hash": HASH, "extent_bytes": extent_bytes, "head_bytes": HEAD_BYTES,
+    doc = {"kind": KIND, "version": VERSION, "hash": HASH, "extent_bytes": extent_bytes, "leaf_bytes": leaf,
+           "head_bytes": HEAD_BYTES,
            "files": sorted(files, key=lambda f: f["path"])}
     doc["check"] = _check(doc)
     return doc
@@ -174,6 +191,7 @@ class Digest:
     extent_bytes: int
     head_bytes: int
     files: dict  # relative path -> FileDigest
+    leaf_bytes: int = LEAF_BYTES
 
 
 def _bad(path, why: str, code: str = Code.DIGEST_FORMAT) -> DigestError:
@@ -205,16 +223,23 @@ def read_digest(path) -> Digest:
         doc = json.loads(raw.decode("utf-8"), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     except (UnicodeDecodeError, ValueError) as e:
         raise _bad(path, f"not valid JSON (truncated or damaged: {shorten(str(e), 80)})") from None
+    if isinstance(doc, dict) and doc.get("kind") == KIND and doc.get("version") != VERSION:
+        v = doc.get("version")
+        raise DigestError(f"digest file {printable(str(path))}: version {printable(str(v))[:20]}, this planc reads version "
+                          f"{VERSION} (extent hashes over leaves, hashed as each read lands); "
+                          f"write it again with planc digest", code=Code.DIGEST_VERSION)
     if not isinstance(doc, dict) or set(doc) != _TOP_KEYS:
         keys = sorted(doc)[:8] if isinstance(doc, dict) else type(doc).__name__
         raise _bad(path, f"not a planc digest (keys {printable(str(keys))})")
-    if doc["kind"] != KIND or doc["version"] != VERSION or doc["hash"] != HASH:
+    if doc["kind"] != KIND or doc["hash"] != HASH:
         raise _bad(path, f"kind/version/hash {printable(str([doc['kind'], doc['version'], doc['hash']]))[:80]}, "
                          f"expected {[KIND, VERSION, HASH]}")
-    ext, head = doc["extent_bytes"], doc["head_bytes"]
+    ext, head, leaf = doc["extent_bytes"], doc["head_bytes"], doc["leaf_bytes"]
     if (type(ext) is not int or not MIN_EXTENT <= ext <= MAX_EXTENT or ext & (ext - 1)
             or type(head) is not int or head != HEAD_BYTES):
         raise _bad(path, "extent_bytes or head_bytes out of range")
+    if type(leaf) is not int or not MIN_LEAF <= leaf <= ext or leaf & (leaf - 1):
+        raise _bad(path, "leaf_bytes is not a power of two from 64 KiB to extent_bytes")
     if not isinstance(doc["check"], str) or not _HEX32.match(doc["check"]):
         raise _bad(path, "its check is not 32 lowercase hex digits")
     files = doc["files"]
@@ -246,237 +271,9 @@ def read_digest(path) -> Digest:
         out[rel] = FileDigest(rel, size, f["head"], tuple(bytes.fromhex(x) for x in exts), sha)
     if _check(doc) != doc["check"]:
         raise _bad(path, "its check does not match its contents (edited or damaged)", code=Code.DIGEST_EDITED)
-    return Digest(str(path), ext, head, out)
+    return Digest(str(path), ext, head, out, leaf)
 
 
-# -- what a plan's reads cover ---------------------------------------------------------------------
 
 
-def read_pieces(plan) -> dict:
-    """file -> [(lo, hi)] of the bytes the plan's reads deliver, in the order they are submitted."""
-    sizes = {f.path: f.size_bytes for f in plan.checkpoint.files}
-    out: dict = defaultdict(list)
-    for r in plan.runs:
-        for q in r.requests:
-            if q.stride:
-                out[q.file] += [(q.offset + k * q.stride, q.offset + k * q.stride + q.length) for k in range(q.count)]
-            else:
-                out[q.file].append((q.offset, min(q.offset + q.needed, sizes[q.file])))
-        for h in r.host_parts:
-            for inp in plan.parts[h.part].inputs:
-                out[inp.file] += [(o, o + n) for o, n, _ in inp.segments() if n]
-    return out
-
-
-@dataclass
-class _Extent:
-    """One extent's streaming state: bytes [lo, hi) of a file, fed in order at `cursor`."""
-
-    index: int
-    lo: int
-    hi: int
-    expect: bytes
-    gaps: deque  # (g0, g1) that no read covers, in order: the verifier reads them
-    reread: bool
-    cursor: int = 0
-    hasher: object = None
-    done: bool = False
-
-    def __post_init__(self):
-        self.cursor = self.lo
-        self.hasher = _xxh()
-        self.cond = threading.Condition()
-
-
-def _extents_of(pieces: list, size: int, E: int) -> dict:
-    """extent index -> (gaps, in submission order?) for the extents `pieces` touch."""
-    per: dict = defaultdict(list)
-    for lo, hi in pieces:
-        lo, hi = max(lo, 0), min(hi, size)
-        for k in range(lo // E, (hi - 1) // E + 1 if hi > lo else lo // E):
-            per[k].append((max(lo, k * E), min(hi, (k + 1) * E)))
-    out = {}
-    for k, ps in per.items():
-        e0, e1 = k * E, min((k + 1) * E, size)
-        ordered = all(ps[i][0] <= ps[i + 1][0] for i in range(len(ps) - 1))
-        gaps, at = deque(), e0
-        for lo, hi in sorted(ps):
-            if lo > at:
-                gaps.append((at, lo))
-            at = max(at, hi)
-        if at < e1:
-            gaps.append((at, e1))
-        out[k] = (gaps, ordered)
-    return out
-
-
-def coverage(plan, extent_bytes: int) -> dict:
-    """What verifying `plan` against a digest of `extent_bytes` extents costs: extents hashed in the
-    ring, bytes the verifier reads itself (`fill_bytes`: parts of touched extents no read covers;
-    `reread_bytes`: extents whose reads are out of file order), extents not touched."""
-    sizes = {f.path: f.size_bytes for f in plan.checkpoint.files}
-    pieces = read_pieces(plan)
-    touched = fill = reread = total = 0
-    for f in plan.checkpoint.files:
-        n = math.ceil(f.size_bytes / extent_bytes)
-        total += n
-        for k, (gaps, ordered) in _extents_of(pieces.get(f.path, []), sizes[f.path], extent_bytes).items():
-            touched += 1
-            if ordered:
-                fill += sum(b - a for a, b in gaps)
-            else:
-                reread += min((k + 1) * extent_bytes, f.size_bytes) - k * extent_bytes
-    return {"extent_bytes": extent_bytes, "extents": total, "extents_verified": touched,
-            "extents_untouched": total - touched, "fill_bytes": fill, "reread_bytes": reread}
-
-
-# -- verifying a load ------------------------------------------------------------------------------
-
-
-class Verifier:
-    """A load's digest check (see the module's docstring). `check_files()` before anything is
-    allocated; `feed(file, offset, bytes)` from the reader after each read; `finish()` after the
-    last read; `abort()` when the load fails (a read waiting for an earlier one gives up)."""
-
-    WAIT = 0.05  # seconds between checks of `aborted` while waiting for an earlier read
-
-    def __init__(self, plan, digest: Digest):
-        self.plan, self.digest = plan, digest
-        self.root = plan.checkpoint.root
-        self.aborted = False
-        self.fill_bytes = self.reread_bytes = self.hashed_bytes = 0
-        self._lock = threading.Lock()
-        self.states: dict = {}
-        E = digest.extent_bytes
-        pieces = read_pieces(plan)
-        for f in plan.checkpoint.files:
-            fd = digest.files.get(f.path)
-            if fd is None:
-                raise DigestError(f"digest file {printable(digest.path)} has no entry for {printable(f.path)}: it is "
-                                  f"the digest of another checkpoint", code=Code.DIGEST_OTHER)
-            if fd.size_bytes != f.size_bytes:
-                raise DigestError(f"{printable(os.path.join(self.root, f.path))}: {f.size_bytes:,} bytes, the digest file "
-                                  f"{printable(digest.path)} says {fd.size_bytes:,}: it is the digest of another "
-                                  f"checkpoint (or the file changed)", code=Code.DIGEST_OTHER)
-            exts = {}
-            for k, (gaps, ordered) in _extents_of(pieces.get(f.path, []), f.size_bytes, E).items():
-                exts[k] = _Extent(k, k * E, min((k + 1) * E, f.size_bytes), fd.extents[k], gaps, not ordered)
-            self.states[f.path] = exts
-
-    def check_files(self) -> None:
-        """Each file's head against the digest's (a digest of another checkpoint of the same sizes)."""
-        for f in self.plan.checkpoint.files:
-            path = os.path.join(self.root, f.path)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                got = _head_hash(fd, f.size_bytes, self.digest.head_bytes, path)
-            finally:
-                os.close(fd)
-            if got != self.digest.files[f.path].head:
-                raise DigestError(f"{printable(path)}: its first {min(f.size_bytes, self.digest.head_bytes):,} bytes "
-                                  f"differ from those the digest file {printable(self.digest.path)} records: it is the "
-                                  f"digest of another checkpoint", code=Code.DIGEST_OTHER)
-
-    # -- on the readers' threads
-    def feed(self, rel: str, offset: int, data) -> None:
-        exts = self.states.get(rel)
-        if not exts:
-            return
-        mv = memoryview(data).cast("B")
-        end = offset + len(mv)
-        E = self.digest.extent_bytes
-        # Highest extent first: only a read's first extent can wait for an earlier read (the others
-        # start at this read's own bytes), so a read feeds what the next read will wait for before
-        # it waits itself, and the reads of a file are hashed in parallel, not in a chain.
-        for k in reversed(range(offset // E, (end - 1) // E + 1 if end > offset else 0)):
-            st = exts.get(k)
-            if st is None or st.reread:
-                continue
-            lo, hi = max(offset, st.lo), min(end, st.hi)
-            with st.cond:
-                self._fill(rel, st)
-                while st.cursor < lo and not st.done:
-                    if self.aborted:
-                        raise DigestError("the load failed elsewhere while this read waited to be hashed",
-                                          code=Code.DIGEST_ABORTED)
-                    st.cond.wait(self.WAIT)
-                    self._fill(rel, st)
-                if st.cursor < hi and not st.done:
-                    st.hasher.update(mv[st.cursor - offset:hi - offset])
-                    with self._lock:
-                        self.hashed_bytes += hi - st.cursor
-                    st.cursor = hi
-                    self._fill(rel, st)
-                st.cond.notify_all()
-                if st.cursor >= st.hi and not st.done:
-                    self._close(rel, st)
-
-    def _fill(self, rel: str, st: _Extent) -> None:
-        """Hash the bytes no read covers once the cursor reaches them (read here, `FILL_CHUNK` at a time)."""
-        while st.gaps and st.gaps[0][0] <= st.cursor:
-            g0, g1 = st.gaps.popleft()
-            if g1 > st.cursor:
-                n = self._hash_file(rel, st, st.cursor, g1)
-                with self._lock:
-                    self.fill_bytes += n
-                st.cursor = g1
-
-    def _hash_file(self, rel: str, st: _Extent, lo: int, hi: int) -> int:
-        path = os.path.join(self.root, rel)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            at = lo
-            while at < hi:
-                data = os.pread(fd, min(FILL_CHUNK, hi - at), at)
-                if not data:
-                    raise DigestError(f"{printable(path)}: ended at {at:,} bytes while hashing it", code=Code.DIGEST_READ)
-                st.hasher.update(data)
-                at += len(data)
-        finally:
-            os.close(fd)
-        return hi - lo
-
-    def _close(self, rel: str, st: _Extent) -> None:
-        st.done = True
-        if st.hasher.digest() != st.expect:
-            self.abort()
-            raise self.mismatch(rel, st)
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    # -- after the last read
-    def finish(self) -> dict:
-        for rel, exts in self.states.items():
-            for st in exts.values():
-                with st.cond:
-                    if st.done:
-                        continue
-                    if st.reread:
-                        st.hasher = _xxh()
-                        n = self._hash_file(rel, st, st.lo, st.hi)
-                        self.reread_bytes += n
-                        st.cursor = st.hi
-                    else:
-                        self._fill(rel, st)
-                    if st.cursor < st.hi:
-                        raise DigestError(f"{printable(os.path.join(self.root, rel))}: bytes [{st.cursor:,}, {st.hi:,}) "
-                                          f"were never hashed", code=Code.DIGEST_INCOMPLETE)
-                    self._close(rel, st)
-        return self.summary()
-
-    def summary(self) -> dict:
-        n = sum(len(e) for e in self.states.values())
-        return {"ok": True, "kind": "digest", "digest_file": self.digest.path, "extent_bytes": self.digest.extent_bytes,
-                "extents": n, "hashed_bytes": self.hashed_bytes, "fill_bytes": self.fill_bytes,
-                "reread_bytes": self.reread_bytes}
-
-    def mismatch(self, rel: str, st: _Extent) -> DigestError:
-        path = os.path.join(self.root, rel)
-        names = sorted({i.tensor for p in self.plan.parts for i in p.inputs
-                        if i.file == rel and i.start < st.hi and i.start + (i.count - 1) * i.stride + (i.seg or i.nbytes) > st.lo})
-        listed = ", ".join(shorten(n, 80) for n in names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
-        return DigestError(f"{printable(path)}: bytes [{st.lo:,}, {st.hi:,}) do not match the digest file "
-                           f"{printable(self.digest.path)} (extent {st.index}); tensors in them: {listed or 'none (header)'}; "
-                           f"the file is damaged or not the checkpoint the digest was made of; no model was returned",
-                           code=Code.DIGEST_MISMATCH)
+from .digestcheck import Verifier, coverage, read_pieces  # noqa: E402,F401 - the check of a load, named here too

@@ -1,0 +1,416 @@
+"""A load checked against a digest file (`planc.manifest.digest`): a plan's reads -> the leaves of
+the extents they cover (`read_pieces`, `coverage`); a plan + a `Digest` -> a `Verifier` that
+hashes the bytes a load reads where they land.
+
+Each file's fingerprint (size, hash of its head) is checked before anything is allocated. Every
+extent that the plan's reads touch is checked; its leaves (`Digest.leaf_bytes`) are of three kinds,
+fixed from the plan before the load:
+
+- **whole**: one read covers the leaf entirely. The reader's thread hashes it as soon as its bytes
+  have landed (the reader hands them over a piece at a time, `Verifier.piece_bytes`, each piece's
+  ends on leaf boundaries): one call, no state, no wait, in any order. Almost every leaf of a load.
+- **shared**: reads cover parts of it and none all of it (a leaf across two requests, the bytes a
+  rank skips, a skipped tensor): a streaming xxh3-128 state and a cursor. A read feeds its part
+  when the cursor has reached it; when it has not (an earlier read's part is still to come), the
+  read keeps its part (`deferred`: a view of its slot, not a copy) and hashes it after its own
+  reading (`settle`), waiting then for the earlier read; that read was submitted before it
+  (requests go to the pool in plan order, first in, first out), so it is running or done, and it
+  never waits for a later one. Bytes of the leaf no read covers are read from the file when the
+  cursor reaches them (`fill_bytes`). A shared leaf whose reads are not submitted in file order (a
+  rule that reorders) is hashed after the load by reading it whole (`reread_bytes`).
+- **fill**: in a touched extent, no read touches it: the first read of the extent reads it from
+  the file (`fill_bytes`).
+
+An extent is compared once its last leaf is hashed; a mismatch fails the read that completed it,
+so the load fails and no model is returned. Extents no read touches are not verified: nothing of
+them is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+from ..base.codes import Code
+from ..base.errors import DigestError, printable, shorten
+from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash
+
+WHOLE, SHARED, FILL = 1, 2, 3  # a leaf's kind (0: not yet known while planning)
+PIECE_BYTES = 1 << 20  # the reader hands over its bytes this many at a time (at least a leaf)
+
+
+def read_pieces(plan) -> dict:
+    """file -> [(lo, hi)] of the bytes the plan's reads deliver, in the order they are submitted."""
+    sizes = {f.path: f.size_bytes for f in plan.checkpoint.files}
+    out: dict = defaultdict(list)
+    for r in plan.runs:
+        for q in r.requests:
+            if q.stride:
+                out[q.file] += [(q.offset + k * q.stride, q.offset + k * q.stride + q.length) for k in range(q.count)]
+            else:
+                out[q.file].append((q.offset, min(q.offset + q.needed, sizes[q.file])))
+        for h in r.host_parts:
+            for inp in plan.parts[h.part].inputs:
+                out[inp.file] += [(o, o + n) for o, n, _ in inp.segments() if n]
+    return out
+
+
+@dataclass
+class _Layout:
+    """The leaves of one touched extent: `kinds[j]`, and for each shared leaf its gaps and whether
+    its reads come in file order."""
+
+    kinds: bytearray
+    shared: dict  # j -> (gaps: [(g0, g1)], ordered: bool)
+
+
+def _layout(pieces: list, size: int, E: int, L: int) -> dict:
+    """extent index -> `_Layout`, for the extents `pieces` touch."""
+    out: dict = {}
+    partial: dict = defaultdict(list)  # leaf (file-wide index) -> parts of reads in it, in submission order
+
+    def extent(k: int) -> _Layout:
+        lay = out.get(k)
+        if lay is None:
+            lay = out[k] = _Layout(bytearray(math.ceil((min((k + 1) * E, size) - k * E) / L)), {})
+        return lay
+
+    per = E // L
+    for lo, hi in pieces:
+        lo, hi = max(lo, 0), min(hi, size)
+        if hi <= lo:
+            continue
+        for k in range(lo // E, (hi - 1) // E + 1):
+            extent(k)
+        w0 = -(-lo // L)  # leaves wholly inside [lo, hi): w0 .. w1 - 1
+        w1 = hi // L + (1 if hi == size and hi % L and hi // L * L >= lo else 0)
+        J = w0
+        while J < w1:  # the whole leaves, an extent's run at a time
+            k, j = divmod(J, per)
+            n = min(per - j, w1 - J)
+            out[k].kinds[j:j + n] = bytes([WHOLE]) * n
+            J += n
+        for J in {lo // L, (hi - 1) // L}:
+            if not w0 <= J < w1:
+                partial[J].append((max(lo, J * L), min(hi, (J + 1) * L)))
+    for J, ps in partial.items():
+        k, j = divmod(J, per)
+        lay = out[k]
+        if lay.kinds[j] == WHOLE:
+            continue  # another read covers it whole: that one hashes it
+        lay.kinds[j] = SHARED
+        l0, l1 = J * L, min((J + 1) * L, size)
+        gaps, at = [], l0
+        for a, b in sorted(ps):
+            if a > at:
+                gaps.append((at, a))
+            at = max(at, b)
+        if at < l1:
+            gaps.append((at, l1))
+        lay.shared[j] = (gaps, all(ps[i][0] <= ps[i + 1][0] for i in range(len(ps) - 1)))
+    for lay in out.values():
+        for j, kind in enumerate(lay.kinds):
+            if not kind:
+                lay.kinds[j] = FILL
+    return out
+
+
+def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
+    """What verifying `plan` against a digest of `extent_bytes` extents (`leaf_bytes` leaves) costs:
+    extents hashed in the ring, bytes the verifier reads itself (`fill_bytes`: parts of touched
+    extents no read covers; `reread_bytes`: shared leaves whose reads are out of file order),
+    extents not touched."""
+    E = extent_bytes
+    L = min(LEAF_BYTES, E) if leaf_bytes is None else leaf_bytes
+    pieces = read_pieces(plan)
+    touched = fill = reread = total = 0
+    for f in plan.checkpoint.files:
+        total += math.ceil(f.size_bytes / E)
+        for k, lay in _layout(pieces.get(f.path, []), f.size_bytes, E, L).items():
+            touched += 1
+            lo = k * E
+            for j, kind in enumerate(lay.kinds):
+                n = min(lo + (j + 1) * L, f.size_bytes) - (lo + j * L)
+                if kind == FILL:
+                    fill += n
+                elif kind == SHARED:
+                    gaps, ordered = lay.shared[j]
+                    if ordered:
+                        fill += sum(b - a for a, b in gaps)
+                    else:
+                        reread += n
+    return {"extent_bytes": E, "leaf_bytes": L, "extents": total, "extents_verified": touched,
+            "extents_untouched": total - touched, "fill_bytes": fill, "reread_bytes": reread}
+
+
+class _Leaf:
+    """A shared leaf's streaming state: bytes [lo, hi) of a file, fed in order at `cursor`."""
+
+    __slots__ = ("j", "lo", "hi", "gaps", "reread", "cursor", "hasher", "done", "cond")
+
+    def __init__(self, j: int, lo: int, hi: int, gaps: list, reread: bool):
+        self.j, self.lo, self.hi, self.gaps, self.reread = j, lo, hi, deque(gaps), reread
+        self.cursor, self.hasher, self.done = lo, _xxh(), False
+        self.cond = threading.Condition()
+
+
+class _Extent:
+    """One touched extent: its leaves' kinds and digests, how many are still to be hashed."""
+
+    __slots__ = ("index", "lo", "hi", "expect", "kinds", "digests", "done", "left", "shared", "fills", "claimed",
+                 "closed", "lock")
+
+    def __init__(self, index: int, lo: int, hi: int, expect: bytes, lay: _Layout, L: int):
+        self.index, self.lo, self.hi, self.expect, self.kinds = index, lo, hi, expect, lay.kinds
+        n = len(lay.kinds)
+        self.digests, self.done, self.left = bytearray(16 * n), bytearray(n), n
+        self.shared = {j: _Leaf(j, lo + j * L, min(lo + (j + 1) * L, hi), gaps, not ordered)
+                       for j, (gaps, ordered) in lay.shared.items()}
+        self.fills = [j for j, kind in enumerate(lay.kinds) if kind == FILL]
+        self.claimed = self.closed = False
+        self.lock = threading.Lock()
+
+
+class Verifier:
+    """A load's digest check (see the module's docstring). `check_files()` before anything is
+    allocated; on the readers' threads `feed(file, offset, bytes, deferred)` as the bytes of a read
+    land and `settle(deferred)` after its last byte; `finish()` after the last read; `abort()` when
+    the load fails (a read waiting for an earlier one gives up)."""
+
+    WAIT = 0.05  # seconds between checks of `aborted` while waiting for an earlier read
+
+    def __init__(self, plan, digest: Digest):
+        self.plan, self.digest = plan, digest
+        self.root = plan.checkpoint.root
+        self.aborted = False
+        self.fill_bytes = self.reread_bytes = self.hashed_bytes = 0
+        self.verify_seconds = self.wait_seconds = 0.0
+        self._lock = threading.Lock()
+        self.states: dict = {}
+        E, L = digest.extent_bytes, digest.leaf_bytes
+        self.piece_bytes = max(PIECE_BYTES, L)
+        pieces = read_pieces(plan)
+        for f in plan.checkpoint.files:
+            fd = digest.files.get(f.path)
+            if fd is None:
+                raise DigestError(f"digest file {printable(digest.path)} has no entry for {printable(f.path)}: it is "
+                                  f"the digest of another checkpoint", code=Code.DIGEST_OTHER)
+            if fd.size_bytes != f.size_bytes:
+                raise DigestError(f"{printable(os.path.join(self.root, f.path))}: {f.size_bytes:,} bytes, the digest file "
+                                  f"{printable(digest.path)} says {fd.size_bytes:,}: it is the digest of another "
+                                  f"checkpoint (or the file changed)", code=Code.DIGEST_OTHER)
+            self.states[f.path] = {k: _Extent(k, k * E, min((k + 1) * E, f.size_bytes), fd.extents[k], lay, L)
+                                   for k, lay in _layout(pieces.get(f.path, []), f.size_bytes, E, L).items()}
+
+    def check_files(self) -> None:
+        """Each file's head against the digest's (a digest of another checkpoint of the same sizes)."""
+        from .digest import _head_hash
+
+        for f in self.plan.checkpoint.files:
+            path = os.path.join(self.root, f.path)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                got = _head_hash(fd, f.size_bytes, self.digest.head_bytes, path)
+            finally:
+                os.close(fd)
+            if got != self.digest.files[f.path].head:
+                raise DigestError(f"{printable(path)}: its first {min(f.size_bytes, self.digest.head_bytes):,} bytes "
+                                  f"differ from those the digest file {printable(self.digest.path)} records: it is the "
+                                  f"digest of another checkpoint", code=Code.DIGEST_OTHER)
+
+    # -- on the readers' threads
+    def feed(self, rel: str, offset: int, data, deferred: list | None = None) -> None:
+        """Hash the leaves in `data` (file bytes from `offset`): whole leaves at once, parts of
+        shared leaves at their cursor. A part whose cursor is behind goes to `deferred` (then
+        `settle` it after the read), or is waited for here when `deferred` is None."""
+        exts = self.states.get(rel)
+        if not exts:
+            return
+        import xxhash
+
+        digest = xxhash.xxh3_128_digest
+        t0 = time.perf_counter()
+        mv = memoryview(data).cast("B")
+        end = offset + len(mv)
+        E, L = self.digest.extent_bytes, self.digest.leaf_bytes
+        hashed = 0
+        for k in range(offset // E, (end - 1) // E + 1 if end > offset else 0):
+            st = exts.get(k)
+            if st is None:
+                continue
+            a, b = max(offset, st.lo), min(end, st.hi)
+            got = []
+            for j in range((a - st.lo) // L, (b - 1 - st.lo) // L + 1):
+                l0 = st.lo + j * L
+                l1 = min(l0 + L, st.hi)
+                kind = st.kinds[j]
+                if kind == WHOLE:
+                    if a <= l0 and l1 <= b and not st.done[j]:
+                        got.append((j, digest(mv[l0 - offset:l1 - offset])))
+                        hashed += l1 - l0
+                elif kind == SHARED:
+                    lf = st.shared[j]
+                    if not lf.reread and not self._feed_shared(rel, st, lf, max(a, l0), min(b, l1), mv, offset,
+                                                                wait=deferred is None):
+                        deferred.append((rel, st, lf, max(a, l0), min(b, l1), mv, offset))
+            if got:
+                self._record(rel, st, got)
+            if st.fills and not st.claimed:
+                self._claim_fills(rel, st)
+        with self._lock:
+            self.hashed_bytes += hashed
+            self.verify_seconds += time.perf_counter() - t0
+
+    def settle(self, deferred: list) -> None:
+        """The parts `feed` kept: each hashed once the earlier reads of its leaf are."""
+        t0 = time.perf_counter()
+        for rel, st, lf, a, b, mv, offset in deferred:
+            self._feed_shared(rel, st, lf, a, b, mv, offset, wait=True)
+        deferred.clear()
+        with self._lock:
+            self.verify_seconds += time.perf_counter() - t0
+
+    def _feed_shared(self, rel: str, st: _Extent, lf: _Leaf, a: int, b: int, mv, offset: int, wait: bool) -> bool:
+        """Bytes [a, b) of shared leaf `lf` (in `mv`, file bytes from `offset`) at its cursor; False
+        when the cursor is behind `a` and `wait` is False."""
+        done = None
+        with lf.cond:
+            self._fill(rel, lf)
+            if lf.cursor < a and not lf.done:
+                if not wait:
+                    return False
+                t0 = time.perf_counter()
+                while lf.cursor < a and not lf.done:
+                    if self.aborted:
+                        raise DigestError("the load failed elsewhere while this read waited to be hashed",
+                                          code=Code.DIGEST_ABORTED)
+                    lf.cond.wait(self.WAIT)
+                    self._fill(rel, lf)
+                with self._lock:
+                    self.wait_seconds += time.perf_counter() - t0
+            if lf.cursor < b and not lf.done:
+                lf.hasher.update(mv[lf.cursor - offset:b - offset])
+                with self._lock:
+                    self.hashed_bytes += b - lf.cursor
+                lf.cursor = b
+                self._fill(rel, lf)
+            lf.cond.notify_all()
+            if lf.cursor >= lf.hi and not lf.done:
+                lf.done = True
+                done = lf.hasher.digest()
+        if done is not None:
+            self._record(rel, st, [(lf.j, done)])
+        return True
+
+    def _fill(self, rel: str, lf: _Leaf) -> None:
+        """Hash the bytes of a shared leaf no read covers once its cursor reaches them."""
+        while lf.gaps and lf.gaps[0][0] <= lf.cursor:
+            g0, g1 = lf.gaps.popleft()
+            if g1 > lf.cursor:
+                n = self._hash_file(rel, lf.hasher, lf.cursor, g1)
+                with self._lock:
+                    self.fill_bytes += n
+                lf.cursor = g1
+
+    def _claim_fills(self, rel: str, st: _Extent) -> None:
+        """The leaves of `st` no read touches, read from the file by the first read of the extent."""
+        with st.lock:
+            if st.claimed:
+                return
+            st.claimed = True
+        L = self.digest.leaf_bytes
+        got, n = [], 0
+        for j in st.fills:
+            h = _xxh()
+            n += self._hash_file(rel, h, st.lo + j * L, min(st.lo + (j + 1) * L, st.hi))
+            got.append((j, h.digest()))
+        with self._lock:
+            self.fill_bytes += n
+        self._record(rel, st, got)
+
+    def _hash_file(self, rel: str, hasher, lo: int, hi: int) -> int:
+        path = os.path.join(self.root, rel)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            at = lo
+            while at < hi:
+                data = os.pread(fd, min(FILL_CHUNK, hi - at), at)
+                if not data:
+                    raise DigestError(f"{printable(path)}: ended at {at:,} bytes while hashing it", code=Code.DIGEST_READ)
+                hasher.update(data)
+                at += len(data)
+        finally:
+            os.close(fd)
+        return hi - lo
+
+    def _record(self, rel: str, st: _Extent, got: list) -> None:
+        """Leaf digests of `st`; the extent compared once its last leaf is in."""
+        with st.lock:
+            for j, d in got:
+                if not st.done[j]:  # a leaf two reads cover whole is hashed by the first
+                    st.done[j] = 1
+                    st.digests[16 * j:16 * j + 16] = d
+                    st.left -= 1
+            complete = st.left == 0 and not st.closed
+            if complete:
+                st.closed = True
+        if complete and extent_hash(bytes(st.digests)) != st.expect:
+            self.abort()
+            raise self.mismatch(rel, st)
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    # -- after the last read
+    def finish(self) -> dict:
+        L = self.digest.leaf_bytes
+        for rel, exts in self.states.items():
+            for st in exts.values():
+                if st.closed:
+                    continue
+                if st.fills and not st.claimed:
+                    self._claim_fills(rel, st)
+                for lf in st.shared.values():
+                    with lf.cond:
+                        if lf.done:
+                            continue
+                        if lf.reread:
+                            lf.hasher = _xxh()
+                            n = self._hash_file(rel, lf.hasher, lf.lo, lf.hi)
+                            self.reread_bytes += n
+                            lf.cursor = lf.hi
+                        else:
+                            self._fill(rel, lf)
+                        if lf.cursor < lf.hi:
+                            raise DigestError(f"{printable(os.path.join(self.root, rel))}: bytes [{lf.cursor:,}, "
+                                              f"{lf.hi:,}) were never hashed", code=Code.DIGEST_INCOMPLETE)
+                        lf.done = True
+                        d = lf.hasher.digest()
+                    self._record(rel, st, [(lf.j, d)])
+                if not st.closed:
+                    j = st.done.index(0)
+                    raise DigestError(f"{printable(os.path.join(self.root, rel))}: bytes [{st.lo + j * L:,}, "
+                                      f"{min(st.lo + (j + 1) * L, st.hi):,}) were never hashed",
+                                      code=Code.DIGEST_INCOMPLETE)
+        return self.summary()
+
+    def summary(self) -> dict:
+        n = sum(len(e) for e in self.states.values())
+        return {"ok": True, "kind": "digest", "digest_file": self.digest.path, "extent_bytes": self.digest.extent_bytes,
+                "leaf_bytes": self.digest.leaf_bytes, "extents": n, "hashed_bytes": self.hashed_bytes,
+                "fill_bytes": self.fill_bytes, "reread_bytes": self.reread_bytes,
+                "verify_seconds": round(self.verify_seconds, 6), "wait_seconds": round(self.wait_seconds, 6)}
+
+    def mismatch(self, rel: str, st: _Extent) -> DigestError:
+        path = os.path.join(self.root, rel)
+        names = sorted({i.tensor for p in self.plan.parts for i in p.inputs
+                        if i.file == rel and i.start < st.hi and i.start + (i.count - 1) * i.stride + (i.seg or i.nbytes) > st.lo})
+        listed = ", ".join(shorten(n, 80) for n in names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
+        return DigestError(f"{printable(path)}: bytes [{st.lo:,}, {st.hi:,}) do not match the digest file "
+                           f"{printable(self.digest.path)} (extent {st.index}); tensors in them: {listed or 'none (header)'}; "
+                           f"the file is damaged or not the checkpoint the digest was made of; no model was returned",
+                           code=Code.DIGEST_MISMATCH)
