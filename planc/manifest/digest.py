@@ -60,6 +60,16 @@ def _xxh():
     return xxhash.xxh3_128()
 
 
+def leaf_digest(data) -> bytes:
+    """xxh3-128 of `data` through the streaming object, whose `update` lets other threads run while
+    it hashes. (The one-shot `xxhash.xxh3_128_digest` holds the GIL in some python-xxhash releases:
+    sixteen readers hashing through it ran one at a time, and a verified load at 0.26x a plain one
+    on the H200.)"""
+    h = _xxh()
+    h.update(data)
+    return h.digest()
+
+
 def _hex(data) -> str:
     import xxhash
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from ..base.codes import Code
 from ..base.errors import DigestError, printable, shorten
-from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash
+from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash, leaf_digest
 
 WHOLE, SHARED, FILL = 1, 2, 3  # a leaf's kind (0: not yet known while planning)
 PIECE_BYTES = 1 << 20  # the reader hands over its bytes this many at a time (at least a leaf)
@@ -230,9 +230,7 @@ class Verifier:
         exts = self.states.get(rel)
         if not exts:
             return
-        import xxhash
-
-        digest = xxhash.xxh3_128_digest
+        digest = leaf_digest
         t0 = time.perf_counter()
         mv = memoryview(data).cast("B")
         end = offset + len(mv)
