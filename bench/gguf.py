@@ -17,10 +17,12 @@
    as llama.cpp's converter writes it (`planc.tools.gguf_llama.write_llama_from_state`). Timed
    --handoff-repeat times, alternating, each to a ready module on the GPU: transformers'
    `from_pretrained(dir, gguf_file="model.gguf", dtype=torch.bfloat16, device_map="cuda")` against
-   the config read from the file (`AutoConfig.from_pretrained(dir, gguf_file=...)`), the module
-   built on the meta device and `planc.load_into(module, spec)` with the shipped spec. Every weight
-   bit-equal, the logits on the same tokens equal (`torch.equal`), planc's speed-up (target: at
-   least 5x). CUDA (torch's and numba's) is started before anything is timed.
+   the config from planc's read of the header (`gguf_names.transformers_config`, checked equal to
+   `AutoConfig.from_pretrained(dir, gguf_file=...)`, whose own time is reported beside: it parses
+   the tokenizer arrays in Python), the module built on the meta device and
+   `planc.load_into(module, spec)` with the shipped spec. Every weight bit-equal, the logits on the
+   same tokens equal (`torch.equal`), planc's speed-up (target: at least 5x). CUDA (torch's and
+   numba's) is started and transformers' modules imported before anything is timed.
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1, no GPU) it dry-runs: `--size 0 --handoff tiny
 --repeat 1 --handoff-repeat 1`; the loads then dequantize on the host (`--on host`, the simulator's
@@ -144,6 +146,8 @@ def handoff(data: Path, preset: str, repeat: int) -> dict:
     import transformers
 
     import planc
+    from planc.manifest import read_manifest
+    from planc.manifest.gguf_names import transformers_config
     from planc.tools.gguf_llama import llama_config, random_llama_state, write_llama_from_state
 
     d = data / f"llama-gguf-{preset}"
@@ -172,9 +176,16 @@ def handoff(data: Path, preset: str, repeat: int) -> dict:
         _sync(torch)
         return m, time.perf_counter() - t0, None
 
+    def config_from_header():
+        """The config from planc's read of the header (`gguf_names.transformers_config`): the same as
+        AutoConfig.from_pretrained(dir, gguf_file=...), which parses the header again in Python."""
+        m = read_manifest(str(path))
+        return transformers.LlamaConfig(**transformers_config(dict(m.shards[0].metadata), [t.name for t in m.tensors]))
+
     def mine():
         t0 = time.perf_counter()
-        config = transformers.AutoConfig.from_pretrained(d, gguf_file=path.name)
+        config = config_from_header()
+        config_s.append(time.perf_counter() - t0)
         with torch.device("meta"):
             m = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         res = planc.load_into(m, spec)
@@ -182,7 +193,16 @@ def handoff(data: Path, preset: str, repeat: int) -> dict:
         _sync(torch)
         return m, time.perf_counter() - t0, res
 
+    # transformers' modules imported before anything is timed: a meta-device Llama built once
+    with torch.device("meta"):
+        transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**llama_config(*HANDOFF["tiny"])))
+    t0 = time.perf_counter()
+    auto = transformers.AutoConfig.from_pretrained(d, gguf_file=path.name)
+    autoconfig_s = time.perf_counter() - t0
+    differ_config = {k: v for k, v in config_from_header().to_diff_dict().items()
+                     if auto.to_diff_dict().get(k) != v and k not in ("_name_or_path", "_model_name_or_path")}
     times: dict[str, list] = {"transformers": [], "planc": []}
+    config_s: list = []
     kept: dict = {}
     for i in range(repeat):
         for kind in (("transformers", "planc") if i % 2 == 0 else ("planc", "transformers")):
@@ -215,6 +235,8 @@ def handoff(data: Path, preset: str, repeat: int) -> dict:
            "transformers_median_s": round(med["transformers"], 4), "planc_median_s": round(med["planc"], 4),
            "speedup": round(med["transformers"] / med["planc"], 2),
            "speedup_target_met": med["transformers"] >= 5 * med["planc"],
+           "planc_config_from_header_s": round(statistics.median(config_s), 4),
+           "autoconfig_from_gguf_s": round(autoconfig_s, 4), "config_differs_from_autoconfig": differ_config,
            "missing": list(res.missing_keys), "unexpected": list(res.unexpected_keys),
            "planc_timings": {k: round(v, 4) for k, v in (res.report.get("timings") or {}).items()
                              if isinstance(v, (int, float))}}

@@ -145,3 +145,19 @@ def test_the_shipped_spec_loads_it_as_transformers_gguf_load_does(tmp_path, stat
     finally:
         for m in models:
             m.free()
+
+
+def test_the_config_from_planc_header_read_is_transformers_keys(tmp_path, state):
+    """`gguf_names.transformers_config`: what transformers' GGUF loader makes of the llama.* keys,
+    from planc's header read (values as text), tied when there is no output.weight."""
+    from planc.manifest.gguf_names import transformers_config
+
+    man = read_manifest(str(write_llama_from_state(tmp_path, state, CONFIG)))
+    got = transformers_config(dict(man.shards[0].metadata), [t.name for t in man.tensors])
+    assert got == {"model_type": "llama", "tie_word_embeddings": False, "max_position_embeddings": 512,
+                   "num_hidden_layers": 2, "intermediate_size": 96, "hidden_size": 64, "head_dim": 16,
+                   "rope_theta": 500000.0, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "rms_norm_eps": float(np.float32(1e-6)), "vocab_size": 300}
+    assert transformers_config({"general.architecture": "llama"}, [])["tie_word_embeddings"] is True
+    with pytest.raises(ValueError):
+        transformers_config({"general.architecture": "qwen2"}, [])
