@@ -22,7 +22,8 @@
    the tokenizer arrays in Python), the module built on the meta device and
    `planc.load_into(module, spec)` with the shipped spec. Every weight bit-equal, the logits on the
    same tokens equal (`torch.equal`), planc's speed-up (target: at least 5x). CUDA (torch's and
-   numba's) is started and transformers' modules imported before anything is timed.
+   numba's) is started and transformers' modules imported before anything is timed. Needs torch,
+   transformers and accelerate (transformers refuses a GGUF load without it).
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1, no GPU) it dry-runs: `--size 0 --handoff tiny
 --repeat 1 --handoff-repeat 1`; the loads then dequantize on the host (`--on host`, the simulator's
@@ -279,6 +280,7 @@ def main(argv=None) -> int:
         print(f"{quant}: dequant {r['dequant_GBps']} GB/s, copy {r['copy_GBps']} GB/s of file bytes, ratio "
               f"{r['ratio']}; dequant requests {last['requests']} copies {last['copies']} kernels {last['kernels']}; "
               f"host growth / predicted (max) {r['host_growth_over_predicted_max']}", flush=True)
+    (a.out / "gguf.json").write_text(json.dumps(result, indent=1))  # the loads kept if the hand-off fails
     if a.handoff != "none":
         t0 = time.time()
         result["handoff"] = handoff(a.data, a.handoff, a.handoff_repeat)
