@@ -313,3 +313,77 @@ def test_the_plans_gguf_kernels_are_warmed_on_a_whole_block(ckpt):
     block = {"Q8_0": 32, "Q4_0": 32, "Q4_K": 256, "Q6_K": 256}
     got = {name: args[-1] for name, _, _, args in dev.launches}
     assert got == {f"gguf_{q}_BF16": block[q] for q in TYPES}
+
+
+def _qk_file(path, q_heads, kv_heads, hd, cols=64):
+    """A GGUF of blk.0.attn_q / attn_k (Q8_0, rows in llama.cpp's order) with their head counts; raw bytes."""
+    specs = [GGUFTensor("blk.0.attn_q.weight", "Q8_0", (q_heads * hd, cols)),
+             GGUFTensor("blk.0.attn_k.weight", "Q8_0", (kv_heads * hd, cols))]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_head_count(q_heads)
+    w.add_head_count_kv(kv_heads)
+    for t in specs:
+        w.add_tensor_info(t.name, (t.shape[0], cols // 32 * 34), np.dtype(np.uint8), t.nbytes,
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    raw = {t.name: tensor_bytes(t, 5) for t in specs}
+    for t in specs:
+        w.write_tensor_data(raw[t.name])
+    w.close()
+    return specs, raw
+
+
+def _tp(spec, world):
+    import yaml
+
+    doc = yaml.safe_load(spec.read_text())
+    doc["tensor_parallel"] = {"size": world}
+    spec.write_text(yaml.safe_dump(doc))
+    return spec
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dtype", ["float32", "keep"])
+def test_a_rank_of_unpermuted_q_k_is_its_heads_of_the_whole_unpermuted_tensor(tmp_path, world, dtype):
+    """A row split of q (4 heads) and k (4 kv heads) that llama.cpp permuted: each rank's tensor is its
+    slice of the whole tensor in transformers' order (a rank's whole heads: the same row range in both
+    orders), dequantized on the device or kept, verified."""
+    from planc.manifest.gguf_names import unpermute_rows
+
+    specs, raw = _qk_file(tmp_path / "m.gguf", 4, 4, 4)
+    spec = _tp(spec_file(tmp_path, tmp_path / "m.gguf", [{"match": "*", "dtype": dtype, "unpermute": True,
+                                                           "split": {"dim": 0}}], io=SMALL_IO), world)
+    for rank in range(world):
+        plan = compile_spec(spec, rank)
+        model = execute(plan, verify=True)
+        try:
+            assert model.report["verify"]["ok"]
+            for t in specs:
+                whole = (raw[t.name].reshape(t.shape[0], -1) if dtype == "keep"
+                         else _ref(raw[t.name], "Q8_0", t.shape, "float32"))
+                whole = unpermute_rows(whole, 4)
+                per = t.shape[0] // world
+                want = np.ascontiguousarray(whole[rank * per:(rank + 1) * per])
+                got = model[t.name]
+                assert tuple(got.shape) == want.shape and got.to_host().tobytes() == want.tobytes(), (t.name, rank)
+        finally:
+            model.free()
+
+
+def test_a_split_of_unpermuted_q_k_off_head_boundaries_is_refused(tmp_path):
+    """q of 4 heads and k of 2 kv heads over 4 ranks: k's rank boundaries would fall inside its heads
+    (split-unpermute, naming the sizes that fit); a split of the columns is refused the same way."""
+    _qk_file(tmp_path / "m.gguf", 4, 2, 8)
+    rule = {"match": "*", "dtype": "float32", "unpermute": True, "split": {"dim": 0}}
+    spec = _tp(spec_file(tmp_path, tmp_path / "m.gguf", [rule], io=SMALL_IO, name="h.yaml"), 4)
+    with pytest.raises(BindError) as e:
+        compile_spec(spec, 1)
+    assert e.value.code == "split-unpermute" and "blk.0.attn_k.weight" in str(e.value) and "1, 2" in str(e.value)
+    spec = _tp(spec_file(tmp_path, tmp_path / "m.gguf", [{**rule, "split": {"dim": 1}}], io=SMALL_IO,
+                         name="c.yaml"), 2)
+    with pytest.raises(BindError) as e:
+        compile_spec(spec, 0)
+    assert e.value.code == "split-unpermute" and "dim 0 only" in str(e.value)
+    compile_spec(_tp(spec_file(tmp_path, tmp_path / "m.gguf", [rule], io=SMALL_IO, name="ok.yaml"), 2), 1)

@@ -193,7 +193,8 @@ class Code(StrEnum):
     SHAPE_LIMIT = "shape-limit", 2, "a loaded tensor would pass the limits a plan can hold (more than 16 dims, a dim over 2**62)"
     GGUF_DEQUANTIZE = "gguf-dequantize", 2, "a rule's dtype asks to dequantize a GGUF block type planc does not dequantize (load it with keep)"
     GGUF_GROUP = "gguf-group", 2, "a fuse or stack of block-quantized GGUF tensors"
-    BAD_UNPERMUTE = "bad-unpermute", 2, "a rule unpermutes a tensor that is not a GGUF Llama attn_q / attn_k weight, or with a transpose, dequantize, group or split"
+    BAD_UNPERMUTE = "bad-unpermute", 2, "a rule unpermutes a tensor that is not a GGUF Llama attn_q / attn_k weight, or with a transpose, dequantize or group"
+    SPLIT_UNPERMUTE = "split-unpermute", 2, "a tensor-parallel split of unpermuted GGUF q/k rows that is not a row split on head boundaries"
     # end of codes (new members go above this line)
 
 

@@ -307,15 +307,37 @@ def _unpermuted(t: TensorEntry, r: Rule, i: int, tp: _TP, name: str, target: str
     if len(t.shape) != 2 or n_head <= 0 or rows % n_head or (rows // n_head) % 2:
         raise BindError(f"rules[{i}] unpermutes {t.name} {list(t.shape)}: its rows are not {n_head} heads of an even "
                         f"head dim", code=Code.BAD_UNPERMUTE)
-    if r.transpose or r.dequantize or (r.split != "replicate" and tp.world > 1):
-        raise BindError(f"rules[{i}] unpermutes {t.name}; the row gather takes no transpose, dequantize or "
-                        f"tensor-parallel split", code=Code.BAD_UNPERMUTE)
+    if r.transpose or r.dequantize:
+        raise BindError(f"rules[{i}] unpermutes {t.name}; the row gather takes no transpose or dequantize",
+                        code=Code.BAD_UNPERMUTE)
     hd = rows // n_head
+    first, last = 0, n_head  # the heads this rank loads
+    if r.split != "replicate" and tp.world > 1:
+        first, last = _rank_heads(t, r, i, tp, n_head, hd)
+        shape = ((last - first) * hd, *shape[1:])
     row_out = DTYPES[target].nbytes(math.prod(shape[1:]))
     half = hd // 2
-    parts = tuple(Part(t, None, (h * hd + j * half) * row_out, half * row_out, Rows(h * hd + j, 2, half))
-                  for h in range(n_head) for j in range(2))
+    parts = tuple(Part(t, None, ((h - first) * hd + j * half) * row_out, half * row_out, Rows(h * hd + j, 2, half))
+                  for h in range(first, last) for j in range(2))
     return Placement(name, target, shape, op, r.on, "none", i, parts, 0, qt.name if qt is not None else "")
+
+
+def _rank_heads(t: TensorEntry, r: Rule, i: int, tp: _TP, n_head: int, hd: int) -> tuple[int, int]:
+    """The heads [first, last) of one rank's row split of a permuted q/k weight. llama.cpp's permutation
+    moves rows only within a head, so a rank owning whole heads owns one row range in both orders:
+    its rows of transformers' order are its heads' rows gathered. A split of the columns, or one whose
+    rank boundaries would fall inside a head (a size that does not divide the heads), is refused."""
+    what = f"rules[{i}] splits {t.name} {list(t.shape)}, whose rows it unpermutes ({n_head} heads of {hd} rows)"
+    if r.split.dim != 0:
+        raise BindError(f"{what}, on dim {r.split.dim}; unpermuted q/k rows split on dim 0 only (a rank's heads)",
+                        code=Code.SPLIT_UNPERMUTE)
+    if n_head % tp.world:
+        fits = [w for w in range(1, n_head + 1) if n_head % w == 0]
+        raise BindError(f"{what}: tensor_parallel.size {tp.world} puts rank boundaries inside a head; each rank "
+                        f"needs whole heads: a size that divides {n_head} ({', '.join(map(str, fits))}), or "
+                        f"split: replicate", code=Code.SPLIT_UNPERMUTE)
+    per = n_head // tp.world
+    return tp.rank * per, (tp.rank + 1) * per
 
 
 def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, scales2: dict,

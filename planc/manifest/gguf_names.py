@@ -1,5 +1,8 @@
 """GGUF tensor names -> transformers' names, and the q/k row order llama.cpp gives Llama attention.
 
+`transformers_config(metadata, tensor_names)` -> the keyword arguments of transformers' `LlamaConfig`
+for the file, read from planc's header as transformers' GGUF loader reads it.
+
 `transformers_name(gguf_name, arch)` -> the name transformers' model class uses (`blk.3.attn_q.weight`
 -> `model.layers.3.self_attn.q_proj.weight`), or None for a tensor transformers does not load
 (`rope_freqs.weight`). The table is the inverse of the `gguf` package's `TensorNameMap` for the
@@ -40,6 +43,21 @@ LLAMA_UNLOADED = ("rope_freqs.weight",)
 # The tensors whose rows llama.cpp permutes, and the metadata key giving each one's head count.
 LLAMA_PERMUTED = {"attn_q": "llama.attention.head_count", "attn_k": "llama.attention.head_count_kv"}
 
+# llama.cpp's metadata key (after "llama.") -> transformers' config key, and its type: the table
+# transformers' own GGUF loader applies (its GGUF_CONFIG_MAPPING["llama"]).
+LLAMA_CONFIG = {
+    "context_length": ("max_position_embeddings", int),
+    "block_count": ("num_hidden_layers", int),
+    "feed_forward_length": ("intermediate_size", int),
+    "embedding_length": ("hidden_size", int),
+    "rope.dimension_count": ("head_dim", int),
+    "rope.freq_base": ("rope_theta", float),
+    "attention.head_count": ("num_attention_heads", int),
+    "attention.head_count_kv": ("num_key_value_heads", int),
+    "attention.layer_norm_rms_epsilon": ("rms_norm_eps", float),
+    "vocab_size": ("vocab_size", int),
+}
+
 TABLES = {"llama": LLAMA}
 _UNLOADED = {"llama": LLAMA_UNLOADED}
 _COMPILED: dict = {}
@@ -65,6 +83,22 @@ def transformers_name(gguf_name: str, arch: str = "llama") -> str | None:
         if m:
             return target.format(**m.groupdict())
     raise KeyError(f"{gguf_name}: not a {arch} tensor name GGUF uses")
+
+
+def transformers_config(metadata: dict, tensor_names, arch: str = "llama") -> dict:
+    """The transformers config (as keyword arguments of `LlamaConfig`) of a GGUF Llama, from the header
+    planc read (`Manifest.shards[0].metadata`, values as text): the keys transformers' GGUF loader
+    reads, with their values as it reads them, and `tie_word_embeddings` when the file has no
+    `output.weight`. The same config as `AutoConfig.from_pretrained(dir, gguf_file=...)` without
+    parsing the header again in Python (its tokenizer arrays are what takes that one seconds)."""
+    if arch != "llama" or metadata.get("general.architecture") != "llama":
+        raise ValueError(f"no config table for a GGUF of architecture {metadata.get('general.architecture')!r}")
+    out = {"model_type": "llama", "tie_word_embeddings": "output.weight" not in set(tensor_names)}
+    for key, (name, kind) in LLAMA_CONFIG.items():
+        v = metadata.get(f"llama.{key}")
+        if v is not None:
+            out[name] = kind(v)
+    return out
 
 
 def permuted_heads(gguf_name: str, metadata: dict, arch: str = "llama") -> int | None:
@@ -108,4 +142,4 @@ def source_rows(rows: int, n_head: int) -> np.ndarray:
     return unpermute_rows(np.arange(rows, dtype=np.int64), n_head)
 
 
-__all__ = ["transformers_name", "permuted_heads", "permute_rows", "unpermute_rows", "source_rows", "TABLES"]
+__all__ = ["transformers_name", "transformers_config", "permuted_heads", "permute_rows", "unpermute_rows", "source_rows", "TABLES"]
