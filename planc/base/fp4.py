@@ -74,6 +74,8 @@ def weight_problem(fmt: str, shape: tuple[int, ...], dtype: str, transpose: bool
     """Why a tensor cannot be the packed weight of `fmt`, or None."""
     if dtype != WEIGHT_DTYPE:
         return f"it is stored as {dtype}; {fmt} packs E2M1 pairs in U8"
+    if 0 in shape:
+        return f"its shape {list(shape)} holds no values"
     if fmt == "mxfp4":
         if len(shape) < 2 or shape[-1] != 16:
             return f"its shape {list(shape)} is not [..., G, 16] (16 bytes, 32 values, a block)"

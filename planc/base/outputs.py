@@ -71,13 +71,13 @@ def target(path, what: str, *, inputs: Iterable = (), ours: Callable[[Path], boo
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{what} {shown}: is a {_kind(st.st_mode)}, not a regular file; planc writes only a new "
                               f"file or over a regular file", code=Code.OUTPUT_NOT_FILE)
-        if ours is not None and not ours(real):
-            raise OutputError(f"{what} {shown}: holds a file planc did not write; remove it or give another path",
-                              code=Code.OUTPUT_NOT_OURS)
     for inp in inputs:
         if inp is not None and _same(real, inp):
             raise OutputError(f"{what} {shown}: is an input of this command ({printable(str(inp))}); planc never "
                               f"writes over what it reads", code=Code.OUTPUT_IS_INPUT)
+    if st is not None and ours is not None and not ours(real):
+        raise OutputError(f"{what} {shown}: holds a file planc did not write; remove it or give another path",
+                          code=Code.OUTPUT_NOT_OURS)
     parent = real.parent
     if not parent.is_dir():
         raise OutputError(f"{what} {shown}: folder {printable(str(parent))} does not exist", code=Code.OUTPUT_PATH)

@@ -300,6 +300,8 @@ def _unpermuted(t: TensorEntry, r: Rule, i: int, tp: _TP, name: str, target: str
         n_head = permuted_heads(t.name, metadata)
     except KeyError as e:
         n_head, why = None, str(e.args[0])
+    except ValueError as e:  # a head count that is not an integer
+        raise BindError(f"rules[{i}] unpermutes {t.name}: the file's {e}", code=Code.BAD_UNPERMUTE) from None
     if n_head is None:
         raise BindError(f"rules[{i}] unpermutes {t.name}, which is not a GGUF Llama attn_q / attn_k weight"
                         + (f" ({why})" if why else ""), code=Code.BAD_UNPERMUTE)

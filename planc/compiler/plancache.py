@@ -6,9 +6,11 @@ keys: the spec's text and path, the checkpoint's path and its own stat (a file a
 of shards changes the folder's), the planc version and plan format, the target (rank, device,
 the resolved device budget) and the cost figures compile would choose read methods by. A hit is
 an entry that decodes through every check any plan file passes (`plan.decode`) and whose recorded
-planc version, rank, spec digest, costs and file fingerprints (size, mtime of each checkpoint file)
-all equal today's: one differing key is a miss, and the spec is compiled again. A corrupt, foreign
-or unreadable entry is ignored and replaced.
+planc version, rank, spec digest, checkpoint path, device, device budget, costs and file
+fingerprints (size, mtime of each checkpoint file) all equal today's: one differing key is a miss,
+and the spec is compiled again. A corrupt, foreign or unreadable entry is ignored and replaced.
+Entries are read only from a folder of the user's own that no one else can write (`trusted`): an
+entry is a plan, and whoever can put one there chooses what a load of the spec does.
 
 Writes are atomic: the plan goes to a new temporary file in the cache folder, then `os.replace`
 puts it under its name, so concurrent processes read the old entry or the new one, never half of
@@ -67,12 +69,29 @@ def _read(path: Path) -> bytes | None:
         os.close(fd)
 
 
-def _current(plan: Plan, loaded, rank: int, costs) -> bool:
-    """Whether a decoded entry is today's plan: the same version, rank, spec, costs and files."""
+def trusted(folder: Path) -> bool:
+    """Whether entries in `folder` may be used: it is a folder of this user that no one else can
+    write (an entry is a plan: whoever can put one there chooses what a load of the spec does)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _current(plan: Plan, loaded, rank: int, costs, device_budget=None) -> bool:
+    """Whether a decoded entry is today's plan: the same version, rank, spec, checkpoint, device,
+    device budget, costs and files (an entry renamed from another spec's, even of the same text
+    beside another checkpoint, is not)."""
     import planc
 
     if (plan.planc != planc.__version__ or plan.tensor_parallel.rank != rank
-            or plan.spec.sha256 != loaded.text_sha256 or tuple(plan.costs or ()) != tuple(costs)):
+            or plan.spec.sha256 != loaded.text_sha256 or tuple(plan.costs or ()) != tuple(costs)
+            or plan.device != loaded.spec.device
+            or os.path.abspath(plan.checkpoint.source) != os.path.abspath(loaded.checkpoint_path)
+            or plan.tensor_parallel.size != loaded.spec.tensor_parallel.size
+            or (device_budget is not None and plan.budget.device_bytes != device_budget[0])):
         return False
     root = plan.checkpoint.root
     for f in plan.checkpoint.files:
@@ -85,10 +104,12 @@ def _current(plan: Plan, loaded, rank: int, costs) -> bool:
     return True
 
 
-def lookup(folder: Path, key: str, loaded, rank: int, costs) -> Plan | None:
+def lookup(folder: Path, key: str, loaded, rank: int, costs, device_budget=None) -> Plan | None:
     from ..base.errors import PlancError
     from ..plan.codec import decode
 
+    if not trusted(folder):
+        return None
     path = folder / f"{key}.json"
     data = _read(path)
     if data is None:
@@ -97,7 +118,7 @@ def lookup(folder: Path, key: str, loaded, rank: int, costs) -> Plan | None:
         plan = decode(data, str(path))
     except PlancError:  # corrupt or foreign: ignored, and replaced by the compile that follows
         return None
-    return plan if _current(plan, loaded, rank, costs) else None
+    return plan if _current(plan, loaded, rank, costs, device_budget) else None
 
 
 def store(folder: Path, key: str, plan: Plan) -> Path | None:
@@ -138,7 +159,7 @@ def cached_compile(spec_path, rank: int = 0, loaded=None) -> Plan:
     costs = load_costs()
     dev = device_budget(loaded)
     key = cache_key(loaded, rank, costs, dev)
-    hit = lookup(folder, key, loaded, rank, costs)
+    hit = lookup(folder, key, loaded, rank, costs, dev)
     if hit is not None:
         return hit.with_notes(device_budget=dev[1], source="cache", cache_entry=str(folder / f"{key}.json"))
     plan = compile_loaded(loaded, read_manifest(loaded.checkpoint_path), rank, capacity=lambda _d: dev)

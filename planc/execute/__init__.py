@@ -293,10 +293,10 @@ def _verifier(plan, digest):
     """The load's `planc.manifest.digest.Verifier` (None without `digest`), its files' fingerprints checked."""
     if digest is None or digest is False:
         return None
-    from ..manifest.digest import Digest, Verifier, default_path, read_digest
+    from ..manifest.digest import Digest, Verifier, find_default, read_digest
 
     if digest is True:
-        digest = default_path(plan.checkpoint.source, plan.checkpoint.root)
+        digest = find_default(plan.checkpoint)
     d = digest if isinstance(digest, Digest) else read_digest(digest)
     v = Verifier(plan, d)
     v.check_files()

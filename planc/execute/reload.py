@@ -5,7 +5,8 @@ same layout -> the same arena, rewritten (`reload_model`); a torch module's own 
 Invariants:
 - before any byte is written, the new plan is checked against the live layout (`check_layout`:
   tensor names, dtypes, shapes, arena offsets and sizes, the arena's size and its zero-filled
-  padding); the first difference is a `ReloadError` (exit 2) and the model is untouched;
+  padding) and the live device (`check_device`: the plan's or `device=`'s index); the first
+  difference is a `ReloadError` (exit 2) and the model is untouched;
 - the load is the ordinary pipeline (fingerprints, re-admission of host memory, runs, digest
   verification), composed with regions that write into the given memory (`ReusedRegions`): no
   device allocation for the arena (landing and staging regions, when the plan has them, are
@@ -83,6 +84,22 @@ def check_layout(tensors: dict, arena_bytes: int, zero, plan) -> None:
                           f"nothing was written", code=Code.RELOAD_LAYOUT)
 
 
+def check_device(model, plan, device) -> None:
+    """The reload's device (`device=`, else the plan's) against the device the live model's memory
+    is on: a load on another device would write this one's memory from that one's context."""
+    from . import _device_arg
+    from .seam import index_of
+
+    if device is not None and not isinstance(device, str):
+        return  # a `seam.Device` given by a test: its own index
+    live = {t.device_index for t in model.tensors.values()}
+    name = plan.device if device is None else _device_arg(device)
+    if live and index_of(name) not in live:
+        where = "device=" if device is not None else "the plan's device"
+        raise ReloadError(f"{where} {name} is not the live model's device cuda:{min(live)}; a reload writes "
+                          f"the memory the model is in; nothing was written", code=Code.RELOAD_LAYOUT)
+
+
 def reload_model(model, plan, *, device=None, verify=False, digest=None, settings=None):
     """`LoadedModel.reload` of a resolved `plan`: see the module's docstring. Returns the new report."""
     from ..plan.codec import checked
@@ -93,6 +110,7 @@ def reload_model(model, plan, *, device=None, verify=False, digest=None, setting
     plan = checked(plan, "the reload's plan")
     arena_bytes = model.report["device_memory"]["arena_bytes"]
     check_layout(model.tensors, arena_bytes, None, plan)
+    check_device(model, plan, device)
     state, began = model._state, []
 
     def regions(plan_, dev, stream, counters, timings, observer):

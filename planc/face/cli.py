@@ -627,9 +627,9 @@ def _verification(plan, value: Optional[str]) -> dict:
     """What `explain` says of verification: none, or what a digest check of this plan costs."""
     if value is None:
         return {"kind": "none"}
-    from ..manifest.digest import Verifier, coverage, default_path, read_digest
+    from ..manifest.digest import Verifier, coverage, find_default, read_digest
 
-    path = default_path(plan.checkpoint.source, plan.checkpoint.root) if value == "" else value
+    path = find_default(plan.checkpoint) if value == "" else value
     d = read_digest(path)
     Verifier(plan, d)  # every file in the digest, of the same size
     return {"kind": "digest", "digest_file": str(path), **coverage(plan, d.extent_bytes, d.leaf_bytes)}
@@ -672,13 +672,15 @@ def digest(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a f
         raise _usage(f"--leaf: {e}") from None
     m = read_manifest(checkpoint)
     dest = output or _digest.default_path(str(checkpoint), m.root)
-    inputs = [checkpoint] + [Path(m.root) / s.path for s in m.shards]
+    # the index files of a folder are inputs too; an existing output is replaced only when it is a digest
+    inputs = [checkpoint] + [Path(m.root) / s.path for s in m.shards] + sorted(Path(m.root).glob("*.index.json"))
     from ..base import outputs
 
-    outputs.target(dest, "-o", inputs=inputs)  # before a minute of hashing
+    outputs.target(dest, "-o", inputs=inputs, ours=_digest.is_digest_file)  # before a minute of hashing
     doc = _digest.make_digest(checkpoint, extent_bytes=extent_bytes, leaf_bytes=leaf_bytes, sha256=sha256,
                               workers=workers)
-    where = outputs.write(dest, _digest.encode(doc), "-o", inputs=inputs)
+    where = outputs.write(dest, _digest.encode(doc), "-o", inputs=inputs,
+                          ours=_digest.is_digest_file)
     summary = {"path": str(where), "files": len(doc["files"]), "extent_bytes": extent_bytes,
                "leaf_bytes": doc["leaf_bytes"],
                "extents": sum(len(f["extents"]) for f in doc["files"]),

@@ -88,6 +88,33 @@ def default_path(source: str, root: str) -> Path:
     return Path(root) / "planc-digest.json"
 
 
+_MARK = re.compile(rb'"kind"\s*:\s*"planc-digest"')
+
+
+def is_digest_file(path) -> bool:
+    """Whether `path` holds a digest file (its first 4 KiB name the kind): the only file `planc
+    digest` replaces, so a user's file at its output path is never written over."""
+    try:
+        with open(path, "rb") as f:
+            return bool(_MARK.search(f.read(4096)))
+    except OSError:
+        return False
+
+
+def find_default(checkpoint) -> Path:
+    """The digest file `--verify-digest` with no FILE reads for a plan's `checkpoint`: `default_path`
+    of what the spec names, else the one `planc digest` writes when given the other name (the folder
+    for a spec naming its one file, the file for a spec naming the folder), whichever exists."""
+    first = default_path(checkpoint.source, checkpoint.root)
+    others = [Path(checkpoint.root) / "planc-digest.json"]
+    if len(checkpoint.files) == 1:
+        others.append(Path(checkpoint.root) / (checkpoint.files[0].path + ".planc-digest.json"))
+    for p in [first] + others:
+        if os.path.lexists(p):
+            return p
+    return first
+
+
 def extent_hash(leaves: bytes) -> bytes:
     """An extent's hash from its leaves' 16-byte xxh3-128 digests, in file order."""
     import xxhash
@@ -210,6 +237,9 @@ def _bad(path, why: str, code: str = Code.DIGEST_FORMAT) -> DigestError:
 
 def read_digest(path) -> Digest:
     """Read and check a digest file (hostile input: bounded, strictly parsed, self-checked)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise DigestError(f"digest must be a digest file's path, got {type(path).__name__} "
+                          f"{shorten(printable(repr(path)), 40)}", code=Code.DIGEST)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, ValueError) as e:
@@ -233,6 +263,8 @@ def read_digest(path) -> Digest:
         doc = json.loads(raw.decode("utf-8"), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     except (UnicodeDecodeError, ValueError) as e:
         raise _bad(path, f"not valid JSON (truncated or damaged: {shorten(str(e), 80)})") from None
+    except RecursionError:
+        raise _bad(path, "not a planc digest (JSON nested too deeply)") from None
     if isinstance(doc, dict) and doc.get("kind") == KIND and doc.get("version") != VERSION:
         v = doc.get("version")
         raise DigestError(f"digest file {printable(str(path))}: version {printable(str(v))[:20]}, this planc reads version "
@@ -241,7 +273,7 @@ def read_digest(path) -> Digest:
     if not isinstance(doc, dict) or set(doc) != _TOP_KEYS:
         keys = sorted(doc)[:8] if isinstance(doc, dict) else type(doc).__name__
         raise _bad(path, f"not a planc digest (keys {printable(str(keys))})")
-    if doc["kind"] != KIND or doc["hash"] != HASH:
+    if doc["kind"] != KIND or type(doc["version"]) is not int or doc["hash"] != HASH:
         raise _bad(path, f"kind/version/hash {printable(str([doc['kind'], doc['version'], doc['hash']]))[:80]}, "
                          f"expected {[KIND, VERSION, HASH]}")
     ext, head, leaf = doc["extent_bytes"], doc["head_bytes"], doc["leaf_bytes"]

@@ -67,11 +67,20 @@ def read_gguf(path: str) -> Manifest:
     shard, tensors, meta = _read_file(root, name)
     count = _split_count(source, meta)
     read = [(shard, tensors)]
+    named = _SPLIT.match(name)
+    if count == 1 and named is not None and int(named["count"]) > 1 and os.path.exists(
+            os.path.join(root, f"{named['prefix']}-{2 if int(named['no']) == 1 else 1:05d}-of-{named['count']}.gguf")):
+        raise ManifestError(f"{source}: named as file {int(named['no'])} of a split set of {int(named['count'])}, "
+                            f"with others of the set beside it, but it has no split.count; reading it alone would "
+                            f"load a part of the model", code=Code.GGUF_SPLIT)
     if count > 1:
-        m = _SPLIT.match(name)
+        m = named
         if m is None or int(m["no"]) != 1 or int(m["count"]) != count:
             raise ManifestError(f"{source}: split.count is {count} but the file is not named "
                                 f"<prefix>-00001-of-{count:05d}.gguf", code=Code.GGUF_SPLIT)
+        if meta.get("split.no", 0) != 0:
+            raise ManifestError(f"{source}: split.no is {meta.get('split.no')!r}, expected 0 for the first file of "
+                                f"the set", code=Code.GGUF_SPLIT)
         for no in range(2, count + 1):
             other = f"{m['prefix']}-{no:05d}-of-{count:05d}.gguf"
             if not os.path.exists(os.path.join(root, other)):

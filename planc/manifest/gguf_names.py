@@ -114,7 +114,10 @@ def permuted_heads(gguf_name: str, metadata: dict, arch: str = "llama") -> int |
         v = metadata.get(LLAMA_PERMUTED["attn_q"])  # no head_count_kv: as many kv heads as heads
     if v is None:
         raise KeyError(f"{gguf_name}: the metadata has no {key}, which the row order depends on")
-    return int(v)
+    text = str(v)
+    if not re.fullmatch(r"[0-9]{1,10}", text):  # metadata values are text: an integer, or anything else
+        raise ValueError(f"{key} is {text[:40]!r}, not a count of heads")
+    return int(text)
 
 
 def _check(rows: int, n_head: int) -> int:

@@ -24,7 +24,7 @@ from operator import itemgetter
 import orjson
 
 from planc.base.dtypes import DTYPES
-from planc.base.errors import ManifestError
+from planc.base.errors import ManifestError, printable
 from planc.base.limits import MAX_DIM
 from planc.manifest.model import Manifest, ShardInfo, TensorEntry
 from ..base.codes import Code
@@ -81,7 +81,10 @@ def _read_folder(folder: str) -> Manifest:
         )
     shard_names = [n for n in names if n.endswith(SHARD_SUFFIX)]
     if not shard_names:
-        raise ManifestError(f"{folder}: no *{SHARD_SUFFIX} files in folder", code=Code.NO_SHARDS)
+        ggufs = [n for n in names if n.lower().endswith(".gguf")]
+        hint = (f"; it holds GGUF files ({', '.join(printable(n) for n in ggufs[:3])}{', ...' if len(ggufs) > 3 else ''}): "
+                f"name the .gguf file (the first of a split set)" if ggufs else "")
+        raise ManifestError(f"{folder}: no *{SHARD_SUFFIX} files in folder{hint}", code=Code.NO_SHARDS)
     read = [_read_shard(folder, n) for n in shard_names]
     _check_unique_names(folder, read)
     return _manifest(folder, folder, read)
