@@ -200,7 +200,9 @@ class Reader:
             tb = (offset + needed - 1) // piece * piece - offset  # the last multiple of `piece` inside the read
             if tb > 0 and (offset + needed) % piece:
                 spans = [(tb, needed, length), (0, tb, tb)]
-        first, total, end = True, 0, 0
+        total, end, retries = 0, 0, 0
+        with self._lock:  # one request for the counters, however many pieces it is read in
+            self.requests += 1
         for lo, need, cap in spans:
             got = fed = lo
             short = False
@@ -218,10 +220,7 @@ class Reader:
                                         f"set io.direct: auto or off", code=Code.DIRECT_REFUSED) from None
                     raise ReadError(f"{f.path}: read of {length} bytes at offset {offset + got} failed: {e.strerror}",
                                     code=Code.READ_FAILED) from None
-                with self._lock:
-                    self.requests += 1 if first else 0
-                    self.retries += 1 if short else 0
-                first = False
+                retries += 1 if short else 0
                 if n == 0:
                     raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, {needed - got} bytes short "
                                     f"of the planned read at offset {offset} (was it truncated after compile?)",
@@ -242,6 +241,7 @@ class Reader:
             end = max(end, got)
         with self._lock:
             self.bytes_read += total
+            self.retries += retries
         return end
 
     def _fallback(self, rel: str) -> None:

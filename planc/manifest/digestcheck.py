@@ -189,6 +189,7 @@ class Verifier:
         self.aborted = False
         self.fill_bytes = self.reread_bytes = self.hashed_bytes = 0
         self.verify_seconds = self.wait_seconds = 0.0
+        self._thread_stats: dict = {}  # reader thread -> [hashed bytes, seconds] of its whole-leaf hashing
         self._lock = threading.Lock()
         self.states: dict = {}
         E, L = digest.extent_bytes, digest.leaf_bytes
@@ -259,9 +260,11 @@ class Verifier:
                 self._record(rel, st, got)
             if st.fills and not st.claimed:
                 self._claim_fills(rel, st)
-        with self._lock:
-            self.hashed_bytes += hashed
-            self.verify_seconds += time.perf_counter() - t0
+        acc = self._thread_stats.get(threading.get_ident())
+        if acc is None:  # each reader thread adds to its own counters: no lock taken per piece
+            acc = self._thread_stats.setdefault(threading.get_ident(), [0, 0.0])
+        acc[0] += hashed
+        acc[1] += time.perf_counter() - t0
 
     def settle(self, deferred: list) -> None:
         """The parts `feed` kept: each hashed once the earlier reads of its leaf are."""
@@ -398,10 +401,13 @@ class Verifier:
 
     def summary(self) -> dict:
         n = sum(len(e) for e in self.states.values())
+        per = list(self._thread_stats.values())
+        hashed = self.hashed_bytes + sum(a[0] for a in per)
+        seconds = self.verify_seconds + sum(a[1] for a in per)
         return {"ok": True, "kind": "digest", "digest_file": self.digest.path, "extent_bytes": self.digest.extent_bytes,
-                "leaf_bytes": self.digest.leaf_bytes, "extents": n, "hashed_bytes": self.hashed_bytes,
+                "leaf_bytes": self.digest.leaf_bytes, "extents": n, "hashed_bytes": hashed,
                 "fill_bytes": self.fill_bytes, "reread_bytes": self.reread_bytes,
-                "verify_seconds": round(self.verify_seconds, 6), "wait_seconds": round(self.wait_seconds, 6)}
+                "verify_seconds": round(seconds, 6), "wait_seconds": round(self.wait_seconds, 6)}
 
     def mismatch(self, rel: str, st: _Extent) -> DigestError:
         path = os.path.join(self.root, rel)
