@@ -29,7 +29,7 @@ def main() -> int:
     a = ap.parse_args()
     from numba import cuda
 
-    from planc.execute.gguf_kernels import dequantize_gguf
+    from planc.execute.gguf_dispatch import dequantize_gguf
     from planc.execute.kernels import KERNELS
     from planc.execute.gguf_dequant import dequantize
     from planc.manifest import read_manifest

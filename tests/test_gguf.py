@@ -159,7 +159,7 @@ def test_device_dequant_bit_exact_under_simulator(qtype):
 
     if not simulation.simulated() and not cuda.is_available():
         pytest.skip("no simulator and no GPU")
-    from planc.execute.gguf_kernels import dequantize_gguf
+    from planc.execute.gguf_dispatch import dequantize_gguf
     from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     raw = tensor_bytes(GGUFTensor(f"k.{qtype}", qtype, (1, 256)))

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 gguf = pytest.importorskip("gguf")
 
 from planc.execute import launch, seam  # noqa: E402
-from planc.execute.gguf_kernels import dequantize_gguf  # noqa: E402
+from planc.execute.gguf_dispatch import dequantize_gguf  # noqa: E402
 from planc.tools.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]

@@ -39,7 +39,8 @@ GPU_PATH = """
 import json, os, sys
 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
 import planc, planc.face.api, planc.execute, planc.execute.loader, planc.execute.dispatch, planc.execute.driver
-import planc.execute.model, planc.execute.verify, planc.execute.launch
+import planc.execute.model, planc.execute.verify, planc.execute.launch, planc.execute.kernelruns
+import planc.execute.fp4_dispatch, planc.execute.gguf_dispatch
 from planc.execute import seam
 print(json.dumps([type(seam.device()).__name__, "numba" in sys.modules]))
 """
@@ -102,3 +103,35 @@ def test_the_executor_imports_no_face_but_the_torch_hand_off():
             elif isinstance(node, ast.Import):
                 found += [(f.name, a.name) for a in node.names if a.name.startswith("planc.face")]
     assert found == [("model.py", "..face.torch")], found
+
+
+GPU_LAUNCHES = """
+import json, os, sys
+os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+sys.path.insert(0, {tests!r})
+import numpy as np
+from execute_support import RecordingDevice
+from planc.execute import seam
+from planc.execute.fp4_dispatch import dequantize_fp4
+from planc.execute.geometry import GpuGrid
+from planc.execute.gguf_dispatch import dequantize_gguf
+
+dev = RecordingDevice(seam.device(), grid=GpuGrid(132), forward=False)
+dequantize_gguf(np.zeros(34, np.uint8), np.zeros(32, np.uint16), "Q8_0", "BF16", 32, dev=dev)
+dequantize_fp4(np.zeros(16, np.uint8), np.zeros(1, np.uint8), None, np.zeros(64, np.uint8), "mxfp4", "BF16", 1, 1, 32,
+               dev=dev)
+print(json.dumps([[x[0] for x in dev.launches], "numba" in sys.modules]))
+"""
+
+
+def test_a_gpu_launch_of_the_format_kernels_imports_no_numba():
+    """The GGUF and FP4 launchers hand the device a kernel name: the shipped machine code serves it
+    (numba comes in only where none does). A launcher that built its numba kernels for each launch
+    imported numba into every GGUF load (about 120 MB the plan does not count, and its import time)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    code = GPU_LAUNCHES.format(tests=os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [["gguf_Q8_0_BF16", "mxfp4_BF16"], False]

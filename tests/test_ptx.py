@@ -153,7 +153,7 @@ def test_the_table_is_every_launch_the_dispatchers_make():
     for w in sorted(widths):
         kernels.scatter(buf, out, table, 0, 1, w, 0)
     kernels.zero(out, [(0, 64)], 0)
-    from planc.execute.gguf_kernels import dequantize_gguf
+    from planc.execute.gguf_dispatch import dequantize_gguf
     from planc.manifest.ggml_types import DEQUANTIZABLE
 
     assert sorted(DEQUANTIZABLE) == list(signatures.GGUF_DEQUANTIZABLE)

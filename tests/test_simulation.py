@@ -114,7 +114,7 @@ def test_gguf_kernels_built_for_the_simulator_give_the_products_plainly():
     from numba import cuda
 
     from planc.execute import gguf_kernels
-    from planc.execute.gguf_kernels import dequantize_gguf
+    from planc.execute.gguf_dispatch import dequantize_gguf
     from planc.execute.seam import Simulator
     from planc.execute.gguf_dequant import dequantize
     from planc.tools.synth_gguf import GGUFTensor, tensor_bytes

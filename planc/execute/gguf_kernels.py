@@ -23,6 +23,7 @@ from numba.cuda import libdevice
 
 from planc.execute.kernels import CACHE, _ops
 from planc.base.simulation import GPU, SIM
+from planc.execute.gguf_dispatch import NAMES, OUTS, TYPES
 
 
 def _mul_rn_py(a, b):  # the GPU's: a product rounded once, never fused into a multiply-add
@@ -125,8 +126,7 @@ def _kernel(value, out_bits):
 
 _BITS = {"F32": _ops.identity, "F16": _ops.f32_to_f16, "BF16": _ops.f32_to_bf16}
 _MUL = {GPU: _mul_rn_py, SIM: _mul_plain_py}
-TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
-NAMES = tuple(f"gguf_{t}_{o}" for t in TYPES for o in _BITS)  # e.g. gguf_Q4_K_BF16
+assert tuple(_BITS) == OUTS
 _built: dict = {}
 
 
@@ -142,17 +142,3 @@ def kernels(target: str) -> dict:
 
 __all__ = ["NAMES", "kernels"]
 
-
-def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0, dev=None) -> None:
-    """Launch `gguf_{type_name}_{out_dtype}` over `numel` elements: `src_u8` the stored blocks (flat
-    uint8 device array), `dst` a flat uint32 (F32) or uint16 (F16, BF16) device array of `numel`."""
-    from planc.execute import seam
-
-    name = f"gguf_{type_name}_{out_dtype}"
-    if name not in NAMES:
-        raise ValueError(f"no GGUF dequantization kernel {name}")
-    if numel <= 0:
-        return
-    dev = seam.device() if dev is None else dev
-    blocks, threads = dev.grid.map(numel)
-    dev.launch(name, blocks, threads, stream, src_u8, dst, numel, kernel=kernels(dev.target)[name])

@@ -96,7 +96,7 @@ class KernelRuns:
         """GGUF blocks (U8 rows, `k.rows` x `k.cols` bytes, in the landing region) dequantized to the
         part's dtype: its GGML type is the part's `ggml`."""
         from ..base.dtypes import DTYPES
-        from .gguf_kernels import dequantize_gguf
+        from .gguf_dispatch import dequantize_gguf
 
         src = self.regions.dst(k.src_space, r, k.src_offset, k.rows * k.cols)
         dst = self.regions.arena[k.dst_offset:k.dst_offset + k.numel * d_size]
@@ -200,7 +200,7 @@ def _warm(dev, idx: int, need) -> None:
                 dispatch.zero(out, [(0, 1)], stream, dev=dev)
             elif op == "gguf":
                 from ..manifest.ggml_types import quant_type
-                from .gguf_kernels import dequantize_gguf
+                from .gguf_dispatch import dequantize_gguf
 
                 values = quant_type(a).block
                 dequantize_gguf(buf, out.view(np.uint32 if b == "F32" else np.uint16), a, b, values, stream=stream,

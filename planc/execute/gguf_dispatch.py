@@ -1,0 +1,31 @@
+"""Launcher of the GGUF dequantization kernels (`planc.execute.gguf_kernels`): a tensor's stored blocks
+(flat uint8 device bytes) -> one launch of `gguf_{type}_{out}` over its elements, on the device's 1-D
+grid. Imports no numba: on a GPU the launch is served by the shipped machine code, and numba comes
+in only for a launch none serves (`launch.kernel_of`), as for every other kernel.
+
+(The launcher once lived beside the kernels and built them for every launch: each GGUF load
+imported numba, about 120 MB of host memory the plan does not count and a second or more of the
+load's wall on the H200.)
+"""
+
+from __future__ import annotations
+
+TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
+OUTS = ("F32", "F16", "BF16")
+NAMES = tuple(f"gguf_{t}_{o}" for t in TYPES for o in OUTS)  # e.g. gguf_Q4_K_BF16
+
+
+def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0, dev=None) -> None:
+    """Launch `gguf_{type_name}_{out_dtype}` over `numel` elements: `src_u8` the stored blocks (flat
+    uint8 device array), `dst` a flat uint32 (F32) or uint16 (F16, BF16) device array of `numel`.
+    `dev`: the device (None: the device in force)."""
+    from . import seam
+
+    name = f"gguf_{type_name}_{out_dtype}"
+    if name not in NAMES:
+        raise ValueError(f"no GGUF dequantization kernel {name}")
+    if numel <= 0:
+        return
+    dev = seam.device() if dev is None else dev
+    blocks, threads = dev.grid.map(numel)
+    dev.launch(name, blocks, threads, stream, src_u8, dst, numel)
