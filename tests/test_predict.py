@@ -128,3 +128,17 @@ def test_explain_of_every_rank_states_the_nodes_predicted_wall(capsys, tmp_path)
     assert pw["warm_seconds"] > 0 and pw["cold_seconds"] > 0
     assert main(["explain", str(spec), "--rank", "all"]) == 0
     assert "all at once" in capsys.readouterr().out
+
+
+def test_mapped_pages_cost_in_proportion_to_the_probed_page_figure(tmp_path, monkeypatch):
+    from planc.plan.costs import DEFAULTS
+
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"page_s": DEFAULTS.page_s * 3, "copy_byte_s": DEFAULTS.copy_byte_s,
+                                 "read_byte_s": DEFAULTS.read_byte_s, "request_s": DEFAULTS.request_s}))
+    _, plans = _tp_plans(tmp_path / "d", 4)
+    base = predict(plans[0])["terms"]["read_warm_seconds"]
+    monkeypatch.setenv("PLANC_PROBE", str(probe))
+    _, plans = _tp_plans(tmp_path / "p", 4)
+    assert plans[0].costs.page_s == DEFAULTS.page_s * 3
+    assert predict(plans[0])["terms"]["read_warm_seconds"] > base

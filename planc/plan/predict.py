@@ -96,8 +96,11 @@ def _reads(plan: Plan, c) -> _Reads:
     return _Reads(plain_s, pages, copy_s, n, plain_bytes, span_bytes, lanes)
 
 
-def _warm(rd: _Reads, fixed: Fixed, lanes: int) -> float:
-    return rd.plain_s + rd.mapped_copy_s + rd.mapped_pages * fixed.map_page_s / max(1, min(lanes, fixed.cores))
+def _warm(rd: _Reads, fixed: Fixed, lanes: int, c) -> float:
+    # map_page_s was fitted on the host whose page_s is the built-in one: a probed host's mapped pages
+    # cost in proportion to its own page_s
+    page = fixed.map_page_s * (c.page_s / DEFAULTS.page_s if DEFAULTS.page_s > 0 else 1.0)
+    return rd.plain_s + rd.mapped_copy_s + rd.mapped_pages * page / max(1, min(lanes, fixed.cores))
 
 
 def _cold(rd: _Reads, c, fixed: Fixed) -> float:
@@ -112,7 +115,7 @@ def predict(plan: Plan, fixed: Fixed = FIXED) -> dict:
     """The predicted wall seconds of `plan`'s load (JSON-ready): warm and cold, their terms, the sources."""
     c = plan.costs or DEFAULTS
     rd = _reads(plan, c)
-    warm_read, cold_read = _warm(rd, fixed, rd.lanes), _cold(rd, c, fixed)
+    warm_read, cold_read = _warm(rd, fixed, rd.lanes, c), _cold(rd, c, fixed)
     link = plan.totals.payload_bytes * fixed.link_byte_s
     start = fixed.start_s + plan.layout.ring_bytes * fixed.pin_byte_s
     runs = max(1, len(plan.runs))
@@ -158,7 +161,7 @@ def predict_node(plans: list[Plan], devices: list[str] | None = None, fixed: Fix
         return {"warm_seconds": 0.0, "cold_seconds": 0.0, "plans": 0}
     reads = [_reads(p, p.costs or DEFAULTS) for p in plans]
     lanes = sum(rd.lanes for rd in reads)
-    warm = sum(_warm(rd, fixed, lanes) for rd in reads)
+    warm = sum(_warm(rd, fixed, lanes, p.costs or DEFAULTS) for rd, p in zip(reads, plans))
     devices = devices or [f"own-{i}" for i in range(len(plans))]
     per_device: dict = {}
     for p, d in zip(plans, devices):
