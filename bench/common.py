@@ -61,3 +61,10 @@ def drop_page_cache() -> bool:
         return True
     except OSError:
         return False
+
+
+def warm_file(path: Path) -> None:
+    """Read `path` once from start to end, so that its pages are in the page cache."""
+    with open(path, "rb", buffering=0) as h:
+        while h.read(64 << 20):
+            pass

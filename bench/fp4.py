@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml  # noqa: E402
 
-from common import planc  # noqa: E402
+from common import planc, warm_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = {"mxfp4": "transformers-gpt-oss", "nvfp4": "transformers-llama-nvfp4"}
@@ -64,12 +64,6 @@ def specs(ckpt: Path, fam: str) -> dict[str, Path]:
     return out
 
 
-def warm(path: Path) -> None:
-    with open(path, "rb", buffering=0) as h:
-        while h.read(64 << 20):
-            pass
-
-
 def _counts(rep: dict) -> dict:
     h = rep["host"]
     return {"gb_per_s": rep["gb_per_s"], "payload_bytes": rep["payload_bytes"],
@@ -81,7 +75,7 @@ def _counts(rep: dict) -> dict:
 
 def loads(fam: str, ckpt: Path, repeat: int) -> dict:
     sp = specs(ckpt, fam)
-    warm(ckpt / "model.safetensors")
+    warm_file(ckpt / "model.safetensors")
     runs = {"dequant": [], "copy": []}
     for i in range(repeat):
         for kind in (("dequant", "copy") if i % 2 == 0 else ("copy", "dequant")):

@@ -62,7 +62,8 @@ def _common():
     return mod
 
 
-planc = _common().planc
+_c = _common()
+planc, warm = _c.planc, _c.warm_file
 SPEC = ROOT / "specs" / "transformers-llama-gguf.yaml"
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 HANDOFF = {  # hidden, layers, heads, kv heads, intermediate, vocab
@@ -96,12 +97,6 @@ def specs(path: Path, *, host: str = "8GiB", on: str = "device") -> dict[str, Pa
         p.write_text(yaml.safe_dump({**doc, "rules": rules}, sort_keys=False))
         out[kind] = p
     return out
-
-
-def warm(path: Path) -> None:
-    with open(path, "rb", buffering=0) as h:
-        while h.read(64 << 20):
-            pass
 
 
 def _pair(v: dict) -> dict:

@@ -26,6 +26,10 @@ from planc.tools.gguf_llama import (gguf_name, llama_config, placeholder_tokens,
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = llama_config(64, 2, 4, 2, 96, 300, context=512, rms_norm_eps=1e-6, rope_theta=500000.0)
+# The device case's model: the simulated kernels run every element as Python threads that take one
+# module lock per device-function call, minutes for CONFIG's 100k elements on 2 cores; this one has
+# a fifth of them, every kind of tensor and the q/k permutation still.
+DEVICE_CONFIG = llama_config(64, 1, 4, 2, 32, 32, context=512, rms_norm_eps=1e-6, rope_theta=500000.0)
 # transformers' GGUF_CONFIG_MAPPING["llama"]: the keys its loader turns into the config
 TX_KEYS = ("context_length", "block_count", "feed_forward_length", "embedding_length", "rope.dimension_count",
            "rope.freq_base", "attention.head_count", "attention.head_count_kv",
@@ -108,10 +112,12 @@ def test_a_tensor_that_is_not_llamas_is_refused(tmp_path, state):
 
 @pytest.mark.parametrize("on", ["host", "device"])
 def test_the_shipped_spec_loads_it_as_transformers_gguf_load_does(tmp_path, state, on):
+    config = CONFIG if on == "host" else DEVICE_CONFIG
+    state = state if on == "host" else random_llama_state(DEVICE_CONFIG, seed=3)
     """Every tensor under its transformers name, equal bit for bit to what transformers' GGUF load
     makes of it in bfloat16: `gguf.quants.dequantize` in float32, q/k rows permuted back, then one
     round to nearest even (`torch.Tensor.to(torch.bfloat16)`; ml_dtypes rounds the same)."""
-    path = write_llama_from_state(tmp_path / "ck", state, CONFIG)
+    path = write_llama_from_state(tmp_path / "ck", state, config)
     doc = yaml.safe_load((ROOT / "specs" / "transformers-llama-gguf.yaml").read_text())
     doc["checkpoint"], doc["io"], doc["budget"] = str(path), SMALL_IO, {"host": "64MiB"}
     if on == "host":
@@ -125,7 +131,7 @@ def test_the_shipped_spec_loads_it_as_transformers_gguf_load_does(tmp_path, stat
         _, model = load_checked(spec, models)
         assert set(model.keys()) == set(state)
         by = {t.name: t for t in read_manifest(str(path)).tensors}
-        heads = {"q_proj": CONFIG["num_attention_heads"], "k_proj": CONFIG["num_key_value_heads"]}
+        heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
         with open(path, "rb") as f:
             for name in state:
                 t = by[gguf_name(name)]
