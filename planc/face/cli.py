@@ -653,7 +653,7 @@ def digest(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a f
                                                       "checkpoint, where run --verify-digest looks)."),
            extent: str = typer.Option("16MiB", "--extent", help="Extent size: a power of two, 64KiB to 1GiB."),
            leaf: Optional[str] = typer.Option(None, "--leaf", help="Leaf size: a power of two from 64KiB to the "
-                                                                     "extent (default 1MiB, or the extent if smaller)."),
+                                                                     "extent (default 16MiB, or the extent if smaller)."),
            sha256: bool = typer.Option(False, "--sha256", help="Also each file's sha256 (what the Hugging Face hub "
                                                                 "records for an LFS file)."),
            workers: int = typer.Option(4, min=1, max=64, help="Files hashed at once."),
