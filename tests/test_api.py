@@ -595,7 +595,7 @@ def test_a_plan_whose_offsets_disagree_with_the_headers_is_refused(tmp_path):
     assert rc.returncode == 2 and "[plan-header-mismatch]" in rc.stderr and len(rc.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("verify", ["yes", 1.5, None, "Digest"])
+@pytest.mark.parametrize("verify", ["yes", 1.5, None, "Digest", 1, 0, 1.0])
 def test_load_refuses_a_verify_it_does_not_know(tmp_path, verify):
     """`verify=` other than False, True or "digest" is a typed spec error naming the value, before anything loads."""
     from planc.base.errors import SpecError

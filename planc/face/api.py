@@ -42,9 +42,9 @@ def _rank_arg(rank) -> int:
 def _verify_arg(verify, digest):
     """`verify` (False, True: compare with the checkpoint after the load, "digest": hash as it
     streams) and `digest` (a digest file's path) -> (compare after, digest file or None)."""
-    if verify == "digest":
+    if isinstance(verify, str) and verify == "digest":
         return False, True if digest is None else digest
-    if verify not in (True, False):
+    if not isinstance(verify, bool):  # 1, 0 and 1.0 equal True and False, but are not what was meant
         raise SpecError(f"verify must be False, True or 'digest', got {str(verify)[:40]!r}", code=Code.BAD_VERIFY)
     return verify, digest
 
