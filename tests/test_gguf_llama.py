@@ -26,9 +26,8 @@ from planc.tools.gguf_llama import (gguf_name, llama_config, placeholder_tokens,
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = llama_config(64, 2, 4, 2, 96, 300, context=512, rms_norm_eps=1e-6, rope_theta=500000.0)
-# The device case's model: the simulated kernels run every element as Python threads that take one
-# module lock per device-function call, minutes for CONFIG's 100k elements on 2 cores; this one has
-# a fifth of them, every kind of tensor and the q/k permutation still.
+# The device case's model: the simulated kernels run every element in Python threads; this one has a
+# fifth of CONFIG's elements, every kind of tensor and the q/k permutation still.
 DEVICE_CONFIG = llama_config(64, 1, 4, 2, 32, 32, context=512, rms_norm_eps=1e-6, rope_theta=500000.0)
 # transformers' GGUF_CONFIG_MAPPING["llama"]: the keys its loader turns into the config
 TX_KEYS = ("context_length", "block_count", "feed_forward_length", "embedding_length", "rope.dimension_count",

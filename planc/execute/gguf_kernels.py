@@ -21,7 +21,7 @@ from numba import cuda
 
 from numba.cuda import libdevice
 
-from planc.execute.kernels import CACHE, _ops
+from planc.execute.kernels import CACHE, _ops, _scalar_ops
 from planc.base.simulation import GPU, SIM
 from planc.execute.gguf_dispatch import NAMES, OUTS, TYPES
 
@@ -135,9 +135,23 @@ def kernels(target: str) -> dict:
     the device hands over (`Device.target`): this module never asks which one the process runs."""
     got = _built.get(target)
     if got is None:
-        values = _value_fns(cuda.jit(device=True), _ops.f16_to_f32, _MUL[target])
-        got = _built[target] = {f"gguf_{t}_{o}": _kernel(values[t], b) for t in TYPES for o, b in _BITS.items()}
+        if target == GPU:
+            jit, bits, f16_to_f32 = cuda.jit(device=True), _BITS, _ops.f16_to_f32
+        else:
+            # The simulator runs any Python, and each call of a device function there takes a lock of
+            # the function's module, which its threads (one per simulated CUDA thread) queue on: a
+            # kernel making three such calls per element ran minutes on 2 cores. Plain functions, the
+            # same source, compute the same values without it.
+            plain = _scalar_ops(_plain)
+            jit, f16_to_f32 = _plain, plain.f16_to_f32
+            bits = {"F32": plain.identity, "F16": plain.f32_to_f16, "BF16": plain.f32_to_bf16}
+        values = _value_fns(jit, f16_to_f32, _MUL[target])
+        got = _built[target] = {f"gguf_{t}_{o}": _kernel(values[t], b) for t in TYPES for o, b in bits.items()}
     return got
+
+
+def _plain(fn):
+    return fn
 
 
 __all__ = ["NAMES", "kernels"]
