@@ -132,7 +132,7 @@ def run_mode(mode: str, plan, digest, ring, workers: int, piece: int) -> dict:
             wall = _replay(plan, ring, lambda b, q: reader.read_into(q.file, q.offset, q.length, b, q.needed), workers)
         elif mode == "digest":
             from planc.execute.digestread import DigestReader
-            from planc.manifest.digest import Verifier
+            from planc.manifest.digestcheck import Verifier
 
             timed = _Timed(reader)
             v = Verifier(plan, digest)
@@ -185,6 +185,7 @@ def main(argv=None) -> int:
 
     from planc.compiler.compile import compile_spec
     from planc.manifest import digest as dg
+    from planc.manifest import digestcheck as dgc
 
     args = _args(argv)
     args.data.mkdir(parents=True, exist_ok=True)
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
     res = {"size_bytes": args.size, "payload_bytes": plan.totals.payload_bytes, "workers": args.workers,
            "slot_bytes": plan.io.slot_bytes, "slots": plan.io.slots, "piece_bytes": args.piece,
            "digest_seconds": made, "digest_gb_per_s": sum(f["size_bytes"] for f in doc["files"]) / made / 1e9,
-           "alignment": alignment(plan, digest.extent_bytes), "coverage": dg.coverage(plan, digest.extent_bytes, getattr(digest, "leaf_bytes", None)),
+           "alignment": alignment(plan, digest.extent_bytes), "coverage": dgc.coverage(plan, digest.extent_bytes, getattr(digest, "leaf_bytes", None)),
            "first": {}, "rounds": []}
     for rnd in range(args.repeats + 1):
         order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]

@@ -96,6 +96,7 @@ def dense(args, out: Path) -> dict:
 def digest(args, out: Path) -> dict:
     import planc
     from planc.manifest import digest as dg
+    from planc.manifest import digestcheck as dgc
     from planc.compiler.compile import compile_spec
 
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)
@@ -119,7 +120,7 @@ def digest(args, out: Path) -> dict:
             (rows[k] if rnd else first.setdefault(k, [])).append(row)
     med = {k: _med(v, "gb_per_s") for k, v in rows.items()}
     return {"digest_seconds": made, "digest_gb_per_s": total / made / 1e9, "digest_file_bytes": path.stat().st_size,
-            "coverage": dg.coverage(plan, doc["extent_bytes"], doc["leaf_bytes"]), "first": first, "rounds": rows, "median_gb_per_s": med,
+            "coverage": dgc.coverage(plan, doc["extent_bytes"], doc["leaf_bytes"]), "first": first, "rounds": rows, "median_gb_per_s": med,
             "digest_over_plain": med["digest"] / med["plain"]}
 
 

@@ -24,6 +24,7 @@ import planc  # noqa: E402
 from execute_support import (SMALL_IO, assert_model, cast, cli_run, fail_read_at, handmade, one_line,  # noqa: E402
                              record_events, spec_file, synth)
 from planc.manifest import digest as dg  # noqa: E402
+from planc.manifest import digestcheck as dgc  # noqa: E402
 from planc.base.errors import DigestError, FingerprintError, PlanFormatError, ReadError, ReloadError, TornModelError  # noqa: E402
 from planc.execute.events import CopyIssued  # noqa: E402
 
@@ -174,7 +175,8 @@ def test_a_freed_model_is_not_reloaded(tmp_path):
 
 
 def test_module_arena_splits_copies_at_tensor_boundaries():
-    from planc.execute.reload import ModuleArena, split_copies
+    from planc.execute.reload import ModuleArena
+    from planc.execute.seam import split_copies
 
     arena = ModuleArena([(0, 10, "a"), (16, 8, "b"), (24, 4, "c")], 32)  # 6 bytes of padding after a
     assert arena.pieces(4, 24) == [("a", 4, 0, 6), ("b", 0, 12, 8), ("c", 0, 20, 4)]
@@ -321,7 +323,7 @@ def test_coverage_counts_what_the_verifier_reads_besides(tmp_path):
     spec = spec_file(tmp_path / "a", root, [{"match": big.name, "skip": True}, {"match": "*"}], io=SMALL_IO,
                      name="skip.yaml")
     plan = compile_spec(spec)
-    cov = dg.coverage(plan, EXTENT)
+    cov = dgc.coverage(plan, EXTENT)
     assert cov["fill_bytes"] > 0 and cov["reread_bytes"] == 0
     d = _digest(root, tmp_path / "a.digest.json")
     model = planc.load(plan, verify="digest", digest=d)
@@ -374,7 +376,7 @@ def test_leaves_split_across_reads_verify_and_a_flipped_byte_in_one_is_caught(tm
     rep = model.report["digest"]
     assert rep["ok"] and rep["leaf_bytes"] == LEAF and rep["reread_bytes"] == 0
     assert rep["hashed_bytes"] + rep["fill_bytes"] == size  # every byte, hashed once
-    assert rep["fill_bytes"] == dg.coverage(plan, LEAVED, LEAF)["fill_bytes"]
+    assert rep["fill_bytes"] == dgc.coverage(plan, LEAVED, LEAF)["fill_bytes"]
     # a flipped byte in a leaf two reads share, and one in a leaf one read covers whole
     starts = sorted(q.offset for r in plan.runs for q in r.requests)
     for at in (starts[3] - 7, (starts[5] // LEAF + 1) * LEAF + 100):

@@ -113,13 +113,13 @@ def test_gguf_kernels_built_for_the_simulator_give_the_products_plainly():
         pytest.skip("the simulator's kernels run only under the simulator")
     from numba import cuda
 
-    from planc.execute import gguf_kernels
+    from planc.execute import gguf_dispatch, gguf_kernels
     from planc.execute.gguf_dispatch import dequantize_gguf
     from planc.execute.seam import Simulator
     from planc.execute.gguf_dequant import dequantize
     from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
-    assert set(gguf_kernels.kernels(simulation.SIM)) == set(gguf_kernels.NAMES)
+    assert set(gguf_kernels.kernels(simulation.SIM)) == set(gguf_dispatch.NAMES)
     raw = tensor_bytes(GGUFTensor("k.Q4_K", "Q4_K", (1, 256)))
     want = dequantize(raw, "Q4_K", (256,)).astype(np.float32)
     src, dst = cuda.to_device(raw), cuda.to_device(np.zeros(256, np.uint32))

@@ -290,10 +290,11 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
 
 
 def _verifier(plan, digest):
-    """The load's `planc.manifest.digest.Verifier` (None without `digest`), its files' fingerprints checked."""
+    """The load's `planc.manifest.digestcheck.Verifier` (None without `digest`), its files' fingerprints checked."""
     if digest is None or digest is False:
         return None
-    from ..manifest.digest import Digest, Verifier, find_default, read_digest
+    from ..manifest.digest import Digest, find_default, read_digest
+    from ..manifest.digestcheck import Verifier
 
     if digest is True:
         digest = find_default(plan.checkpoint)

@@ -10,9 +10,10 @@ load's wall on the H200.)
 
 from __future__ import annotations
 
-TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
-OUTS = ("F32", "F16", "BF16")
-NAMES = tuple(f"gguf_{t}_{o}" for t in TYPES for o in OUTS)  # e.g. gguf_Q4_K_BF16
+from ..base.dtypes import FLOAT_CONVERTIBLE
+from .signatures import GGUF_DEQUANTIZABLE
+
+NAMES = frozenset(f"gguf_{t}_{o}" for t in GGUF_DEQUANTIZABLE for o in FLOAT_CONVERTIBLE)  # e.g. gguf_Q4_K_BF16
 
 
 def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0, dev=None) -> None:

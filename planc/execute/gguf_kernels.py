@@ -23,7 +23,7 @@ from numba.cuda import libdevice
 
 from planc.execute.kernels import CACHE, _ops, _scalar_ops
 from planc.base.simulation import GPU, SIM
-from planc.execute.gguf_dispatch import NAMES, OUTS, TYPES
+from planc.execute.signatures import GGUF_DEQUANTIZABLE
 
 
 def _mul_rn_py(a, b):  # the GPU's: a product rounded once, never fused into a multiply-add
@@ -126,7 +126,6 @@ def _kernel(value, out_bits):
 
 _BITS = {"F32": _ops.identity, "F16": _ops.f32_to_f16, "BF16": _ops.f32_to_bf16}
 _MUL = {GPU: _mul_rn_py, SIM: _mul_plain_py}
-assert tuple(_BITS) == OUTS
 _built: dict = {}
 
 
@@ -146,7 +145,7 @@ def kernels(target: str) -> dict:
             jit, f16_to_f32 = _plain, plain.f16_to_f32
             bits = {"F32": plain.identity, "F16": plain.f32_to_f16, "BF16": plain.f32_to_bf16}
         values = _value_fns(jit, f16_to_f32, _MUL[target])
-        got = _built[target] = {f"gguf_{t}_{o}": _kernel(values[t], b) for t in TYPES for o, b in bits.items()}
+        got = _built[target] = {f"gguf_{t}_{o}": _kernel(values[t], b) for t in GGUF_DEQUANTIZABLE for o, b in bits.items()}
     return got
 
 
@@ -154,5 +153,5 @@ def _plain(fn):
     return fn
 
 
-__all__ = ["NAMES", "kernels"]
+__all__ = ["kernels"]
 

@@ -91,7 +91,7 @@ def build(out: Path, ccs=signatures.CCS, log=print) -> dict:
     entries = []
     for name, sig in signatures.launches():
         if name not in reg:
-            raise PtxBuildError(f"no kernel named {name!r} (kernels.KERNELS, scatter.KERNELS, gguf_kernels.NAMES)")
+            raise PtxBuildError(f"no kernel named {name!r} (kernels.KERNELS, scatter.KERNELS, gguf_dispatch.NAMES)")
         fn = reg[name].py_func
         for cc in ccs:
             try:

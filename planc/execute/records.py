@@ -131,7 +131,7 @@ class Report(Record):
     kernel_code: Mapping
     predicted: Mapping  # the plan's predicted wall beside the measured one (planc.plan.predict.beside)
     verify: Mapping | None = None
-    digest: Mapping | None = None  # the digest check (`planc.manifest.digest.Verifier.summary`)
+    digest: Mapping | None = None  # the digest check (`planc.manifest.digestcheck.Verifier.summary`)
 
     def with_timings(self, **seconds: float) -> "Report":
         """This report with more phases timed (rounded to the microsecond)."""

@@ -176,14 +176,3 @@ def check_inplace(plan) -> None:
         raise HandoffError(f"load_into(inplace=True) writes copies only into the module's own tensors; the plan has "
                            f"{', '.join(bad)}: load into a new arena (inplace=False) or keep the stored dtype and "
                            f"layout in the spec", code=Code.INPLACE_UNSUPPORTED)
-
-
-def split_copies(copies) -> list:
-    """`Device.stage`'s copies with those into a `ModuleArena` split at its tensors' boundaries."""
-    out = []
-    for dst, off, slot_off, n, rows, pitch in copies:
-        if hasattr(dst, "pieces"):
-            out += [(d, o, slot_off + s, k, 1, 0) for d, o, s, k in dst.pieces(off, n)]
-        else:
-            out.append((dst, off, slot_off, n, rows, pitch))
-    return out

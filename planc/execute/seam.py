@@ -175,8 +175,6 @@ class Gpu:
         """Issue the async copies of one slot: (device array, offset, slot offset, bytes, rows, pitch)
         each, a 2-D copy when rows > 1. Returns the bytes moved."""
         if any(hasattr(c[0], "pieces") for c in copies):  # a module's own tensors (`reload.ModuleArena`)
-            from .reload import split_copies
-
             copies = split_copies(copies)
         host, h, moved = buf.ctypes.data, stream.handle, 0
         copy, copy2d = self.d.copy_h2d, self.d.copy_h2d_2d
@@ -265,8 +263,6 @@ class Simulator:
 
     def stage(self, buf: np.ndarray, copies, stream) -> int:
         if any(hasattr(c[0], "pieces") for c in copies):  # a module's own tensors (`reload.ModuleArena`)
-            from .reload import split_copies
-
             copies = split_copies(copies)
         moved = 0
         for dst, off, slot_off, n, rows, pitch in copies:
@@ -427,3 +423,15 @@ def leave_released_to_exit() -> None:
         if _unpin_at_exit:
             atexit.unregister(settle_released)
             _unpin_at_exit.clear()
+
+
+def split_copies(copies) -> list:
+    """`Device.stage`'s copies with those into a `reload.ModuleArena` (a destination with `pieces`) split
+    at its tensors' boundaries."""
+    out = []
+    for dst, off, slot_off, n, rows, pitch in copies:
+        if hasattr(dst, "pieces"):
+            out += [(d, o, slot_off + s, k, 1, 0) for d, o, s, k in dst.pieces(off, n)]
+        else:
+            out.append((dst, off, slot_off, n, rows, pitch))
+    return out

@@ -627,7 +627,8 @@ def _verification(plan, value: Optional[str]) -> dict:
     """What `explain` says of verification: none, or what a digest check of this plan costs."""
     if value is None:
         return {"kind": "none"}
-    from ..manifest.digest import Verifier, coverage, find_default, read_digest
+    from ..manifest.digest import find_default, read_digest
+    from ..manifest.digestcheck import Verifier, coverage
 
     path = find_default(plan.checkpoint) if value == "" else value
     d = read_digest(path)

@@ -319,8 +319,3 @@ def read_digest(path) -> Digest:
     if _check(doc) != doc["check"]:
         raise _bad(path, "its check does not match its contents (edited or damaged)", code=Code.DIGEST_EDITED)
     return Digest(str(path), ext, head, out, leaf)
-
-
-
-
-from .digestcheck import Verifier, coverage, read_pieces  # noqa: E402,F401 - the check of a load, named here too
