@@ -86,10 +86,11 @@ class _Timed:
     def __getattr__(self, name):
         return getattr(self._r, name)
 
-    def read_into(self, *a, **k):
+    # the reader's own signature: `DigestReader` hands its pieces to a reader whose read_into takes `sink`
+    def read_into(self, rel, offset, length, buf, needed, *, sink=None, piece=0, tail=0):
         t = time.perf_counter()
         try:
-            return self._r.read_into(*a, **k)
+            return self._r.read_into(rel, offset, length, buf, needed, sink=sink, piece=piece, tail=tail)
         finally:
             with self._lock:
                 self.seconds += time.perf_counter() - t

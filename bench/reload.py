@@ -45,6 +45,9 @@ def _args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--llama", default="llama-2GB", help="bench/handoff.py model name for part 3")
+    p.add_argument("--leaf", default="", help="digest leaf sizes to compare, comma-separated (e.g. 2MiB,16MiB; default: the digest's own)")
+    p.add_argument("--piece", default="", help="reader piece sizes to compare for the digest loads, comma-separated "
+                   "(default: the verifier's own, 512 KiB)")
     p.add_argument("--only", default=None, type=lambda v: set(v.split(",")), help="only these parts: dense,digest,transformers")
     return p.parse_args(argv)
 
@@ -94,34 +97,50 @@ def dense(args, out: Path) -> dict:
 
 
 def digest(args, out: Path) -> dict:
+    """Plain loads and digest-verified loads alternated in one process: one digest file per leaf size
+    in `--leaf` (the default leaf when empty), loaded with each reader piece size in `--piece`; each
+    variant's ratio is against the plain loads of the same rounds."""
     import planc
+    from planc.base.units import parse_bytes
+    from planc.compiler.compile import compile_spec
     from planc.manifest import digest as dg
     from planc.manifest import digestcheck as dgc
-    from planc.compiler.compile import compile_spec
 
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)
     plan = compile_spec(write_spec(ckpt, "copy"))
-    t0 = time.perf_counter()
-    doc = dg.make_digest(ckpt, workers=args.shards)
-    made = time.perf_counter() - t0
-    path = out / "dense.digest.json"
-    path.write_bytes(dg.encode(doc))
-    total = sum(f["size_bytes"] for f in doc["files"])
-    rows = {"plain": [], "digest": []}
+    leaves = [parse_bytes(v) for v in args.leaf.split(",") if v] or [None]
+    pieces = [parse_bytes(v) for v in args.piece.split(",") if v] or [None]
+    docs = {}
+    for leaf in leaves:
+        t0 = time.perf_counter()
+        doc = dg.make_digest(ckpt, workers=args.shards, leaf_bytes=leaf)
+        made = time.perf_counter() - t0
+        path = out / f"dense.leaf_{doc['leaf_bytes'] >> 20}MiB.digest.json"
+        path.write_bytes(dg.encode(doc))
+        for piece in pieces:
+            key = f"leaf_{doc['leaf_bytes'] >> 20}MiB" + (f"_piece_{piece >> 10}KiB" if piece else "")
+            docs[key] = (path, doc, made, piece or dgc.PIECE_BYTES)
+    total = sum(f["size_bytes"] for f in next(iter(docs.values()))[1]["files"])
+    rows = {"plain": [], **{k: [] for k in docs}}
     first = {}
     for rnd in range(args.repeats + 1):
-        order = ["plain", "digest"] if rnd % 2 == 0 else ["digest", "plain"]
+        order = list(rows) if rnd % 2 == 0 else list(reversed(rows))
         for k in order:
-            m = planc.load(plan, **({"verify": "digest", "digest": path} if k == "digest" else {}))
+            if k != "plain":
+                dgc.PIECE_BYTES = docs[k][3]  # the verifier's piece size, read when each load begins
+            m = planc.load(plan, **({"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}))
             row = _row(m.report)
             m.free()
             del m
             gc.collect()
             (rows[k] if rnd else first.setdefault(k, [])).append(row)
     med = {k: _med(v, "gb_per_s") for k, v in rows.items()}
-    return {"digest_seconds": made, "digest_gb_per_s": total / made / 1e9, "digest_file_bytes": path.stat().st_size,
-            "coverage": dgc.coverage(plan, doc["extent_bytes"], doc["leaf_bytes"]), "first": first, "rounds": rows, "median_gb_per_s": med,
-            "digest_over_plain": med["digest"] / med["plain"]}
+    per_leaf = {k: {"digest_seconds": made, "digest_gb_per_s": total / made / 1e9, "digest_file_bytes": path.stat().st_size,
+                    "coverage": dgc.coverage(plan, doc["extent_bytes"], doc["leaf_bytes"]),
+                    "piece_bytes": piece, "over_plain": med[k] / med["plain"]} for k, (path, doc, made, piece) in docs.items()}
+    first_key = next(iter(docs))
+    return {"leaves": per_leaf, "first": first, "rounds": rows, "median_gb_per_s": med,
+            "digest_over_plain": per_leaf[first_key]["over_plain"]}
 
 
 def transformers_inplace(args, out: Path) -> dict:

@@ -436,3 +436,67 @@ def test_leaf_size_out_of_range_refused(tmp_path, leaf):
     with pytest.raises(DigestError) as e:
         dg.make_digest(tmp_path / "a" / "dense", extent_bytes=LEAVED, leaf_bytes=leaf)
     assert e.value.code == "digest-extent"
+
+
+def test_whole_leaves_stream_piece_by_piece_and_a_flipped_byte_in_a_later_piece_is_caught(tmp_path, models,
+                                                                                          monkeypatch):
+    """Leaves larger than the reader's pieces: each whole leaf is hashed piece by piece as its bytes
+    land (`Verifier.stream`), its digest recorded with its last piece; a byte flipped in a leaf's
+    middle piece, and one in its last piece, are caught with the extent's range."""
+    monkeypatch.setattr(dgc, "PIECE_BYTES", 16 << 10)  # 16 pieces per 256 KiB leaf
+    a, want = synth(tmp_path / "a", "dense", size_bytes=2_000_000, shards=1, seed=0)
+    root = tmp_path / "a" / "dense"
+    spec = spec_file(tmp_path / "a", a, [{"match": "*"}], io=dict(SMALL_IO, slot="1MiB", slots=4, workers=4, run="4MiB"),
+                     name="big.yaml")
+    from planc.compiler.compile import compile_spec
+
+    plan = compile_spec(spec)
+    d = tmp_path / "a.digest.json"
+    d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=LEAVED)))
+    rel = plan.checkpoint.files[0].path
+    size = plan.checkpoint.files[0].size_bytes
+    lay = dgc._layout(dgc.read_pieces(plan)[rel], size, LEAVED, LEAVED)
+    whole = sorted(k for k, v in lay.items() if v.kinds[0] == dgc.WHOLE)
+    assert len(whole) >= 3
+    model = planc.load(plan, verify="digest", digest=d)
+    models.append(model)
+    assert_model(model, want)
+    rep = model.report["digest"]
+    assert rep["ok"] and rep["reread_bytes"] == 0 and rep["hashed_bytes"] + rep["fill_bytes"] == size
+    model.free()
+    models.remove(model)
+    victim = root / rel
+    for at in (whole[1] * LEAVED + 100_000, whole[2] * LEAVED + LEAVED - 5):
+        data = bytearray(victim.read_bytes())
+        data[at] ^= 0x20
+        victim.write_bytes(bytes(data))
+        with pytest.raises(DigestError) as e:
+            planc.load(spec, verify="digest", digest=d)  # compiled again: the file's mtime changed
+        lo = at // LEAVED * LEAVED
+        assert e.value.code == "digest-mismatch" and f"[{lo:,}, {min(lo + LEAVED, size):,})" in str(e.value)
+        data[at] ^= 0x20
+        victim.write_bytes(bytes(data))
+
+
+def test_reader_reads_from_the_last_tail_boundary_first(tmp_path):
+    """`read_into(..., piece, tail)`: the bytes from the last multiple of `tail` inside the read come
+    first, in pieces; then the rest, in pieces, each view ending on a multiple of `piece`."""
+    from planc.execute.reader import Reader
+
+    f = tmp_path / "f.bin"
+    data = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8)
+    f.write_bytes(data.tobytes())
+    r = Reader(str(tmp_path), "off")
+    r.open("f.bin", f.stat().st_size)
+    got = []
+    buf = np.zeros(700_000, np.uint8)
+    r.read_into("f.bin", 70_000, 700_000, buf, 690_000, piece=16 << 10, tail=LEAVED,
+                sink=lambda at, view: got.append((at, bytes(view))))
+    r.close()
+    tb = (70_000 + 690_000) // LEAVED * LEAVED
+    first = [g for g in got if g[0] >= tb]
+    assert got[:len(first)] == first and first[0][0] == tb and len(first) > 1  # the tail first, in pieces
+    assert [at for at, _ in got[len(first):]] == sorted(at for at, _ in got[len(first):])
+    assert all((at + len(b)) % (16 << 10) == 0 for at, b in got[len(first):])
+    joined = b"".join(b for _, b in got[len(first):] + first)
+    assert joined == data[70_000:760_000].tobytes()

@@ -1,6 +1,6 @@
 """The reader of a digest-verified load: a `reader.Reader` whose reads hand their bytes to a
 `planc.manifest.digestcheck.Verifier` on the reader's own thread, a piece at a time
-(`Verifier.piece_bytes`, 1 MiB) as each piece lands in its ring slot (or a host-path part's
+(`Verifier.piece_bytes`, 512 KiB; `Verifier.stream`) as each piece lands in its ring slot (or a host-path part's
 buffer), while it is in the cache: no second read, no second copy, no second pass over the slot.
 
 `DigestReader(reader, verifier)` forwards everything else to `reader` (the pipeline, the report
@@ -35,8 +35,10 @@ class DigestReader:
         v, deferred = self.verifier, []
         try:
             if self._pieces:
+                sink = v.stream(rel, deferred)
                 n = self._reader.read_into(rel, offset, length, buf, needed, piece=v.piece_bytes,
-                                           sink=lambda at, view: v.feed(rel, at, view, deferred))
+                                           tail=v.digest.leaf_bytes, sink=sink)
+                sink.flush()
             else:
                 n = self._reader.read_into(rel, offset, length, buf, needed)
                 v.feed(rel, offset, buf[:needed], deferred)

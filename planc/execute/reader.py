@@ -183,22 +183,25 @@ class Reader:
             return False, f"page cache warm ({frac:.0%} resident): buffered"
         return True, "page cache cold: O_DIRECT" if frac is not None else "O_DIRECT (cache state unknown)"
 
-    def read_into(self, rel: str, offset: int, length: int, buf, needed: int, *, sink=None, piece: int = 0) -> int:
+    def read_into(self, rel: str, offset: int, length: int, buf, needed: int, *, sink=None, piece: int = 0,
+                  tail: int = 0) -> int:
         """Read [offset, offset+length) of `rel` into `buf` (a writable uint8 array); at least `needed` bytes.
 
         With `sink`, the read goes `piece` bytes at a time (file offsets that are multiples of
         `piece` end each `preadv`; `piece` a multiple of 4096, so O_DIRECT reads stay aligned), and
         `sink(file_offset, view)` gets each piece's bytes as soon as they are in `buf`, while they
         are in the cache: every view starts at `offset` or a multiple of `piece` and ends at one or
-        at `offset + needed`. The last piece, when it ends between two multiples of `piece`, is
-        read first (its bytes begin what the next request ends: handed over early, that request's
-        hash of them need not wait), then the others in order. One request for the counters."""
+        at `offset + needed`. The bytes from the last multiple of `tail` (a multiple of `piece`;
+        default `piece`) inside the read, when the read ends between two, are read first (they begin
+        what the next request ends: handed over early, that request's hash of them need not wait),
+        then the others in order. One request for the counters."""
         f = self.files[rel]
         mv = memoryview(buf)[:length]
         spans = [(0, needed, length)]
         if sink is not None and piece:
-            tb = (offset + needed - 1) // piece * piece - offset  # the last multiple of `piece` inside the read
-            if tb > 0 and (offset + needed) % piece:
+            tail = tail or piece
+            tb = (offset + needed - 1) // tail * tail - offset  # the last multiple of `tail` inside the read
+            if tb > 0 and (offset + needed) % tail:
                 spans = [(tb, needed, length), (0, tb, tb)]
         total, end, retries = 0, 0, 0
         with self._lock:  # one request for the counters, however many pieces it is read in

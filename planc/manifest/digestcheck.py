@@ -6,9 +6,11 @@ Each file's fingerprint (size, hash of its head) is checked before anything is a
 extent that the plan's reads touch is checked; its leaves (`Digest.leaf_bytes`) are of three kinds,
 fixed from the plan before the load:
 
-- **whole**: one read covers the leaf entirely. The reader's thread hashes it as soon as its bytes
-  have landed (the reader hands them over a piece at a time, `Verifier.piece_bytes`, each piece's
-  ends on leaf boundaries): one call, no state, no wait, in any order. Almost every leaf of a load.
+- **whole**: one read covers the leaf entirely. The reader's thread hashes it as its bytes land:
+  the reader hands them over a piece at a time (`Verifier.piece_bytes`, 512 KiB, a leaf's ends
+  on piece boundaries, a leaf's pieces in order), each piece hashed into the leaf's streaming state
+  while it is still in the core's cache (`stream`): no second pass over memory, no lock, no wait,
+  a few attribute reads of Python per piece. Almost every leaf of a load.
 - **shared**: reads cover parts of it and none all of it (a leaf across two requests, the bytes a
   rank skips, a skipped tensor): a streaming xxh3-128 state and a cursor. A read feeds its part
   when the cursor has reached it; when it has not (an earlier read's part is still to come), the
@@ -40,7 +42,9 @@ from ..base.errors import DigestError, printable, shorten
 from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash, leaf_digest
 
 WHOLE, SHARED, FILL = 1, 2, 3  # a leaf's kind (0: not yet known while planning)
-PIECE_BYTES = 1 << 20  # the reader hands over its bytes this many at a time (at least a leaf)
+PIECE_BYTES = 512 << 10  # the reader hands over its bytes this many at a time (at most a leaf): hashed
+# while they are in the core's cache (bench/digest_cpu.py: a 16 MiB piece hashed after its read costs a
+# second pass over memory; 256 KiB - 1 MiB pieces do not, and cost a few microseconds of Python each)
 
 
 def read_pieces(plan) -> dict:
@@ -175,6 +179,54 @@ class _Extent:
         self.lock = threading.Lock()
 
 
+class _Stream:
+    """One read's pieces: a whole leaf's pieces after its first go into its streaming xxh3-128
+    state with the least Python (the readers take it in turn under the interpreter's lock; a
+    piece is 512 KiB); the leaf's digest recorded with its last piece. Any other piece goes
+    through `Verifier.feed`. A whole leaf whose pieces stopped short is never recorded, so its
+    extent is never compared and `finish` fails the load (`[digest-incomplete]`): never silent."""
+
+    __slots__ = ("v", "rel", "deferred", "at", "hi", "h", "st", "j", "hashed", "seconds")
+
+    def __init__(self, v: "Verifier", rel: str, deferred: list):
+        self.v, self.rel, self.deferred = v, rel, deferred
+        self.at = self.hi = -1
+        self.h = self.st = None
+        self.j = self.hashed = 0
+        self.seconds = 0.0
+
+    def __call__(self, at: int, view) -> None:
+        if at == self.at:
+            end = at + view.nbytes
+            if end <= self.hi:
+                t0 = time.perf_counter()
+                self.h.update(view)
+                self.at = end
+                if end == self.hi:
+                    self._close()
+                self.seconds += time.perf_counter() - t0
+                return
+        self.v.feed(self.rel, at, view, self.deferred, self)
+
+    def begin(self, st: "_Extent", j: int, l0: int, l1: int, first) -> None:
+        h = _xxh()
+        h.update(first)
+        self.h, self.st, self.j, self.at, self.hi = h, st, j, l0 + first.nbytes, l1
+
+    def _close(self) -> None:
+        st, j, n = self.st, self.j, self.hi - self.st.lo - self.j * self.v.digest.leaf_bytes
+        d = self.h.digest()
+        self.h, self.st, self.at, self.hi = None, None, -1, -1
+        self.hashed += n
+        self.v._record(self.rel, st, [(j, d)])
+
+    def flush(self) -> None:
+        """The read's counters into the verifier's (after its last piece)."""
+        if self.hashed or self.seconds:
+            self.v._count(self.hashed, self.seconds)
+            self.hashed, self.seconds = 0, 0.0
+
+
 class Verifier:
     """A load's digest check (see the module's docstring). `check_files()` before anything is
     allocated; on the readers' threads `feed(file, offset, bytes, deferred)` as the bytes of a read
@@ -193,7 +245,7 @@ class Verifier:
         self._lock = threading.Lock()
         self.states: dict = {}
         E, L = digest.extent_bytes, digest.leaf_bytes
-        self.piece_bytes = max(PIECE_BYTES, L)
+        self.piece_bytes = min(PIECE_BYTES, L)
         pieces = read_pieces(plan)
         for f in plan.checkpoint.files:
             fd = digest.files.get(f.path)
@@ -224,19 +276,22 @@ class Verifier:
                                   f"digest of another checkpoint", code=Code.DIGEST_OTHER)
 
     # -- on the readers' threads
-    def feed(self, rel: str, offset: int, data, deferred: list | None = None) -> None:
-        """Hash the leaves in `data` (file bytes from `offset`): whole leaves at once, parts of
-        shared leaves at their cursor. A part whose cursor is behind goes to `deferred` (then
-        `settle` it after the read), or is waited for here when `deferred` is None."""
+    def stream(self, rel: str, deferred: list) -> "_Stream":
+        """The sink of one read of `rel`: call it with each piece `(file_offset, view)` as it lands,
+        the pieces of a leaf in file order; then `settle(deferred)`."""
+        return _Stream(self, rel, deferred)
+
+    def feed(self, rel: str, offset: int, data, deferred: list | None = None, stream: "_Stream | None" = None) -> None:
+        """Hash the leaves in `data` (file bytes from `offset`): whole leaves at once (or, through
+        `stream`, begun here and continued by the stream's next pieces), parts of shared leaves at
+        their cursor. A part whose cursor is behind goes to `deferred` (then `settle` it after the
+        read), or is waited for here when `deferred` is None."""
         exts = self.states.get(rel)
         if not exts:
             return
         t0 = time.perf_counter()
-        mv = memoryview(data)
-        if mv.ndim == 1 and mv.format == "B" and self._one_whole_leaf(rel, exts, offset, mv, t0):
-            return
+        mv = memoryview(data).cast("B")
         digest = leaf_digest
-        mv = mv.cast("B")
         end = offset + len(mv)
         E, L = self.digest.extent_bytes, self.digest.leaf_bytes
         hashed = 0
@@ -251,9 +306,13 @@ class Verifier:
                 l1 = min(l0 + L, st.hi)
                 kind = st.kinds[j]
                 if kind == WHOLE:
-                    if a <= l0 and l1 <= b and not st.done[j]:
+                    if st.done[j] or a > l0:
+                        continue  # hashed by another read that covers it whole, or begun by this one's stream
+                    if l1 <= b:
                         got.append((j, digest(mv[l0 - offset:l1 - offset])))
                         hashed += l1 - l0
+                    elif stream is not None:  # the leaf's first piece: the stream takes the rest
+                        stream.begin(st, j, l0, l1, mv[l0 - offset:b - offset])
                 elif kind == SHARED:
                     lf = st.shared[j]
                     if not lf.reread and not self._feed_shared(rel, st, lf, max(a, l0), min(b, l1), mv, offset,
@@ -263,32 +322,14 @@ class Verifier:
                 self._record(rel, st, got)
             if st.fills and not st.claimed:
                 self._claim_fills(rel, st)
+        self._count(hashed, time.perf_counter() - t0)
+
+    def _count(self, hashed: int, seconds: float) -> None:
         acc = self._thread_stats.get(threading.get_ident())
         if acc is None:  # each reader thread adds to its own counters: no lock taken per piece
             acc = self._thread_stats.setdefault(threading.get_ident(), [0, 0.0])
         acc[0] += hashed
-        acc[1] += time.perf_counter() - t0
-
-    def _one_whole_leaf(self, rel: str, exts: dict, offset: int, mv, t0: float) -> bool:
-        """The common piece: exactly one whole leaf, not yet hashed, of an extent with no fills left
-        to claim. Hashed and recorded with the least work (the readers take this path in turn under
-        the interpreter's lock); False for anything else, which `feed`'s general path takes."""
-        E, L = self.digest.extent_bytes, self.digest.leaf_bytes
-        st = exts.get(offset // E)
-        if st is None or (st.fills and not st.claimed):
-            return False
-        j, r = divmod(offset - st.lo, L)
-        if r or j >= len(st.kinds) or st.kinds[j] != WHOLE or st.done[j]:
-            return False
-        if offset + mv.nbytes != min(st.lo + (j + 1) * L, st.hi):
-            return False
-        self._record(rel, st, [(j, leaf_digest(mv))])
-        acc = self._thread_stats.get(threading.get_ident())
-        if acc is None:
-            acc = self._thread_stats.setdefault(threading.get_ident(), [0, 0.0])
-        acc[0] += mv.nbytes
-        acc[1] += time.perf_counter() - t0
-        return True
+        acc[1] += seconds
 
     def settle(self, deferred: list) -> None:
         """The parts `feed` kept: each hashed once the earlier reads of its leaf are."""
