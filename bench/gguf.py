@@ -84,17 +84,21 @@ def checkpoint(data: Path, quant: str, size: int) -> Path:
     return d / "model.gguf"
 
 
-def specs(path: Path, *, host: str = "8GiB", on: str = "device") -> dict[str, Path]:
-    """The shipped spec on `path` (dequant; `on: host` added to its rules if asked) and the same file
-    kept as stored (copy)."""
+def specs(path: Path, *, host: str = "8GiB", on: str = "device", variants: dict | None = None) -> dict[str, Path]:
+    """The shipped spec on `path` (dequant; `on: host` added to its rules if asked), the same file
+    kept as stored (copy), and for each of `variants` (name -> io settings) the dequant spec with
+    those io settings (`dequant_NAME`)."""
     doc = yaml.safe_load(SPEC.read_text())
     doc["checkpoint"] = str(path)
     doc["budget"] = {"host": host}
     rules = [dict(r, on="host") if on == "host" and "dtype" in r else r for r in doc["rules"]]
     out = {}
-    for kind, rules in (("dequant", rules), ("copy", [{"match": "*", "dtype": "keep"}])):
+    kinds = [("dequant", rules, {}), ("copy", [{"match": "*", "dtype": "keep"}], {})]
+    kinds += [(f"dequant_{name}", rules, io) for name, io in (variants or {}).items()]
+    for kind, rules, io in kinds:
         p = path.parent.parent / f"{path.parent.name}.{kind}.yaml"
-        p.write_text(yaml.safe_dump({**doc, "rules": rules}, sort_keys=False))
+        extra = {"io": {**doc.get("io", {}), **io}} if io else {}
+        p.write_text(yaml.safe_dump({**doc, **extra, "rules": rules}, sort_keys=False))
         out[kind] = p
     return out
 
@@ -112,13 +116,13 @@ def counts(rep: dict, file_bytes: int) -> dict:
             "host_growth_over_predicted": round(h["growth_bytes"] / max(1, h["predicted_peak_bytes"]), 4)}
 
 
-def loads(quant: str, path: Path, repeat: int, on: str = "device") -> dict:
-    sp = specs(path, on=on)
+def loads(quant: str, path: Path, repeat: int, on: str = "device", variants: dict | None = None) -> dict:
+    sp = specs(path, on=on, variants=variants)
     file_bytes = path.stat().st_size
     warm(path)
-    runs: dict[str, list] = {"dequant": [], "copy": []}
+    runs: dict[str, list] = {k: [] for k in sp}
     for i in range(repeat):
-        for kind in (("dequant", "copy") if i % 2 == 0 else ("copy", "dequant")):
+        for kind in (list(sp) if i % 2 == 0 else list(reversed(sp))):
             rc, out, err = planc("run", sp[kind], "--json")
             if rc != 0:
                 raise SystemExit(f"{quant} {kind}: planc run failed: {err[-2000:]}")
@@ -129,7 +133,9 @@ def loads(quant: str, path: Path, repeat: int, on: str = "device") -> dict:
             "copy_GBps": round(med["copy"], 2), "ratio": round(med["dequant"] / med["copy"], 3),
             "ratio_target_met": med["dequant"] >= 0.8 * med["copy"],
             "host_growth_over_predicted_max": growth,
-            "host_target_met": all(g <= 1.05 for g in growth.values()), "runs": runs}
+            "host_target_met": all(g <= 1.05 for g in growth.values()),
+            "variants": {k: {"GBps": round(v, 2), "ratio": round(v / med["copy"], 3)} for k, v in med.items()
+                         if k.startswith("dequant_")}, "runs": runs}
 
 
 def _sync(torch) -> None:
@@ -251,7 +257,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--handoff-repeat", type=int, default=3)
     ap.add_argument("--on", choices=("device", "host"), default="host" if SIMULATED else "device",
                     help="where the loads dequantize (the simulator's default is host: its kernels are slow)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                    help="also load the dequant spec with these io settings (e.g. rows:strided=rows)")
     a = ap.parse_args(argv)
+    try:
+        a.variants = {n: dict(kv.split("=", 1) for kv in rest.split(",") if kv)
+                      for n, rest in (v.split(":", 1) for v in a.variant)}
+    except ValueError:
+        ap.error("--variant takes NAME:KEY=VALUE[,KEY=VALUE]")
     if a.repeat < 1 or a.handoff_repeat < 1:
         ap.error("--repeat and --handoff-repeat must be at least 1")
     return a
@@ -269,12 +282,12 @@ def main(argv=None) -> int:
         t0 = time.time()
         path = checkpoint(a.data, quant, size)
         print(f"{quant}: {path.stat().st_size / 2**30:.2f} GiB file ready in {time.time() - t0:.1f} s", flush=True)
-        r = loads(quant, path, a.repeat, a.on)
+        r = loads(quant, path, a.repeat, a.on, a.variants)
         result["loads"].append(r)
         last = r["runs"]["dequant"][-1]
         print(f"{quant}: dequant {r['dequant_GBps']} GB/s, copy {r['copy_GBps']} GB/s of file bytes, ratio "
               f"{r['ratio']}; dequant requests {last['requests']} copies {last['copies']} kernels {last['kernels']}; "
-              f"host growth / predicted (max) {r['host_growth_over_predicted_max']}", flush=True)
+              f"host growth / predicted (max) {r['host_growth_over_predicted_max']}; variants {r['variants']}", flush=True)
     (a.out / "gguf.json").write_text(json.dumps(result, indent=1))  # the loads kept if the hand-off fails
     if a.handoff != "none":
         t0 = time.time()
