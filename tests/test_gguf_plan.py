@@ -253,6 +253,13 @@ def test_unpermute_on_the_device_of_a_small_llama_file(tmp_path, dtype):
     models = []
     plan, model = load_checked(spec, models)
     assert len(plan.parts) == 2 * 2 + 2 * 1 and all(p.inputs[0].count == 2 for p in plan.parts)
+    # the halves of each head tile their rows: read as plain requests, each byte once, no mapping
+    reqs = [q for r in plan.runs for q in r.requests]
+    assert all(q.count == 1 and q.stride == 0 for q in reqs)
+    assert sum(c.moved for q in reqs for c in q.copies) == sum(p.read_bytes for p in plan.parts)
+    if dtype != "keep":  # the halves' blocks and values lie end to end: one launch for all of them
+        kernels = [k for r in plan.runs for k in r.kernels]
+        assert len(kernels) == 1 and sorted(q for k in kernels for q in k.parts) == [p.id for p in plan.parts]
     for t, heads in zip(specs, (2, 1)):
         if dtype == "keep":
             want = unpermute_rows(raw[t.name].reshape(t.shape[0], 68), heads)
@@ -387,3 +394,28 @@ def test_a_split_of_unpermuted_q_k_off_head_boundaries_is_refused(tmp_path):
         compile_spec(spec, 0)
     assert e.value.code == "split-unpermute" and "dim 0 only" in str(e.value)
     compile_spec(_tp(spec_file(tmp_path, tmp_path / "m.gguf", [rule], io=SMALL_IO, name="ok.yaml"), 2), 1)
+
+
+def test_a_merged_gguf_kernel_is_checked_part_by_part(tmp_path):
+    """A GGUF kernel over several parts (the head halves of unpermuted q / k): its rows, values and
+    parts are checked against each part; an edit to any is refused."""
+    path = tmp_path / "m.gguf"
+    _qk_file(path, 4, 2, 8)
+    spec = spec_file(tmp_path, path, [{"match": "*", "dtype": "bfloat16", "unpermute": True}], io=SMALL_IO)
+    plan = compile_spec(spec)
+    doc = _doc(plan)
+    merged = [k for r in doc["runs"] for k in r[2] if k[1] == "gguf" and k[12]]
+    assert merged
+    edits = {
+        "rows": lambda k: k.__setitem__(9, k[9] - 1),
+        "values": lambda k: k.__setitem__(8, k[8] + 32),
+        "a part dropped": lambda k: k.__setitem__(12, k[12][:-1]),
+        "a part twice": lambda k: k.__setitem__(12, [*k[12], k[12][0]]),
+        "the first part again": lambda k: k.__setitem__(12, [k[0], *k[12][1:]]),
+    }
+    for what, edit in edits.items():
+        doc = _doc(plan)
+        edit(next(k for r in doc["runs"] for k in r[2] if k[1] == "gguf" and k[12]))
+        with pytest.raises(PlanFormatError, match=r"kernels\[") as e:
+            decode(json.dumps(doc))
+        assert e.value.code, what

@@ -28,6 +28,8 @@ alone. Had b started at 3000 and been adjacent to a in the arena, a and b's head
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -199,14 +201,16 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO, costs: Costs = costmo
         kernels.append(_kernel(n, "landing", where[(n.id, "weight")], where.get((n.id, "scale")), dst))
     requests, alone = _requests(segs, io)
     if strided:
-        extra = [q for inp, space, base in strided for q in _strided(inp, space, base, io, costs)]
+        tiles, rest = _tiles(strided, io)
+        extra = [q for inp, space, base in rest for q in _strided(inp, space, base, io, costs)]
+        extra += [q for file, lo, hi, items in tiles for q in _rows_requests(file, lo, hi, items, io)]
         requests = tuple(sorted(requests + tuple(extra), key=_FILE_START))
         alone += sum(inp.count for inp, _, _ in strided)
     return Run(
         index=k,
         parts=tuple([n.id for n in parts]),
         requests=requests,
-        kernels=_merged(kernels),
+        kernels=_merged(kernels, {n.id: n.ggml for n in parts if n.op == "gguf"}),
         host_parts=tuple(host_parts),
         landing_region=k % 2,
         landing_bytes=landing,
@@ -231,28 +235,80 @@ def _strided(inp, space: str, base: int, io: IO, costs: Costs) -> list[Request]:
             out.append(Request(inp.file, start + i * stride, seg, (Copy(0, space, base + i * seg, m * seg),),
                                stride=stride, count=m))
         return out
-    end = start + (count - 1) * stride + seg
-    a, e = start // DIRECT_ALIGN * DIRECT_ALIGN, _align(end, DIRECT_ALIGN)
+    return _rows_requests(inp.file, start, start + (count - 1) * stride + seg, [(inp, space, base)], io)
+
+
+def _tiles(strided: list, io: IO) -> tuple[list, list]:
+    """Strided inputs whose segments tile byte ranges of a file exactly, and the others.
+
+    `k` inputs of `seg`-byte segments `stride = k * seg` apart, starting `seg` after one another
+    (the two halves of each head of a GGUF q / k weight read in transformers' row order: a row
+    every two rows, from the head's first row and from its second), together read every byte of
+    `count * stride` bytes once: read as whole rows, they need no mapping and no byte twice, and one
+    request serves them all. Tiles that touch join into one range. -> ([(file, lo, hi, [(input,
+    space, base)])], [the other (input, space, base)]); none tiled when `io.strided` is `mapped`."""
+    if io.strided == "mapped":
+        return [], list(strided)
+    groups: dict = defaultdict(list)
+    for item in strided:
+        w = item[0]
+        groups[(w.file, w.seg, w.stride, w.count)].append(item)
+    tiles, rest = [], []
+    for (file, seg, stride, count), items in groups.items():
+        items.sort(key=lambda it: it[0].start)
+        k = stride // seg if seg and stride % seg == 0 else 0
+        i = 0
+        while i < len(items):
+            grp = items[i:i + k] if k > 1 else []
+            if len(grp) == k > 1 and all(grp[j][0].start == grp[0][0].start + j * seg for j in range(k)):
+                tiles.append((file, grp[0][0].start, grp[0][0].start + count * stride, grp))
+                i += k
+            else:
+                rest.append(items[i])
+                i += 1
+    tiles.sort(key=lambda t: (t[0], t[1]))
+    joined: list = []
+    for t in tiles:
+        if joined and joined[-1][0] == t[0] and joined[-1][2] == t[1]:
+            joined[-1] = (t[0], joined[-1][1], t[2], joined[-1][3] + t[3])
+        else:
+            joined.append(t)
+    return joined, rest
+
+
+def _rows_requests(file: str, lo: int, hi: int, inputs: list, io: IO) -> list[Request]:
+    """Plain requests over file bytes [lo, hi) on the slot grid of their own extent (aligned for
+    O_DIRECT), each with the copies of the strided `inputs` (input, space, base) whose rows it holds:
+    a 2-D copy of its whole rows, a 1-D copy of a row it holds a part of."""
+    slot = io.slot
+    a, e = lo // DIRECT_ALIGN * DIRECT_ALIGN, _align(hi, DIRECT_ALIGN)
+    out = []
     for q in range(a, e, slot):
-        length = min(slot, e - q)
-        hi = q + length
-        first = max(0, (q - start - seg) // stride + 1)  # the first row ending after q
-        last = min(count - 1, (hi - 1 - start) // stride)  # the last row starting before hi
-        copies = []
-        if first <= last:
-            lo_full = first if start + first * stride >= q else first + 1
-            hi_full = last if start + last * stride + seg <= hi else last - 1
-            if lo_full > first:
-                copies.append(_piece(q, hi, start + first * stride, seg, space, base + first * seg))
-            if lo_full <= hi_full:
-                rows = hi_full - lo_full + 1
-                copies.append(Copy(start + lo_full * stride - q, space, base + lo_full * seg, seg,
-                                   rows, stride if rows > 1 else 0))
-            if hi_full < last and (last > first or lo_full <= first):
-                copies.append(_piece(q, hi, start + last * stride, seg, space, base + last * seg))
+        top = min(q + slot, e)
+        copies = [c for inp, space, base in inputs for c in _row_copies(inp, space, base, q, top)]
         if copies:
-            out.append(Request(inp.file, q, length, tuple(copies)))
+            out.append(Request(file, q, top - q, tuple(sorted(copies, key=lambda c: c.slot_offset))))
     return out
+
+
+def _row_copies(inp, space: str, base: int, q: int, hi: int) -> list[Copy]:
+    """The copies of strided input `inp` (landing packed at `base` of `space`) out of request [q, hi)."""
+    seg, stride, count, start = inp.seg, inp.stride, inp.count, inp.start
+    first = max(0, (q - start - seg) // stride + 1)  # the first row ending after q
+    last = min(count - 1, (hi - 1 - start) // stride)  # the last row starting before hi
+    copies = []
+    if first <= last:
+        lo_full = first if start + first * stride >= q else first + 1
+        hi_full = last if start + last * stride + seg <= hi else last - 1
+        if lo_full > first:
+            copies.append(_piece(q, hi, start + first * stride, seg, space, base + first * seg))
+        if lo_full <= hi_full:
+            rows = hi_full - lo_full + 1
+            copies.append(Copy(start + lo_full * stride - q, space, base + lo_full * seg, seg,
+                               rows, stride if rows > 1 else 0))
+        if hi_full < last and (last > first or lo_full <= first):
+            copies.append(_piece(q, hi, start + last * stride, seg, space, base + last * seg))
+    return copies
 
 
 def _piece(q: int, hi: int, row: int, seg: int, space: str, dst: int) -> Copy:
@@ -261,21 +317,31 @@ def _piece(q: int, hi: int, row: int, seg: int, space: str, dst: int) -> Copy:
     return Copy(lo - q, space, dst + (lo - row), top - lo)
 
 
-def _merged(kernels: list) -> tuple[Kernel, ...]:
+def _merged(kernels: list, ggml: dict | None = None) -> tuple[Kernel, ...]:
     """Conversions whose sources and destinations lie end to end become one kernel (a stack of
-    experts converted on load: one launch per stacked tensor and run, not one per expert).
+    experts converted on load: one launch per stacked tensor and run, not one per expert); so do
+    GGUF dequantizations of one GGML type and row width (`ggml`: part -> type) whose blocks lie end
+    to end in the landing region and whose values lie end to end in the arena (the head halves of
+    a GGUF q / k weight read in transformers' row order: one launch per tensor, not one per half).
 
     A run's kernels start once all its copies are done and write disjoint arena ranges, so their
-    order within the run is free: conversions are sorted by source offset and neighbours joined."""
-    conv = sorted((k.src_space, k.src_offset, i) for i, k in enumerate(kernels) if k.op == "convert")
-    out = {i: k for i, k in enumerate(kernels) if k.op != "convert"}  # first kernel's index -> kernel
+    order within the run is free: kernels are sorted by source offset and neighbours joined."""
+    ggml = ggml or {}
+    conv = sorted((k.src_space, k.src_offset, i) for i, k in enumerate(kernels) if k.op in ("convert", "gguf"))
+    out = {i: k for i, k in enumerate(kernels) if k.op not in ("convert", "gguf")}  # first kernel's index -> kernel
     last_i = None
     for _, _, i in conv:
         k, last = kernels[i], out.get(last_i)
-        if (last is not None and (k.src_dtype, k.dst_dtype, k.src_space) == (last.src_dtype, last.dst_dtype, last.src_space)
-                and k.src_offset == last.src_offset + DTYPES[k.src_dtype].nbytes(last.numel)
+        if last is None or (k.op, k.src_dtype, k.dst_dtype, k.src_space) != (last.op, last.src_dtype, last.dst_dtype,
+                                                                            last.src_space):
+            out[i], last_i = k, i
+        elif (k.op == "convert" and k.src_offset == last.src_offset + DTYPES[k.src_dtype].nbytes(last.numel)
                 and k.dst_offset == last.dst_offset + DTYPES[k.dst_dtype].nbytes(last.numel)):
             out[last_i] = last._replace(numel=last.numel + k.numel, rows=0, cols=0, more=(*last.more, k.part))
+        elif (k.op == "gguf" and ggml.get(k.part) == ggml.get(last.part) and k.cols == last.cols
+                and k.src_offset == last.src_offset + last.rows * last.cols
+                and k.dst_offset == last.dst_offset + DTYPES[k.dst_dtype].nbytes(last.numel)):
+            out[last_i] = last._replace(numel=last.numel + k.numel, rows=last.rows + k.rows, more=(*last.more, k.part))
         else:
             out[i], last_i = k, i
     return tuple(out[i] for i in sorted(out))

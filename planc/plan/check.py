@@ -728,19 +728,19 @@ class _Checker:
             block = _int(x[11], at(".block"), 0, MAX_BLOCK)
             more = tuple(_int(v, at(f".more[{m}]"), 0, _MAX)
                          for m, v in enumerate(_list(x[12], at(".more"))))
-        if more and op != "convert":
-            raise _bad(at(".more"), f"only conversions of several parts share a kernel, not a {op}")
+        if more and op not in ("convert", "gguf"):
+            raise _bad(at(".more"), f"only conversions and GGUF dequantizations of several parts share a kernel, not a {op}")
+        if len(set(more)) != len(more) or pid in more:
+            raise _bad(at(".more"), "lists a part twice")
         if op == "gguf":
-            self._gguf_kernel(pid, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols,
-                              block, limits)
-            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, ()))
+            self._gguf_kernel(pid, more, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows,
+                              cols, block, limits)
+            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more))
         if op in DEQUANTIZE_OPS and pid in in_run and len(parts[pid].inputs) >= 2 and fp4.format_of(
                 parts[pid].inputs[0].dtype, parts[pid].inputs[1].dtype):
             self._fp4_kernel(parts[pid], at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
                              limits)
             return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, ()))
-        if len(set(more)) != len(more) or pid in more:
-            raise _bad(at(".more"), "lists a part twice")
         want_numel, want_dst = 0, dst
         for q in (pid, *more):
             if q not in in_run:
@@ -821,26 +821,38 @@ class _Checker:
             raise _bad(f"{at}.landing_bytes", f"a direct-path gguf lands its {w.nbytes:,} block bytes and holds no "
                                               f"host bytes, got {n.landing_bytes:,} and {n.host_bytes:,}")
 
-    def _gguf_kernel(self, pid, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols,
-                     block, limits) -> None:
-        if pid not in in_run:
-            raise _bad(at(".part"), f"part {pid} is not a part of this run")
-        p = parts[pid]
-        w = p.inputs[0]
-        if p.op != "gguf" or p.path != "direct":
-            raise _bad(at(".part"), f"part {pid} is not a direct-path gguf part")
-        if (src_dtype, dst_dtype, dst, block, rows, cols) != (w.dtype, p.out_dtype, p.dst_offset, p.block, *w.shape):
-            raise _bad(at(), f"does not match part {pid} ({p.ggml} blocks {list(w.shape)} -> {p.out_dtype} at arena "
-                             f"{p.dst_offset:,})")
-        if numel != p.out_bytes // DTYPES[p.out_dtype].itemsize:
-            raise _bad(at(".numel"), f"is {numel:,}, part {pid} has {p.out_bytes // DTYPES[p.out_dtype].itemsize:,} values")
+    def _gguf_kernel(self, pid, more, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows,
+                     cols, block, limits) -> None:
+        """A GGUF dequantization of part `pid` and the parts in `more`: each a direct-path gguf part of
+        this run, of one GGML type and row width; their blocks read end to end from `src`, their
+        values written end to end from `dst`: the kernel's rows and values are theirs summed."""
+        want_rows = want_numel = 0
+        want_dst = dst
+        for q in (pid, *more):
+            if q not in in_run:
+                raise _bad(at(".part"), f"part {q} is not a part of this run")
+            p = parts[q]
+            w = p.inputs[0]
+            if p.op != "gguf" or p.path != "direct":
+                raise _bad(at(".part"), f"part {q} is not a direct-path gguf part")
+            if (src_dtype, dst_dtype, want_dst, block, cols, p.ggml) != (w.dtype, p.out_dtype, p.dst_offset, p.block,
+                                                                        w.shape[1], parts[pid].ggml):
+                raise _bad(at(), f"does not match part {q} ({p.ggml} blocks {list(w.shape)} -> {p.out_dtype} at arena "
+                                 f"{p.dst_offset:,})")
+            want_rows += w.shape[0]
+            want_numel += p.out_bytes // DTYPES[p.out_dtype].itemsize
+            want_dst += p.out_bytes
+        if rows != want_rows:
+            raise _bad(at(".rows"), f"is {rows:,}, its parts have {want_rows:,} rows of blocks")
+        if numel != want_numel:
+            raise _bad(at(".numel"), f"is {numel:,}, its parts have {want_numel:,} values")
         if space != "landing" or scale is not None:
             raise _bad(at(".src_space"), "a gguf dequantize reads its blocks from the landing region (and no scale)")
-        if src + w.nbytes > limits["landing"]:
-            raise _bad(at(".src_offset"), f"[{src:,}, {src + w.nbytes:,}) reaches past the landing region "
+        if src + rows * cols > limits["landing"]:
+            raise _bad(at(".src_offset"), f"[{src:,}, {src + rows * cols:,}) reaches past the landing region "
                                           f"({limits['landing']:,} bytes)")
-        if dst + p.out_bytes > limits["arena"]:
-            raise _bad(at(".dst_offset"), f"[{dst:,}, {dst + p.out_bytes:,}) reaches past the arena")
+        if want_dst > limits["arena"]:
+            raise _bad(at(".dst_offset"), f"[{dst:,}, {want_dst:,}) reaches past the arena")
 
     def _fp4_semantics(self, n: Part, at: str) -> None:
         """An FP4 dequantization's sizes follow from its inputs (`planc.base.fp4`)."""
