@@ -65,3 +65,50 @@ def test_dequant_bit_exact_on_the_gpu(qtype, raw_launch, monkeypatch):
     used = launch.since(before, dev.kernel_stats())
     if raw_launch == "1":
         assert used["kernels_compiled"] == 0, used["fallbacks"]
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+def test_shipped_llama_spec_on_the_gpu(tmp_path, quant):
+    """specs/transformers-llama-gguf.yaml on a one-layer Llama GGUF, dequantized to bfloat16 on the
+    GPU: q / k rows read as plain requests and their head halves dequantized by shared kernels;
+    every tensor bit for bit against the `gguf` package's dequantization (q / k unpermuted), the
+    requests, copies and kernels as planned, `--verify`'s host check passing."""
+    import ml_dtypes
+    import yaml
+
+    from execute_support import load_checked
+    from planc.manifest import read_manifest
+    from planc.manifest.gguf_names import permuted_heads, transformers_name, unpermute_rows
+    from planc.tools.synth_gguf import write_gguf
+
+    res = write_gguf(tmp_path / "ck", quant=quant, layers=1)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = yaml.safe_load(open(os.path.join(root, "specs", "transformers-llama-gguf.yaml")).read())
+    doc["checkpoint"], doc["budget"] = str(res.path), {"host": "1GiB"}
+    spec = tmp_path / "llama-gguf.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    man = read_manifest(res.path)
+    meta = dict(man.shards[0].metadata)
+    models = []
+    try:
+        plan, model = load_checked(spec, models)
+        assert sum(len(r.kernels) for r in plan.runs) < sum(1 for p in plan.parts if p.op == "gguf")  # shared
+        for t in man.tensors:
+            name = transformers_name(t.name)
+            if name is None:
+                continue
+            with open(res.path, "rb") as f:
+                f.seek(t.start)
+                raw = np.frombuffer(f.read(t.nbytes), np.uint8)
+            if t.dtype in QTYPES:
+                want = gguf.quants.dequantize(raw.reshape(t.shape[0], -1), gguf.GGMLQuantizationType[t.dtype])
+            else:
+                want = raw.view({"F32": np.float32, "F16": np.float16}[t.dtype]).astype(np.float32).reshape(t.shape)
+            n_head = permuted_heads(t.name, meta)
+            if n_head:
+                want = unpermute_rows(want, n_head)
+            want = np.ascontiguousarray(want.astype(np.float32)).astype(ml_dtypes.bfloat16)
+            assert model[name].to_host().tobytes() == want.tobytes(), t.name
+    finally:
+        for m in models:
+            m.free()
