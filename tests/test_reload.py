@@ -500,3 +500,39 @@ def test_reader_reads_from_the_last_tail_boundary_first(tmp_path):
     assert all((at + len(b)) % (16 << 10) == 0 for at, b in got[len(first):])
     joined = b"".join(b for _, b in got[len(first):] + first)
     assert joined == data[70_000:760_000].tobytes()
+
+
+def test_a_freed_models_tensors_refuse_reads_with_a_typed_error(tmp_path):
+    from planc.base.errors import ModelFreedError
+
+    sa, want_a, _, _ = _two(tmp_path)
+    model = planc.load(sa)
+    name = next(iter(model))
+    held = model[name]
+    model.free()
+    with pytest.raises(ModelFreedError) as e:
+        model[name]
+    assert e.value.code == "model-freed" and name in str(e.value) and "free" in str(e.value)
+    with pytest.raises(ModelFreedError):
+        held.to_host()  # a tensor the caller kept
+    assert name not in model and model.get(name) is None if hasattr(model, "get") else name not in model
+
+
+def test_a_digest_with_verify_false_or_true_is_refused_and_reload_takes_verify_digest(tmp_path, models):
+    from planc.base.errors import SpecError
+
+    sa, want_a, sb, want_b = _two(tmp_path)
+    d = _digest(tmp_path / "b" / "dense", tmp_path / "b.digest.json")
+    for verify in (False, True):
+        with pytest.raises(SpecError) as e:
+            planc.load(sa, verify=verify, digest=d)
+        assert e.value.code == "bad-verify" and "verify='digest'" in str(e.value)
+    model = planc.load(sa)
+    models.append(model)
+    with pytest.raises(SpecError):
+        model.reload(sb, digest=d)
+    assert not model.torn
+    assert_model(model, want_a)  # refused before anything was written
+    rep = model.reload(sb, verify="digest", digest=d)
+    assert rep["digest"]["ok"]
+    assert_model(model, want_b)

@@ -185,6 +185,7 @@ class Code(StrEnum):
     RELOAD_FREED = "reload-freed", 2, "a reload into a model that was freed"
     RELOAD_LAYOUT = "reload-layout", 2, "a reload target does not match the live model's layout; nothing was written"
     TORN = "torn", 1, "a reload failed after it began writing; the model is refused until a reload succeeds"
+    MODEL_FREED = "model-freed", 1, "a tensor of a model read after the model's free()"
     DIGEST_FORMAT = "digest-format", 2, "a digest file is malformed"
     SPLIT_GGUF_BLOCK = "split-gguf-block", 2, "a tensor-parallel split that would cut a block of a block-quantized GGUF tensor"
     BAD_OP_DTYPE = "bad-op-dtype", 2, "an op asked of a part cannot produce its dtype from its source dtype (compile or a plan file)"

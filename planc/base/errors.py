@@ -158,6 +158,17 @@ class TornModelError(ExecuteError):
     default_code = Code.TORN
 
 
+class ModelFreedError(ExecuteError, KeyError):
+    """A model's tensor asked for after `LoadedModel.free()`: its device memory is given back. A
+    KeyError too, so `name in model` and `model.get(name)` keep a mapping's behaviour."""
+
+    exit_code = 1
+    default_code = Code.MODEL_FREED
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return Exception.__str__(self)
+
+
 class ReloadError(PlancError):
     """A reload target does not match the live model's layout (names, dtypes, shapes, offsets, size);
     nothing was written."""

@@ -33,12 +33,18 @@ class State:
     """Shared by a model and its tensors: `torn` is why the bytes cannot be trusted (a reload that
     failed after it began writing), else None."""
 
-    __slots__ = ("torn",)
+    __slots__ = ("torn", "freed")
 
     def __init__(self):
         self.torn = None
+        self.freed = False
 
     def check(self, what: str) -> None:
+        if self.freed:
+            from ..base.errors import ModelFreedError
+
+            raise ModelFreedError(f"{what}: the model was freed (LoadedModel.free); its device memory is given "
+                                  f"back. Load it again", code=Code.MODEL_FREED)
         if self.torn is not None:
             from ..base.errors import TornModelError
 
@@ -122,19 +128,24 @@ class LoadedModel:
     def torn(self) -> str | None:
         return self._state.torn
 
-    def reload(self, target, *, rank: int | None = None, device: str | None = None, verify: bool = False,
+    def reload(self, target, *, rank: int | None = None, device: str | None = None, verify=False,
                digest=None, settings=None):
         """Load `target` (a spec, a plan file or a `Plan` of a checkpoint with this model's layout)
         into this model's device memory: every tensor keeps its address. The layout is checked
         first (`ReloadError`, nothing written); a failure after writing began leaves the model
         torn (reads raise `TornModelError`) until a reload succeeds. Returns the load's report
-        (also `self.report`). `digest`: verify every byte against a digest file (`planc.manifest.digest`)."""
+        (also `self.report`). `verify` and `digest` as for `planc.load`: `verify="digest"` hashes every
+        byte against a digest file (`planc.manifest.digest`) as it streams."""
+        from ..base.verifyarg import verify_arg
         from .reload import reload_model
 
+        verify, digest = verify_arg(verify, digest)
         plan = self.resolve(target, rank) if self.resolve is not None else target
         return reload_model(self, plan, device=device, verify=verify, digest=digest, settings=settings)
 
     def __getitem__(self, name: str) -> DeviceTensor:
+        if self._state.freed:
+            self._state.check(name)
         return self.tensors[name]
 
     def __iter__(self):
@@ -159,6 +170,7 @@ class LoadedModel:
     def free(self) -> None:
         """Give the device memory back now (the load's pinned ring is already on its way back:
         `seam.release_later`; the next load, or the interpreter's exit, waits for it)."""
+        self._state.freed = True  # the tensors a caller still holds refuse reads from now on
         self.tensors = {}
         arena, self._arena = self._arena, None
         del arena

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..base.errors import BindError, HandoffError, SpecError
 from ..base.codes import Code
+from ..base.verifyarg import verify_arg as _verify_arg
 
 
 def _plan(spec_or_plan, rank: int | None):
@@ -38,15 +39,6 @@ def _rank_arg(rank) -> int:
         raise BindError(f"rank must be an integer 0 or more, got {str(rank)[:40]!r}", code=Code.BAD_RANK)
     return r
 
-
-def _verify_arg(verify, digest):
-    """`verify` (False, True: compare with the checkpoint after the load, "digest": hash as it
-    streams) and `digest` (a digest file's path) -> (compare after, digest file or None)."""
-    if isinstance(verify, str) and verify == "digest":
-        return False, True if digest is None else digest
-    if not isinstance(verify, bool):  # 1, 0 and 1.0 equal True and False, but are not what was meant
-        raise SpecError(f"verify must be False, True or 'digest', got {str(verify)[:40]!r}", code=Code.BAD_VERIFY)
-    return verify, digest
 
 
 def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, verify=False,
