@@ -419,3 +419,28 @@ def test_a_merged_gguf_kernel_is_checked_part_by_part(tmp_path):
         with pytest.raises(PlanFormatError, match=r"kernels\[") as e:
             decode(json.dumps(doc))
         assert e.value.code, what
+
+
+@pytest.mark.parametrize("strided", ["auto", "mapped"])
+def test_unpermuted_heads_across_slots_pass_the_plan_checks(tmp_path, strided):
+    """Heads of 64 rows across 16 KiB slots: a request begins inside a head, where the two halves'
+    rows interleave; the plan checker finds each copy's half by the segment that holds it (a plan
+    file and a spec loaded through `planc.load`, both checked), and the values are transformers'."""
+    import planc
+    from planc.manifest.gguf_names import unpermute_rows
+
+    path = tmp_path / "m.gguf"
+    specs, raw = _qk_file(path, 4, 2, 64, 256)
+    spec = spec_file(tmp_path, path, [{"match": "*", "dtype": "float32", "unpermute": True}],
+                     io=dict(SMALL_IO, strided=strided))
+    plan = compile_spec(spec)
+    assert any(q.offset % (64 * 272) for r in plan.runs for q in r.requests)  # a request starts inside a head
+    (tmp_path / "p.json").write_text(encode(plan))
+    for target in (spec, str(tmp_path / "p.json")):
+        model = planc.load(target)
+        try:
+            for t, heads in zip(specs, (4, 2)):
+                want = unpermute_rows(_ref(raw[t.name], "Q8_0", t.shape, "float32"), heads)
+                assert model[t.name].to_host().tobytes() == np.ascontiguousarray(want).tobytes(), t.name
+        finally:
+            model.free()

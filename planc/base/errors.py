@@ -160,7 +160,7 @@ class TornModelError(ExecuteError):
 
 class ModelFreedError(ExecuteError, KeyError):
     """A model's tensor asked for after `LoadedModel.free()`: its device memory is given back. A
-    KeyError too, so `name in model` and `model.get(name)` keep a mapping's behaviour."""
+    KeyError too, so code that catches a missing name's KeyError keeps working."""
 
     exit_code = 1
     default_code = Code.MODEL_FREED

@@ -16,7 +16,8 @@ import inspect
 
 def _takes_sink(reader) -> bool:
     try:
-        return "sink" in inspect.signature(reader.read_into).parameters
+        params = inspect.signature(reader.read_into).parameters
+        return "sink" in params and "tail" in params
     except (TypeError, ValueError):
         return False
 

@@ -1020,16 +1020,17 @@ def _run_coverage(r, parts, bisect_right) -> None:
             raise _bad(f"{at}.kernels", f"two inputs of the run share landing bytes [{b0:,}, {a1:,})")
     strided.sort(key=lambda x: (x.inp.file, x.inp.start))
     skeys = [(x.inp.file, x.inp.start) for x in strided]
+    reach = max((x.end - x.inp.start for x in strided), default=0)
     keys = [(m[0], m[1]) for m in maps]
     got: list = [[] for _ in maps]
     for j, q in enumerate(r.requests):
         if q.stride:
-            _strided_request(q, f"{at}.requests[{j}]", strided, skeys, bisect_right)
+            _strided_request(q, f"{at}.requests[{j}]", strided, skeys, bisect_right, reach)
             continue
         for c in q.copies:
             fpos, end, dst = q.offset + c.slot_offset, q.offset + c.slot_offset + c.nbytes, c.dst_offset
             if strided:
-                x = _strided_at(strided, skeys, q.file, fpos, bisect_right)
+                x = _strided_at(strided, skeys, q.file, fpos, bisect_right, reach)
                 if x is not None:
                     x.piece(c, fpos, f"{at}.requests[{j}]")
                     continue
@@ -1119,20 +1120,27 @@ def _tiles(pieces, lo: int, hi: int) -> bool:
     return pos == hi
 
 
-def _strided_at(strided: list, skeys: list, file: str, fpos: int, bisect_right):
-    """The strided input of the run whose span holds file offset `fpos`, or None."""
+def _strided_at(strided: list, skeys: list, file: str, fpos: int, bisect_right, reach: int):
+    """The strided input of the run one of whose segments holds file offset `fpos`, or None. Inputs
+    may interleave (the halves of a GGUF head: a row every two rows, one from the head's first row,
+    one from its second), so the last one starting at or before `fpos` is not enough: those that
+    start within `reach` (the run's longest strided span) before it are tried, latest first."""
     k = bisect_right(skeys, (file, fpos)) - 1
-    if k >= 0:
+    while k >= 0:
         x = strided[k]
-        if x.inp.file == file and fpos < x.end:
+        i = x.inp
+        if i.file != file or i.start < fpos - reach:
+            break
+        if fpos < x.end and i.stride > 0 and (fpos - i.start) % i.stride < i.seg:
             return x
+        k -= 1
     return None
 
 
-def _strided_request(q, at: str, strided: list, skeys: list, bisect_right) -> None:
+def _strided_request(q, at: str, strided: list, skeys: list, bisect_right, reach: int) -> None:
     """A strided read covers whole rows of one strided input: same segment and stride, starting on
     a row, its copies tiling the packed slot bytes in order to the rows' packed destination."""
-    x = _strided_at(strided, skeys, q.file, q.offset, bisect_right)
+    x = _strided_at(strided, skeys, q.file, q.offset, bisect_right, reach)
     i = x.inp if x is not None else None
     if i is None or q.length != i.seg or q.stride != i.stride or (q.offset - i.start) % i.stride:
         raise _bad(at, f"a strided read of {_shown(q.file)} at {q.offset:,} ({q.count:,} x {q.length:,} bytes every "
