@@ -47,7 +47,7 @@ def _args(argv=None):
     p.add_argument("--llama", default="llama-2GB", help="bench/handoff.py model name for part 3")
     p.add_argument("--leaf", default="", help="digest leaf sizes to compare, comma-separated (e.g. 2MiB,16MiB; default: the digest's own)")
     p.add_argument("--piece", default="", help="reader piece sizes to compare for the digest loads, comma-separated "
-                   "(default: the verifier's own, 512 KiB)")
+                   "(default: the verifier's own, a leaf)")
     p.add_argument("--only", default=None, type=lambda v: set(v.split(",")), help="only these parts: dense,digest,transformers")
     return p.parse_args(argv)
 
@@ -119,7 +119,7 @@ def digest(args, out: Path) -> dict:
         path.write_bytes(dg.encode(doc))
         for piece in pieces:
             key = f"leaf_{doc['leaf_bytes'] >> 20}MiB" + (f"_piece_{piece >> 10}KiB" if piece else "")
-            docs[key] = (path, doc, made, piece or dgc.PIECE_BYTES)
+            docs[key] = (path, doc, made, piece)
     total = sum(f["size_bytes"] for f in next(iter(docs.values()))[1]["files"])
     rows = {"plain": [], **{k: [] for k in docs}}
     first = {}

@@ -1,6 +1,6 @@
 """The reader of a digest-verified load: a `reader.Reader` whose reads hand their bytes to a
 `planc.manifest.digestcheck.Verifier` on the reader's own thread, a piece at a time
-(`Verifier.piece_bytes`, 512 KiB; `Verifier.stream`) as each piece lands in its ring slot (or a host-path part's
+(`Verifier.piece_bytes`: the leaf, 16 MiB by default; `Verifier.stream`) as each piece lands in its ring slot (or a host-path part's
 buffer), while it is in the cache: no second read, no second copy, no second pass over the slot.
 
 `DigestReader(reader, verifier)` forwards everything else to `reader` (the pipeline, the report

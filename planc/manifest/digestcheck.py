@@ -7,10 +7,10 @@ extent that the plan's reads touch is checked; its leaves (`Digest.leaf_bytes`) 
 fixed from the plan before the load:
 
 - **whole**: one read covers the leaf entirely. The reader's thread hashes it as its bytes land:
-  the reader hands them over a piece at a time (`Verifier.piece_bytes`, 512 KiB, a leaf's ends
-  on piece boundaries, a leaf's pieces in order), each piece hashed into the leaf's streaming state
-  while it is still in the core's cache (`stream`): no second pass over memory, no lock, no wait,
-  a few attribute reads of Python per piece. Almost every leaf of a load.
+  the reader hands them over a piece at a time (`Verifier.piece_bytes`: the leaf, or 1 MiB when
+  the leaf is smaller; a leaf's ends on piece boundaries, its pieces in order), a whole leaf's
+  piece hashed at once (`_one_whole_leaf`), a piece of a larger leaf into its streaming state
+  (`stream`): no lock, no wait. Almost every leaf of a load.
 - **shared**: reads cover parts of it and none all of it (a leaf across two requests, the bytes a
   rank skips, a skipped tensor): a streaming xxh3-128 state and a cursor. A read feeds its part
   when the cursor has reached it; when it has not (an earlier read's part is still to come), the
@@ -42,9 +42,11 @@ from ..base.errors import DigestError, printable, shorten
 from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash, leaf_digest
 
 WHOLE, SHARED, FILL = 1, 2, 3  # a leaf's kind (0: not yet known while planning)
-PIECE_BYTES = 512 << 10  # the reader hands over its bytes this many at a time (at most a leaf): hashed
-# while they are in the core's cache (bench/digest_cpu.py: a 16 MiB piece hashed after its read costs a
-# second pass over memory; 256 KiB - 1 MiB pieces do not, and cost a few microseconds of Python each)
+MIN_PIECE = 1 << 20  # the reader hands over its bytes a leaf at a time, at least this many
+PIECE_BYTES = None  # or pieces of this many (a power of two, at most a leaf) streamed into their leaf's
+# state (bench/reload.py --piece): 256 KiB - 2 MiB pieces, hashed while in the core's cache, ran at
+# 0.10-0.29x of a plain load on the H200, sixteen readers trading the interpreter's lock four times
+# a piece (docs/reload.md)
 
 
 def read_pieces(plan) -> dict:
@@ -245,7 +247,7 @@ class Verifier:
         self._lock = threading.Lock()
         self.states: dict = {}
         E, L = digest.extent_bytes, digest.leaf_bytes
-        self.piece_bytes = min(PIECE_BYTES, L)
+        self.piece_bytes = max(MIN_PIECE, L) if PIECE_BYTES is None else min(PIECE_BYTES, L)
         pieces = read_pieces(plan)
         for f in plan.checkpoint.files:
             fd = digest.files.get(f.path)
@@ -290,7 +292,10 @@ class Verifier:
         if not exts:
             return
         t0 = time.perf_counter()
-        mv = memoryview(data).cast("B")
+        mv = memoryview(data)
+        if stream is not None and mv.ndim == 1 and mv.format == "B" and self._one_whole_leaf(rel, exts, offset, mv, t0):
+            return
+        mv = mv.cast("B")
         digest = leaf_digest
         end = offset + len(mv)
         E, L = self.digest.extent_bytes, self.digest.leaf_bytes
@@ -323,6 +328,23 @@ class Verifier:
             if st.fills and not st.claimed:
                 self._claim_fills(rel, st)
         self._count(hashed, time.perf_counter() - t0)
+
+    def _one_whole_leaf(self, rel: str, exts: dict, offset: int, mv, t0: float) -> bool:
+        """The common piece: exactly one whole leaf, not yet hashed, of an extent with no fills left
+        to claim. Hashed and recorded with the least work (the readers take this path in turn under
+        the interpreter's lock); False for anything else, which `feed`'s general path takes."""
+        E, L = self.digest.extent_bytes, self.digest.leaf_bytes
+        st = exts.get(offset // E)
+        if st is None or (st.fills and not st.claimed):
+            return False
+        j, r = divmod(offset - st.lo, L)
+        if r or j >= len(st.kinds) or st.kinds[j] != WHOLE or st.done[j]:
+            return False
+        if offset + mv.nbytes != min(st.lo + (j + 1) * L, st.hi):
+            return False
+        self._record(rel, st, [(j, leaf_digest(mv))])
+        self._count(mv.nbytes, time.perf_counter() - t0)
+        return True
 
     def _count(self, hashed: int, seconds: float) -> None:
         acc = self._thread_stats.get(threading.get_ident())
