@@ -48,6 +48,12 @@ def _args(argv=None):
     p.add_argument("--leaf", default="", help="digest leaf sizes to compare, comma-separated (e.g. 2MiB,16MiB; default: the digest's own)")
     p.add_argument("--piece", default="", help="reader piece sizes to compare for the digest loads, comma-separated "
                    "(default: the verifier's own, a leaf)")
+    p.add_argument("--hasher", default="native", help="digest hashing to compare, comma-separated: native (the "
+                   "reader's read-and-hash loop), python")
+    p.add_argument("--native-piece", default="", help="read-and-hash loop piece sizes to compare, comma-separated "
+                   "(default: planc.execute.readhash.PIECE)")
+    p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the whole run "
+                   "(seconds; default: the interpreter's 0.005)")
     p.add_argument("--only", default=None, type=lambda v: set(v.split(",")), help="only these parts: dense,digest,transformers")
     return p.parse_args(argv)
 
@@ -59,7 +65,8 @@ def _row(rep) -> dict:
             "host_growth_bytes": host["growth_bytes"], "host_predicted_bytes": host["predicted_peak_bytes"],
             "host_growth_over_predicted": host["growth_bytes"] / host["predicted_peak_bytes"]
             if host["predicted_peak_bytes"] else None,
-            "device_allocated_bytes": dev["measured_allocated_bytes"], "digest": r.get("digest")}
+            "device_allocated_bytes": dev["measured_allocated_bytes"], "digest": r.get("digest"),
+            "timings": r.get("timings")}
 
 
 def _med(rows, key):
@@ -98,18 +105,25 @@ def dense(args, out: Path) -> dict:
 
 def digest(args, out: Path) -> dict:
     """Plain loads and digest-verified loads alternated in one process: one digest file per leaf size
-    in `--leaf` (the default leaf when empty), loaded with each reader piece size in `--piece`; each
-    variant's ratio is against the plain loads of the same rounds."""
+    in `--leaf` (the default leaf when empty), loaded with each hasher in `--hasher` (native: each
+    piece size in `--native-piece`; python: each reader piece size in `--piece`); each variant's
+    ratio is against the plain loads of the same rounds."""
     import planc
     from planc.base.units import parse_bytes
     from planc.compiler.compile import compile_spec
     from planc.manifest import digest as dg
+    from planc.execute import readhash
     from planc.manifest import digestcheck as dgc
 
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)
     plan = compile_spec(write_spec(ckpt, "copy"))
     leaves = [parse_bytes(v) for v in args.leaf.split(",") if v] or [None]
     pieces = [parse_bytes(v) for v in args.piece.split(",") if v] or [None]
+    native_pieces = [parse_bytes(v) for v in args.native_piece.split(",") if v] or [readhash.PIECE]
+    variants = [("native", p) for p in native_pieces if "native" in args.hasher.split(",")]
+    variants += [("python", p) for p in pieces if "python" in args.hasher.split(",")]
+    if any(h == "native" for h, _ in variants) and readhash.load() is None:
+        raise SystemExit(f"no read-and-hash loop here: {readhash.why_not}")
     docs = {}
     for leaf in leaves:
         t0 = time.perf_counter()
@@ -117,17 +131,21 @@ def digest(args, out: Path) -> dict:
         made = time.perf_counter() - t0
         path = out / f"dense.leaf_{doc['leaf_bytes'] >> 20}MiB.digest.json"
         path.write_bytes(dg.encode(doc))
-        for piece in pieces:
-            key = f"leaf_{doc['leaf_bytes'] >> 20}MiB" + (f"_piece_{piece >> 10}KiB" if piece else "")
-            docs[key] = (path, doc, made, piece)
+        for hasher, piece in variants:
+            key = f"leaf_{doc['leaf_bytes'] >> 20}MiB_{hasher}" + (f"_piece_{piece >> 10}KiB" if piece else "")
+            docs[key] = (path, doc, made, piece, hasher)
     total = sum(f["size_bytes"] for f in next(iter(docs.values()))[1]["files"])
     rows = {"plain": [], **{k: [] for k in docs}}
     first = {}
     for rnd in range(args.repeats + 1):
         order = list(rows) if rnd % 2 == 0 else list(reversed(rows))
         for k in order:
-            if k != "plain":
-                dgc.PIECE_BYTES = docs[k][3]  # the verifier's piece size, read when each load begins
+            if k != "plain":  # read when each load begins
+                readhash.ENABLED = docs[k][4] == "native"
+                if docs[k][4] == "native":
+                    readhash.PIECE = docs[k][3]
+                else:
+                    dgc.PIECE_BYTES = docs[k][3]
             m = planc.load(plan, **({"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}))
             row = _row(m.report)
             m.free()
@@ -137,7 +155,8 @@ def digest(args, out: Path) -> dict:
     med = {k: _med(v, "gb_per_s") for k, v in rows.items()}
     per_leaf = {k: {"digest_seconds": made, "digest_gb_per_s": total / made / 1e9, "digest_file_bytes": path.stat().st_size,
                     "coverage": dgc.coverage(plan, doc["extent_bytes"], doc["leaf_bytes"]),
-                    "piece_bytes": piece, "over_plain": med[k] / med["plain"]} for k, (path, doc, made, piece) in docs.items()}
+                    "hasher": hasher, "piece_bytes": piece, "over_plain": med[k] / med["plain"]}
+                for k, (path, doc, made, piece, hasher) in docs.items()}
     first_key = next(iter(docs))
     return {"leaves": per_leaf, "first": first, "rounds": rows, "median_gb_per_s": med,
             "digest_over_plain": per_leaf[first_key]["over_plain"]}
@@ -194,9 +213,12 @@ def transformers_inplace(args, out: Path) -> dict:
 
 def main(argv=None) -> int:
     args = _args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     args.data.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    res = {"size_bytes": args.size, "shards": args.shards, "repeats": args.repeats}
+    res = {"size_bytes": args.size, "shards": args.shards, "repeats": args.repeats,
+           "switch_interval": sys.getswitchinterval()}
     parts = [("dense", dense), ("digest", digest)] + ([("transformers", transformers_inplace)] if args.transformers else [])
     parts = [(n, f) for n, f in parts if args.only is None or n in args.only]
     for name, fn in parts:

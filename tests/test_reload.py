@@ -49,6 +49,17 @@ def models():
         m.free()
 
 
+@pytest.fixture(params=["native", "python"])
+def hasher(request, monkeypatch):
+    """A digest-verified load's hashing: the reader's read-and-hash loop, or Python's."""
+    from planc.execute import readhash
+
+    if request.param == "native" and readhash.load() is None:
+        pytest.skip(readhash.why_not)
+    monkeypatch.setattr(readhash, "ENABLED", request.param == "native")
+    return request.param
+
+
 # -- reload ----------------------------------------------------------------------------------------
 
 
@@ -195,14 +206,14 @@ def _digest(ckpt, out, **kw):
     return out
 
 
-def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models):
+def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models, hasher):
     sa, want_a, _, _ = _two(tmp_path)
     d = _digest(tmp_path / "a" / "dense", tmp_path / "a.digest.json", sha256=True)
     model = planc.load(sa, verify="digest", digest=d)
     models.append(model)
     assert_model(model, want_a)
     rep = model.report["digest"]
-    assert rep["ok"] and rep["extents"] >= 4
+    assert rep["ok"] and rep["extents"] >= 4 and rep["hasher"] == hasher
     sizes = sum(f.stat().st_size for f in (tmp_path / "a" / "dense").glob("*.safetensors"))
     assert rep["hashed_bytes"] + rep["fill_bytes"] + rep["reread_bytes"] == sizes  # every byte, hashed once
     assert rep["reread_bytes"] == 0
@@ -214,7 +225,7 @@ def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models):
 
 
 @pytest.mark.parametrize("shard", [0, 1])
-def test_one_flipped_byte_is_caught_with_its_file_and_range(tmp_path, models, shard):
+def test_one_flipped_byte_is_caught_with_its_file_and_range(tmp_path, models, shard, hasher):
     sa, _, _, _ = _two(tmp_path)
     root = tmp_path / "a" / "dense"
     d = _digest(root, tmp_path / "a.digest.json")
@@ -356,7 +367,7 @@ def test_digest_leaves_hash_to_the_extent():
     assert dg.extent_hash(leaves) == xxhash.xxh3_128_digest(leaves)
 
 
-def test_leaves_split_across_reads_verify_and_a_flipped_byte_in_one_is_caught(tmp_path, models):
+def test_leaves_split_across_reads_verify_and_a_flipped_byte_in_one_is_caught(tmp_path, models, hasher):
     sa, want_a, _, _ = _two(tmp_path, shards=1, size=900_000)
     root = tmp_path / "a" / "dense"
     spec = _tiny_io_spec(tmp_path / "a", root)
@@ -374,7 +385,7 @@ def test_leaves_split_across_reads_verify_and_a_flipped_byte_in_one_is_caught(tm
     models.append(model)
     assert_model(model, want_a)
     rep = model.report["digest"]
-    assert rep["ok"] and rep["leaf_bytes"] == LEAF and rep["reread_bytes"] == 0
+    assert rep["ok"] and rep["leaf_bytes"] == LEAF and rep["reread_bytes"] == 0 and rep["hasher"] == hasher
     assert rep["hashed_bytes"] + rep["fill_bytes"] == size  # every byte, hashed once
     assert rep["fill_bytes"] == dgc.coverage(plan, LEAVED, LEAF)["fill_bytes"]
     # a flipped byte in a leaf two reads share, and one in a leaf one read covers whole
@@ -443,7 +454,10 @@ def test_whole_leaves_stream_piece_by_piece_and_a_flipped_byte_in_a_later_piece_
     """Leaves larger than the reader's pieces: each whole leaf is hashed piece by piece as its bytes
     land (`Verifier.stream`), its digest recorded with its last piece; a byte flipped in a leaf's
     middle piece, and one in its last piece, are caught with the extent's range."""
+    from planc.execute import readhash
+
     monkeypatch.setattr(dgc, "PIECE_BYTES", 16 << 10)  # 16 pieces per 256 KiB leaf
+    monkeypatch.setattr(readhash, "ENABLED", False)  # the pieces go through Python
     a, want = synth(tmp_path / "a", "dense", size_bytes=2_000_000, shards=1, seed=0)
     root = tmp_path / "a" / "dense"
     spec = spec_file(tmp_path / "a", a, [{"match": "*"}], io=dict(SMALL_IO, slot="1MiB", slots=4, workers=4, run="4MiB"),

@@ -215,9 +215,10 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             warmer = parts.warmer(plan)
             reader = parts.reader(plan)
             if verifier is not None:
+                from . import readhash
                 from .digestread import DigestReader
 
-                reader = DigestReader(reader, verifier)
+                reader = DigestReader(reader, verifier, readhash.load() if readhash.ENABLED else None)
             pool = parts.pool(plan)
             regions.pin_ring()
             kernels = parts.kernels(plan, dev, stream, regions, warmer, counters, timings, observer)

@@ -1,9 +1,12 @@
-"""The reader of a digest-verified load: a `reader.Reader` whose reads hand their bytes to a
-`planc.manifest.digestcheck.Verifier` on the reader's own thread, a piece at a time
-(`Verifier.piece_bytes`: the leaf, 16 MiB by default; `Verifier.stream`) as each piece lands in its ring slot (or a host-path part's
-buffer), while it is in the cache: no second read, no second copy, no second pass over the slot.
+"""The reader of a digest-verified load: a `reader.Reader` whose reads hash their bytes for a
+`planc.manifest.digestcheck.Verifier` on the reader's own thread as they land in the ring slot (or
+a host-path part's buffer), while they are in the cache: no second read, no second copy, no second
+pass over the slot. A read's whole leaves go through the read-and-hash loop (`native`:
+`planc.execute.readhash`, 256 KiB pieces, one call per request); without it, or for what it does
+not hash, the reader hands its bytes over a piece at a time (`Verifier.piece_bytes`: the leaf, 16
+MiB by default; `Verifier.stream`) and the verifier hashes them in Python.
 
-`DigestReader(reader, verifier)` forwards everything else to `reader` (the pipeline, the report
+`DigestReader(reader, verifier, native)` forwards everything else to `reader` (the pipeline, the report
 and `close` see the reader they always see); `abort()` releases reads waiting for earlier ones
 when the load fails. A reader whose `read_into` takes no `sink` (a test's stand-in) has its
 bytes handed over after each read instead.
@@ -12,6 +15,9 @@ bytes handed over after each read instead.
 from __future__ import annotations
 
 import inspect
+import time
+
+from . import readhash
 
 
 def _takes_sink(reader) -> bool:
@@ -23,9 +29,13 @@ def _takes_sink(reader) -> bool:
 
 
 class DigestReader:
-    def __init__(self, reader, verifier):
+    def __init__(self, reader, verifier, native=None):
         self._reader, self.verifier = reader, verifier
         self._pieces = _takes_sink(reader)
+        self._native = native if native is not None and hasattr(reader, "read_hashing") else None
+        verifier.hasher = "native" if self._native is not None else "python"
+        if self._native is not None:
+            verifier.hash_extent = self._native.digest
 
     def __getattr__(self, name):
         return getattr(self._reader, name)
@@ -35,6 +45,9 @@ class DigestReader:
     def read_into(self, rel: str, offset: int, length: int, buf, needed: int) -> int:
         v, deferred = self.verifier, []
         try:
+            n = self._read_hashing(rel, offset, length, buf, needed, deferred) if self._native is not None else None
+            if n is not None:
+                return n
             if self._pieces:
                 sink = v.stream(rel, deferred)
                 n = self._reader.read_into(rel, offset, length, buf, needed, piece=v.piece_bytes,
@@ -47,6 +60,27 @@ class DigestReader:
         except BaseException:
             v.abort()
             raise
+        return n
+
+    def _read_hashing(self, rel: str, offset: int, length: int, buf, needed: int, deferred: list) -> int | None:
+        """The read through the read-and-hash loop, its whole leaves hashed as they land, the rest
+        of its bytes (parts of shared leaves, an extent's fills) through `feed`; None when the
+        read has no whole leaf to hash or the loop stopped short (then read it the usual way)."""
+        v = self.verifier
+        leaves = v.whole_leaves(rel, offset, needed)
+        if not leaves:
+            return None
+        t0 = time.perf_counter()
+        done = self._reader.read_hashing(rel, offset, length, buf, needed, [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves],
+                                         self._native, readhash.PIECE)
+        if done is None:
+            return None
+        n, digests = done
+        if v.record_leaves(rel, leaves, digests, time.perf_counter() - t0) and leaves[0][2] == offset \
+                and leaves[-1][3] == offset + needed:
+            return n  # the read was its whole leaves: nothing else to hash (the common read)
+        v.feed(rel, offset, memoryview(buf)[:needed], deferred)  # whole leaves done: skipped
+        v.settle(deferred)
         return n
 
     def read_strided(self, rel: str, offset: int, length: int, stride: int, count: int, buf) -> int:

@@ -241,6 +241,8 @@ class Verifier:
         self.plan, self.digest = plan, digest
         self.root = plan.checkpoint.root
         self.aborted = False
+        self.hasher = "python"  # or "native": the reader's read-and-hash loop (planc.execute.readhash)
+        self.hash_extent = extent_hash  # an extent's hash from its leaves' digests (the loop's own, with it)
         self.fill_bytes = self.reread_bytes = self.hashed_bytes = 0
         self.verify_seconds = self.wait_seconds = 0.0
         self._thread_stats: dict = {}  # reader thread -> [hashed bytes, seconds] of its whole-leaf hashing
@@ -346,6 +348,43 @@ class Verifier:
         self._count(mv.nbytes, time.perf_counter() - t0)
         return True
 
+    def whole_leaves(self, rel: str, offset: int, needed: int) -> list:
+        """The whole leaves inside file bytes [offset, offset + needed) not yet hashed: [(extent,
+        leaf index, lo, hi)] in file order, for a reader that hashes them as they land
+        (`record_leaves`); `feed` then takes the rest of the read's bytes."""
+        exts = self.states.get(rel)
+        if not exts:
+            return []
+        E, L = self.digest.extent_bytes, self.digest.leaf_bytes
+        end, out = offset + needed, []
+        for k in range(offset // E, (end - 1) // E + 1 if end > offset else 0):
+            st = exts.get(k)
+            if st is None:
+                continue
+            for j in range(max(0, -(-(offset - st.lo) // L)), len(st.kinds)):
+                l0, l1 = st.lo + j * L, min(st.lo + (j + 1) * L, st.hi)
+                if l1 > end:
+                    break
+                if st.kinds[j] == WHOLE and not st.done[j]:
+                    out.append((st, j, l0, l1))
+        return out
+
+    def record_leaves(self, rel: str, leaves: list, digests: list, seconds: float = 0.0) -> bool:
+        """The digests of `whole_leaves`' leaves, hashed by the reader; whether they are all the read
+        held to hash (contiguous, and no extent of theirs has leaves no read touches still to
+        claim): then the read need not go through `feed`."""
+        by: dict = {}
+        n, at, alone = 0, leaves[0][2] if leaves else 0, True
+        for (st, j, l0, l1), d in zip(leaves, digests, strict=True):
+            by.setdefault(id(st), (st, []))[1].append((j, d))
+            n += l1 - l0
+            alone = alone and l0 == at and not (st.fills and not st.claimed)
+            at = l1
+        self._count(n, seconds)
+        for st, got in by.values():
+            self._record(rel, st, got)
+        return alone
+
     def _count(self, hashed: int, seconds: float) -> None:
         acc = self._thread_stats.get(threading.get_ident())
         if acc is None:  # each reader thread adds to its own counters: no lock taken per piece
@@ -355,6 +394,8 @@ class Verifier:
 
     def settle(self, deferred: list) -> None:
         """The parts `feed` kept: each hashed once the earlier reads of its leaf are."""
+        if not deferred:
+            return
         t0 = time.perf_counter()
         for rel, st, lf, a, b, mv, offset in deferred:
             self._feed_shared(rel, st, lf, a, b, mv, offset, wait=True)
@@ -446,7 +487,7 @@ class Verifier:
             complete = st.left == 0 and not st.closed
             if complete:
                 st.closed = True
-        if complete and extent_hash(bytes(st.digests)) != st.expect:
+        if complete and self.hash_extent(bytes(st.digests)) != st.expect:
             self.abort()
             raise self.mismatch(rel, st)
 
@@ -492,7 +533,7 @@ class Verifier:
         hashed = self.hashed_bytes + sum(a[0] for a in per)
         seconds = self.verify_seconds + sum(a[1] for a in per)
         return {"ok": True, "kind": "digest", "digest_file": self.digest.path, "extent_bytes": self.digest.extent_bytes,
-                "leaf_bytes": self.digest.leaf_bytes, "extents": n, "hashed_bytes": hashed,
+                "leaf_bytes": self.digest.leaf_bytes, "extents": n, "hashed_bytes": hashed, "hasher": self.hasher,
                 "fill_bytes": self.fill_bytes, "reread_bytes": self.reread_bytes,
                 "verify_seconds": round(seconds, 6), "wait_seconds": round(self.wait_seconds, 6)}
 

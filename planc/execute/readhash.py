@@ -1,0 +1,171 @@
+"""The digest's read-and-hash loop in machine code (`native/readhash.c`, shipped built for x86-64
+Linux): one request read a piece at a time into its ring slot, each piece hashed into its leaf's
+xxh3-128 state while it is in the core's cache, the whole request in one call that lets the other
+readers run. Hashing in Python instead costs either a second pass over the slot from memory
+(leaf-sized pieces: the host's memory traffic grows by a third) or the interpreter's lock traded
+between sixteen readers several times a piece (small pieces: 0.10-0.29x of a plain load on the
+H200, docs/reload.md).
+
+The loop calls libc's `pread` and the xxhash package's own `XXH3_128bits_reset` / `_update`
+through function pointers, so its states and digests are exactly `xxhash.xxh3_128`'s. `load()` is
+None where the shipped object or those functions are missing (another architecture, an xxhash
+build that does not export them): the verifier then hashes in Python, with the same digests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import hashlib
+import platform
+import threading
+from pathlib import Path
+
+DIR = Path(__file__).with_name("native")
+OBJECT = DIR / "readhash.x86_64-linux.so"
+SOURCE = DIR / "readhash.c"
+INDEX = DIR / "native.json"
+PIECE = 256 << 10  # bytes per read: hashed while in the core's cache (docs/reload.md)
+ENABLED = True  # False: the verifier hashes in Python (bench/reload.py compares the two)
+
+_lock = threading.Lock()
+_loaded: list = []  # [ReadHash | None] once tried
+why_not: str | None = None  # why `load()` is None
+
+
+class _Digest(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+
+def stale_reason() -> str | None:
+    """Why the shipped object must not be used (built from another source), or None."""
+    try:
+        doc = json.loads(INDEX.read_text())[OBJECT.name]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{INDEX} does not list {OBJECT.name}"
+    if doc.get("source_sha256") != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
+        return f"{OBJECT.name} was built from another {SOURCE.name}: run tools/build_native.sh"
+    return None
+
+
+def _xxhash_library():
+    """The loaded library holding xxhash's XXH3 functions: the xxhash package's extension, or the
+    system's libxxhash it links to."""
+    import ctypes.util
+
+    import xxhash._xxhash as ext
+
+    names = [ext.__file__] + [n for n in [ctypes.util.find_library("xxhash")] if n]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            getattr(lib, "XXH3_128bits_update")
+            return name, lib
+        except (OSError, AttributeError):
+            continue
+    return None, None
+
+
+class ReadHash:
+    """The loaded loop and the functions it calls; `read(...)` on any thread."""
+
+    def __init__(self, obj: ctypes.CDLL, xxh_name: str, xxh: ctypes.CDLL, libc: ctypes.CDLL):
+        f = obj.planc_read_hash
+        i64, vp = ctypes.c_int64, ctypes.c_void_p
+        f.argtypes = [vp, vp, vp, vp, ctypes.c_int, vp, i64, i64, i64, i64, ctypes.c_int, vp, vp, vp, i64, vp]
+        f.restype = i64
+        self._fn = f  # a CDLL function: the interpreter's lock is released for the whole call
+        update = getattr(xxh, "XXH3_128bits_update_dispatch", None) or xxh.XXH3_128bits_update
+        self._ptrs = [ctypes.cast(p, vp).value
+                      for p in (libc.pread, xxh.XXH3_128bits_reset, update, xxh.XXH3_128bits_digest)]
+        create, self._free = xxh.XXH3_createState, xxh.XXH3_freeState
+        create.restype, create.argtypes = vp, []
+        self._free.argtypes = [vp]
+        self._create = create
+        held = ctypes.PyDLL(xxh_name)  # hashes of a few hundred bytes: the interpreter's lock kept
+        self._oneshot = held.XXH3_128bits
+        self._oneshot.argtypes, self._oneshot.restype = [ctypes.c_char_p, ctypes.c_size_t], _Digest
+        self._local = threading.local()
+
+    def digest(self, data: bytes) -> bytes:
+        """xxh3-128 of `data` (bytes), as `xxhash.xxh3_128_digest`, without letting other threads
+        run: for an extent's few hundred bytes of leaf digests, where handing the interpreter's
+        lock to another reader and back costs milliseconds on a busy host (docs/reload.md)."""
+        d = self._oneshot(data, len(data))
+        return d.high64.to_bytes(8, "big") + d.low64.to_bytes(8, "big")
+
+    def _states(self, n: int) -> "ctypes.Array":
+        """`n` xxh3 states of this thread (made once per thread, freed with it)."""
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            pool = self._local.pool = _Pool(self._create, self._free)
+        return pool.take(n)
+
+    def read(self, fd: int, buf, offset: int, needed: int, cap: int, piece: int, direct: bool,
+             spans: list) -> tuple[int, list]:
+        """Read [offset, offset + needed) of `fd` into `buf` (a writable buffer of at least `cap`
+        bytes), `piece` at a time, hashing each span `(lo, hi)` (relative to `offset`, sorted,
+        disjoint, inside `needed`) as its bytes land. Returns (bytes read, [16-byte digest per
+        span]); bytes read below `needed` (the file ended) or -1 (a read failed) come with no
+        digests: read the request again the usual way to learn why."""
+        n = len(spans)
+        lo = (ctypes.c_int64 * max(n, 1))(*[a for a, _ in spans])
+        hi = (ctypes.c_int64 * max(n, 1))(*[b for _, b in spans])
+        mv = memoryview(buf)
+        if not mv.contiguous or mv.readonly or mv.nbytes < cap or needed > cap:
+            raise ValueError(f"the read needs a writable contiguous buffer of {cap:,} bytes, got {mv.nbytes:,}")
+        states = self._states(n)
+        out = ctypes.create_string_buffer(16 * max(n, 1))
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        got = self._fn(*self._ptrs, fd, addr, offset, needed, cap, piece, int(direct), lo, hi, states, n, out)
+        if got < needed:
+            return got, []
+        raw = out.raw
+        return got, [raw[16 * k:16 * k + 16] for k in range(n)]
+
+
+class _Pool:
+    __slots__ = ("create", "free", "states")
+
+    def __init__(self, create, free):
+        self.create, self.free, self.states = create, free, (ctypes.c_void_p * 0)()
+
+    def take(self, n: int):
+        if len(self.states) < n:
+            more = [self.create() for _ in range(n - len(self.states))]
+            if not all(more):
+                for p in more:
+                    if p:
+                        self.free(p)
+                raise MemoryError("xxhash could not allocate a hash state")
+            self.states = (ctypes.c_void_p * n)(*list(self.states), *more)
+        return self.states
+
+    def __del__(self):
+        for p in self.states:
+            if p:
+                self.free(p)
+
+
+def load() -> ReadHash | None:
+    """The loop, or None where it cannot run here (`why_not` says why); tried once per process."""
+    global why_not
+    with _lock:
+        if _loaded:
+            return _loaded[0]
+        rh = None
+        try:
+            if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+                why_not = f"no shipped read-and-hash code for {platform.system()} {platform.machine()}"
+            elif (why := stale_reason()) is not None:
+                why_not = why
+            else:
+                name, xxh = _xxhash_library()
+                if xxh is None:
+                    why_not = "the xxhash package's library does not export its XXH3 functions"
+                else:
+                    rh = ReadHash(ctypes.CDLL(str(OBJECT)), name, xxh, ctypes.CDLL(None))
+        except (OSError, AttributeError, ImportError) as e:
+            why_not, rh = f"the read-and-hash code did not load: {e}", None
+        _loaded.append(rh)
+        return rh

@@ -1,0 +1,110 @@
+"""The digest's read-and-hash loop (`planc.execute.readhash`, machine code in
+planc/execute/native): real reads from a real file, digests against the xxhash package's."""
+
+import hashlib
+import json
+import os
+import platform
+
+import numpy as np
+import pytest
+import xxhash
+
+from planc.execute import readhash
+from planc.execute.reader import Reader
+
+ON_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+
+
+def test_the_shipped_object_is_built_from_the_current_source():
+    doc = json.loads(readhash.INDEX.read_text())[readhash.OBJECT.name]
+    assert doc["source_sha256"] == hashlib.sha256(readhash.SOURCE.read_bytes()).hexdigest(), \
+        "planc/execute/native/readhash.c changed: run tools/build_native.sh"
+    assert doc["sha256"] == hashlib.sha256(readhash.OBJECT.read_bytes()).hexdigest()
+    assert readhash.stale_reason() is None
+
+
+@pytest.mark.skipif(not ON_X86_LINUX, reason="the loop is shipped for x86-64 Linux")
+def test_it_loads_here():
+    assert readhash.load() is not None, readhash.why_not
+
+
+@pytest.fixture
+def native():
+    rh = readhash.load()
+    if rh is None:
+        pytest.skip(readhash.why_not)
+    return rh
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    data = np.random.default_rng(7).integers(0, 256, 3_000_000, dtype=np.uint8)
+    f = tmp_path / "f.bin"
+    f.write_bytes(data.tobytes())
+    return f, data.tobytes()
+
+
+@pytest.mark.parametrize("offset,needed,piece,spans", [
+    (0, 3_000_000, 4096, [(0, 3_000_000)]),
+    (4096, 1 << 20, 65536, [(0, 1 << 18), (1 << 18, 1 << 19), (600_000, 1 << 20)]),  # a gap between spans
+    (70_000, 900_001, 8192, [(10, 11), (62_000, 500_000), (500_000, 900_001)]),  # odd offsets, a one-byte span
+    (2_999_000, 1000, 1 << 20, [(0, 1000)]),  # the file's end
+    (123, 1000, 4096, []),  # nothing to hash: a read all the same
+])
+def test_reads_and_hashes_like_xxhash(native, data_file, offset, needed, piece, spans):
+    f, data = data_file
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        buf = np.zeros(needed + 4096, np.uint8)
+        got, digests = native.read(fd, buf, offset, needed, needed, piece, False, spans)
+    finally:
+        os.close(fd)
+    assert got == needed and buf[:needed].tobytes() == data[offset:offset + needed]
+    assert digests == [xxhash.xxh3_128(data[offset + a:offset + b]).digest() for a, b in spans]
+
+
+def test_the_file_ending_early_and_a_failed_read_give_no_digests(native, data_file):
+    f, data = data_file
+    fd = os.open(f, os.O_RDONLY)
+    buf = np.zeros(1 << 20, np.uint8)
+    try:
+        got, digests = native.read(fd, buf, 2_500_000, 1 << 20, 1 << 20, 65536, False, [(0, 1 << 20)])
+        assert got == 500_000 and digests == []  # the file ended: bytes read, nothing hashed as whole
+    finally:
+        os.close(fd)
+    got, digests = native.read(fd, buf, 0, 4096, 4096, 4096, False, [(0, 4096)])  # a closed descriptor
+    assert got == -1 and digests == []
+    with pytest.raises(ValueError):
+        native.read(0, bytes(10), 0, 10, 10, 4096, False, [])  # a read-only buffer
+
+
+def test_the_states_are_reset_for_each_read(native, data_file):
+    f, data = data_file
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        buf = np.zeros(1 << 20, np.uint8)
+        native.read(fd, buf, 0, 1 << 20, 1 << 20, 65536, False, [(0, 1 << 20)])
+        got, d = native.read(fd, buf, 1 << 20, 1 << 20, 1 << 20, 65536, False, [(0, 1 << 20)])
+    finally:
+        os.close(fd)
+    assert d == [xxhash.xxh3_128(data[1 << 20:2 << 20]).digest()]
+
+
+def test_reader_counts_one_request_and_its_bytes(native, data_file, tmp_path):
+    f, data = data_file
+    r = Reader(str(tmp_path), "off")
+    r.open("f.bin", len(data))
+    buf = np.zeros(1 << 20, np.uint8)
+    got, d = r.read_hashing("f.bin", 8192, 1 << 20, buf, 1 << 20, [(0, 1 << 20)], native, 65536)
+    assert (got, r.requests, r.bytes_read) == (1 << 20, 1, 1 << 20)
+    assert r.read_hashing("f.bin", 2_500_000, 1 << 20, buf, 1 << 20, [(0, 1 << 20)], native, 65536) is None
+    assert r.requests == 1  # a read that stopped short is not counted: the caller reads it again
+    r.close()
+    assert d == [xxhash.xxh3_128(data[8192:8192 + (1 << 20)]).digest()]
+
+
+@pytest.mark.parametrize("n", [0, 1, 16, 240, 241, 256, 4096])
+def test_the_extent_hash_is_xxhash_s(native, n):
+    data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
+    assert native.digest(data) == xxhash.xxh3_128_digest(data)
