@@ -324,6 +324,8 @@ def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool 
     try:
         if stream is not None:
             stream.synchronize()
+        if kernels is not None:
+            kernels.synchronize()
     except Exception:  # noqa: BLE001 - the device may already be in error; still drop what we hold
         pass
     if pipeline is not None:

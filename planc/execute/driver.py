@@ -58,6 +58,7 @@ _SIGNATURES = {
     "cuEventDestroy_v2": [_vp],
     "cuEventRecord": [_vp, _vp],
     "cuEventSynchronize": [_vp],
+    "cuStreamWaitEvent": [_vp, _vp, _uint],
     "cuMemcpyHtoDAsync_v2": [_u64, _vp, _sz, _vp],
     "cuMemcpyHtoD_v2": [_u64, _vp, _sz],
     "cuMemcpyDtoH_v2": [_vp, _u64, _sz],
@@ -564,6 +565,10 @@ class Event:
 
     def synchronize(self) -> None:
         check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+    def wait(self, stream: Stream) -> None:
+        """Work issued to `stream` from now on starts after this event (numba's `Event.wait`)."""
+        check(lib().cuStreamWaitEvent(stream.handle, self.handle, 0), "cuStreamWaitEvent")
 
     def __del__(self):
         h, self.handle = getattr(self, "handle", 0), 0

@@ -1,5 +1,8 @@
-"""A run's kernels: launched after the run's copies, on the same stream, or deferred while the
-kernels are still being loaded; and the warmer that loads them while the first reads run.
+"""A run's kernels: launched after the run's copies on a stream of their own (which waits for an
+event recorded after those copies on the load's stream), or deferred while the kernels are still
+being loaded; and the warmer that loads them while the first reads run. A run's kernels so run
+while the next runs' copies go on; copies into a landing region wait for an event recorded after
+the kernels that last read it (`before_copies`).
 
 `KernelRuns` is a part of the pipeline: given the plan, the device, the stream, the load's regions,
 the warmer (a thread, or None), its tallies and its observer.
@@ -18,14 +21,33 @@ from .events import KernelsLaunched
 
 
 class KernelRuns:
-    """Launches each run's kernels on the load's stream (`launch`), deferring them while the warmer
-    still loads the kernels (`flush_deferred` launches those deferred)."""
+    """Launches each run's kernels on the kernels' stream (`launch`) behind the run's copies,
+    deferring them while the warmer still loads the kernels (`flush_deferred` launches those
+    deferred); `before_copies(r)` holds the load's stream until the kernels reading run r's landing
+    region are done; `synchronize()` waits for every kernel launched."""
 
     def __init__(self, plan, dev, stream, regions, warmer, counters: dict, timings: dict, observer):
         self.plan, self.dev, self.stream, self.regions = plan, dev, stream, regions
         self.warmer = warmer
         self.counters, self.timings, self.observer = counters, timings, observer
         self.deferred: list = []  # runs whose kernels wait for the kernel warmer
+        self.kstream = None  # the kernels' stream, made with the first launch
+        self.after: dict = {}  # landing region -> event recorded after the last kernels that read it
+
+    def before_copies(self, r) -> None:
+        """Before run r's first copy: the kernels that read its landing region launched (deferred
+        ones flushed) and the load's stream held until they are done."""
+        region = r.landing_region
+        if any(d.landing_region == region and reads_landing(d) for d in self.deferred):
+            self.flush_deferred()
+        ev = self.after.pop(region, None)
+        if ev is not None:
+            ev.wait(self.stream)
+
+    def synchronize(self) -> None:
+        """Wait for every kernel launched (the load's stream is the caller's to wait for)."""
+        if self.kstream is not None:
+            self.kstream.synchronize()
 
     def join_warmer(self) -> None:
         """Wait for the kernel-warming thread before the first launch.
@@ -63,9 +85,18 @@ class KernelRuns:
 
     def _kernels_of(self, r) -> None:
         t0 = time.perf_counter()
+        if self.kstream is None:
+            self.kstream = self.dev.stream()
+        copied = self.dev.event()  # after the run's copies (and everything before them) on the load's stream
+        copied.record(self.stream)
+        copied.wait(self.kstream)
         for k in r.kernels:
             self._kernel(r, k)
             self.counters["kernels"] += 1
+        if reads_landing(r):
+            done = self.dev.event()
+            done.record(self.kstream)
+            self.after[r.landing_region] = done
         self.observer(KernelsLaunched(r.index, len(r.kernels), len(r.parts) - len(r.host_parts), start=t0))
 
     def _kernel(self, r, k) -> None:
@@ -79,17 +110,17 @@ class KernelRuns:
         src = self.regions.dst(k.src_space, r, k.src_offset, max(1, numel * max(1, s_size)))
         dst = self.regions.arena[k.dst_offset:k.dst_offset + numel * d_size]
         if k.op == "convert":
-            dispatch.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.stream, dev=self.dev)
+            dispatch.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.kstream, dev=self.dev)
         elif k.op in DEQUANTIZE_OPS and k.src_dtype == fp4.WEIGHT_DTYPE:
             self._fp4(r, k, src, dst)
         elif k.op == "dequantize":
             rows, cols, b = k.rows, k.cols, k.block
             n_scale = -(-rows // b) * -(-cols // b)
             scale = self.regions.dst("landing", r, k.scale_offset, n_scale * 4)
-            dispatch.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.stream,
+            dispatch.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.kstream,
                                     dev=self.dev)
         else:  # transpose (the codec admits no other op)
-            dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.stream, dev=self.dev)
+            dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.kstream, dev=self.dev)
 
 
     def _gguf(self, r, k, d_size: int) -> None:
@@ -101,7 +132,7 @@ class KernelRuns:
         src = self.regions.dst(k.src_space, r, k.src_offset, k.rows * k.cols)
         dst = self.regions.arena[k.dst_offset:k.dst_offset + k.numel * d_size]
         out = dst.view(np.uint32 if DTYPES[k.dst_dtype].itemsize == 4 else np.uint16)
-        dequantize_gguf(src, out, self.plan.parts[k.part].ggml, k.dst_dtype, k.numel, stream=self.stream,
+        dequantize_gguf(src, out, self.plan.parts[k.part].ggml, k.dst_dtype, k.numel, stream=self.kstream,
                         dev=self.dev)
 
     def _fp4(self, r, k, src, dst) -> None:
@@ -115,7 +146,7 @@ class KernelRuns:
         scale2 = (self.regions.dst("landing", r, fp4.scale2_offset(k.scale_offset, n_scale), 4)
                   if fmt == "nvfp4" else None)
         fp4_dispatch.dequantize_fp4(src, scale, scale2, dst, fmt, k.dst_dtype, k.numel // (k.rows * k.cols), k.rows,
-                                    k.cols, k.op == "dequantize_t", stream=self.stream, dev=self.dev)
+                                    k.cols, k.op == "dequantize_t", stream=self.kstream, dev=self.dev)
 
 
 def fp4_format(plan, k) -> str | None:

@@ -1,11 +1,12 @@
 """The load pipeline: plan runs -> reads into pinned slots -> async copies -> kernels.
 
 Threads: a pool of `io.workers` readers fills slots with `preadv`; the calling thread issues the
-copies and kernels on one stream: a run's requests as their reads finish, in any order, and runs in
-plan order. Because copies and kernels share the stream,
-a landing region is reused only after the kernels that read it, and an in-place conversion runs
-only after its bytes arrived. A slot is refilled only after the event recorded after its copies
-has completed (fence and swap).
+copies on the load's stream, a run's requests as their reads finish, in any order, and runs in
+plan order; a run's kernels go on a stream of their own behind an event recorded after its copies
+(`kernelruns.KernelRuns`), so they run while the next runs' copies go on. A run's first copy waits
+for the kernels that last read its landing region, and an in-place conversion runs only after its
+bytes arrived. A slot is refilled only after the event recorded after its copies has completed
+(fence and swap).
 
 `Pipeline` is this loop, composed of the parts it is given (`execute` builds them, in one place):
 the load's regions (`allocation.Regions`: arena, landing, staging, the pinned ring), the reader
@@ -53,6 +54,7 @@ class Pipeline:
         self.copying: deque = deque()  # (slot, event)
         self.pending: deque = deque()  # (run, request index, request, slot, future)
         self.remaining = [len(r.requests) for r in plan.runs]
+        self.guarded = -1  # the last run whose copies began (`KernelRuns.before_copies`)
 
     # -- the pipeline -----------------------------------------------------------------------
     def run(self) -> None:
@@ -77,6 +79,7 @@ class Pipeline:
         self.kernels.flush_deferred()
         t0 = time.perf_counter()
         self.stream.synchronize()
+        self.kernels.synchronize()
         self.timings["final_sync"] = time.perf_counter() - t0
         self.observer(Step("final_sync", start=t0))
         self.observer(Step("run", start=t_run))
@@ -100,6 +103,7 @@ class Pipeline:
         self.counters["run_waits"] += 1
         self._drain()
         self.stream.synchronize()
+        self.kernels.synchronize()
         room = self.live_room(r.index)
         if need <= room.room_bytes:
             return
@@ -194,6 +198,9 @@ class Pipeline:
         t1 = time.perf_counter()
         self.timings["wait_reads"] += t1 - t0
         self.counters["requests"] += 1
+        if self.guarded != r.index:
+            self.guarded = r.index
+            self.kernels.before_copies(r)
         g = self.regions
         buf = g.ring[slot]
         if req.scatter:
