@@ -84,10 +84,13 @@ def checkpoint(data: Path, quant: str, size: int) -> Path:
     return d / "model.gguf"
 
 
-def specs(path: Path, *, host: str = "8GiB", on: str = "device", variants: dict | None = None) -> dict[str, Path]:
+def specs(path: Path, *, host: str = "8GiB", on: str = "device", variants: dict | None = None,
+          flat: bool = False) -> dict[str, Path]:
     """The shipped spec on `path` (dequant; `on: host` added to its rules if asked), the same file
-    kept as stored (copy), and for each of `variants` (name -> io settings) the dequant spec with
-    those io settings (`dequant_NAME`)."""
+    kept as stored (copy), for each of `variants` (name -> io settings) the dequant spec with
+    those io settings (`dequant_NAME`), and with `flat` the dequant spec without `unpermute`
+    (`dequant_flat`: q and k rows left in the file's order, each request's bytes one plain copy: what
+    the row permutation's 2-D copies cost)."""
     doc = yaml.safe_load(SPEC.read_text())
     doc["checkpoint"] = str(path)
     doc["budget"] = {"host": host}
@@ -95,6 +98,8 @@ def specs(path: Path, *, host: str = "8GiB", on: str = "device", variants: dict 
     out = {}
     kinds = [("dequant", rules, {}), ("copy", [{"match": "*", "dtype": "keep"}], {})]
     kinds += [(f"dequant_{name}", rules, io) for name, io in (variants or {}).items()]
+    if flat:
+        kinds.append(("dequant_flat", [{k: v for k, v in r.items() if k != "unpermute"} for r in rules], {}))
     for kind, rules, io in kinds:
         p = path.parent.parent / f"{path.parent.name}.{kind}.yaml"
         extra = {"io": {**doc.get("io", {}), **io}} if io else {}
@@ -116,8 +121,9 @@ def counts(rep: dict, file_bytes: int) -> dict:
             "host_growth_over_predicted": round(h["growth_bytes"] / max(1, h["predicted_peak_bytes"]), 4)}
 
 
-def loads(quant: str, path: Path, repeat: int, on: str = "device", variants: dict | None = None) -> dict:
-    sp = specs(path, on=on, variants=variants)
+def loads(quant: str, path: Path, repeat: int, on: str = "device", variants: dict | None = None,
+          flat: bool = False) -> dict:
+    sp = specs(path, on=on, variants=variants, flat=flat)
     file_bytes = path.stat().st_size
     warm(path)
     runs: dict[str, list] = {k: [] for k in sp}
@@ -259,6 +265,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="where the loads dequantize (the simulator's default is host: its kernels are slow)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                     help="also load the dequant spec with these io settings (e.g. rows:strided=rows)")
+    ap.add_argument("--flat", action="store_true", help="also load the dequant spec without unpermute (dequant_flat)")
     a = ap.parse_args(argv)
     try:
         a.variants = {n: dict(kv.split("=", 1) for kv in rest.split(",") if kv)
@@ -282,7 +289,7 @@ def main(argv=None) -> int:
         t0 = time.time()
         path = checkpoint(a.data, quant, size)
         print(f"{quant}: {path.stat().st_size / 2**30:.2f} GiB file ready in {time.time() - t0:.1f} s", flush=True)
-        r = loads(quant, path, a.repeat, a.on, a.variants)
+        r = loads(quant, path, a.repeat, a.on, a.variants, a.flat)
         result["loads"].append(r)
         last = r["runs"]["dequant"][-1]
         print(f"{quant}: dequant {r['dequant_GBps']} GB/s, copy {r['copy_GBps']} GB/s of file bytes, ratio "
