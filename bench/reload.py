@@ -49,7 +49,8 @@ def _args(argv=None):
     p.add_argument("--piece", default="", help="reader piece sizes to compare for the digest loads, comma-separated "
                    "(default: the verifier's own, a leaf)")
     p.add_argument("--hasher", default="native", help="digest hashing to compare, comma-separated: native (the "
-                   "reader's read-and-hash loop), python")
+                   "reader's read-and-hash loop), python, after (hasher threads after the reads: --after-threads)")
+    p.add_argument("--after-threads", default="8", help="hasher threads for --hasher after, comma-separated to compare")
     p.add_argument("--native-piece", default="", help="read-and-hash loop piece sizes to compare, comma-separated "
                    "(default: planc.execute.readhash.PIECE)")
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the whole run "
@@ -112,7 +113,7 @@ def digest(args, out: Path) -> dict:
     from planc.base.units import parse_bytes
     from planc.compiler.compile import compile_spec
     from planc.manifest import digest as dg
-    from planc.execute import readhash
+    from planc.execute import digestread, readhash
     from planc.manifest import digestcheck as dgc
 
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)
@@ -122,6 +123,7 @@ def digest(args, out: Path) -> dict:
     native_pieces = [parse_bytes(v) for v in args.native_piece.split(",") if v] or [readhash.PIECE]
     variants = [("native", p) for p in native_pieces if "native" in args.hasher.split(",")]
     variants += [("python", p) for p in pieces if "python" in args.hasher.split(",")]
+    variants += [("after", int(n)) for n in args.after_threads.split(",") if "after" in args.hasher.split(",")]
     if any(h == "native" for h, _ in variants) and readhash.load() is None:
         raise SystemExit(f"no read-and-hash loop here: {readhash.why_not}")
     docs = {}
@@ -132,7 +134,8 @@ def digest(args, out: Path) -> dict:
         path = out / f"dense.leaf_{doc['leaf_bytes'] >> 20}MiB.digest.json"
         path.write_bytes(dg.encode(doc))
         for hasher, piece in variants:
-            key = f"leaf_{doc['leaf_bytes'] >> 20}MiB_{hasher}" + (f"_piece_{piece >> 10}KiB" if piece else "")
+            key = f"leaf_{doc['leaf_bytes'] >> 20}MiB_{hasher}" + (
+                f"_{piece}_threads" if hasher == "after" else f"_piece_{piece >> 10}KiB" if piece else "")
             docs[key] = (path, doc, made, piece, hasher)
     total = sum(f["size_bytes"] for f in next(iter(docs.values()))[1]["files"])
     rows = {"plain": [], **{k: [] for k in docs}}
@@ -142,9 +145,10 @@ def digest(args, out: Path) -> dict:
         for k in order:
             if k != "plain":  # read when each load begins
                 readhash.ENABLED = docs[k][4] == "native"
+                digestread.AFTER_READ = docs[k][3] if docs[k][4] == "after" else 0
                 if docs[k][4] == "native":
                     readhash.PIECE = docs[k][3]
-                else:
+                elif docs[k][4] == "python":
                     dgc.PIECE_BYTES = docs[k][3]
             m = planc.load(plan, **({"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}))
             row = _row(m.report)

@@ -49,14 +49,16 @@ def models():
         m.free()
 
 
-@pytest.fixture(params=["native", "python"])
+@pytest.fixture(params=["native", "python", "after-read"])
 def hasher(request, monkeypatch):
-    """A digest-verified load's hashing: the reader's read-and-hash loop, or Python's."""
-    from planc.execute import readhash
+    """A digest-verified load's hashing: the reader's read-and-hash loop, Python's on the reader's
+    thread, or hasher threads after the reads (`digestread.AFTER_READ`)."""
+    from planc.execute import digestread, readhash
 
     if request.param == "native" and readhash.load() is None:
         pytest.skip(readhash.why_not)
     monkeypatch.setattr(readhash, "ENABLED", request.param == "native")
+    monkeypatch.setattr(digestread, "AFTER_READ", 3 if request.param == "after-read" else 0)
     return request.param
 
 
@@ -550,3 +552,51 @@ def test_a_digest_with_verify_false_or_true_is_refused_and_reload_takes_verify_d
     rep = model.reload(sb, verify="digest", digest=d)
     assert rep["digest"]["ok"]
     assert_model(model, want_b)
+
+
+def test_hashing_after_the_reads_hashes_whole_leaves_on_hasher_threads_and_catches_a_flipped_byte(tmp_path, models,
+                                                                                                   monkeypatch):
+    """`digestread.AFTER_READ`: a read that is exactly its whole leaves hands them to a hasher
+    thread, its copy issued at once; its slot is refilled only once they are hashed; every byte
+    hashed once, and a byte flipped in such a leaf fails the load with the extent's range."""
+    import threading
+
+    from planc.execute import digestread
+
+    monkeypatch.setattr(digestread, "AFTER_READ", 2)
+    threads = []
+    real = digestread.DigestReader._hash_leaves
+
+    def counted(self, *a):
+        threads.append(threading.current_thread().name)
+        return real(self, *a)
+
+    monkeypatch.setattr(digestread.DigestReader, "_hash_leaves", counted)
+    a, want = synth(tmp_path / "a", "dense", size_bytes=2_000_000, shards=1, seed=0)
+    root = tmp_path / "a" / "dense"
+    spec = spec_file(tmp_path / "a", a, [{"match": "*"}], io=dict(SMALL_IO, slot="256KiB", slots=3, workers=3, run="1MiB"),
+                     name="after.yaml")
+    from planc.compiler.compile import compile_spec
+
+    plan = compile_spec(spec)
+    d = tmp_path / "a.digest.json"
+    d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=LEAF)))
+    size = plan.checkpoint.files[0].size_bytes
+    model = planc.load(plan, verify="digest", digest=d)
+    models.append(model)
+    assert_model(model, want)
+    rep = model.report["digest"]
+    assert rep["ok"] and rep["hasher"] == "after-read" and rep["hashed_bytes"] + rep["fill_bytes"] == size
+    assert rep["reread_bytes"] == 0
+    assert len(threads) >= 3 and all(t.startswith("planc-hash") for t in threads)
+    assert "wait_hash" in model.report["timings"]
+    model.free()
+    models.remove(model)
+    victim = root / plan.checkpoint.files[0].path
+    data = bytearray(victim.read_bytes())
+    at = 3 * LEAVED + LEAF + 1000  # in a leaf that one read covers whole
+    data[at] ^= 0x08
+    victim.write_bytes(bytes(data))
+    with pytest.raises(DigestError) as e:
+        planc.load(spec, verify="digest", digest=d)
+    assert e.value.code == "digest-mismatch" and f"[{3 * LEAVED:,}, {4 * LEAVED:,})" in str(e.value)

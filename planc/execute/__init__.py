@@ -215,10 +215,10 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             warmer = parts.warmer(plan)
             reader = parts.reader(plan)
             if verifier is not None:
-                from . import readhash
-                from .digestread import DigestReader
+                from . import digestread, readhash
 
-                reader = DigestReader(reader, verifier, readhash.load() if readhash.ENABLED else None)
+                reader = digestread.DigestReader(reader, verifier, readhash.load() if readhash.ENABLED else None,
+                                                 after=digestread.AFTER_READ)
             pool = parts.pool(plan)
             regions.pin_ring()
             kernels = parts.kernels(plan, dev, stream, regions, warmer, counters, timings, observer)
@@ -232,6 +232,8 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             if bar:
                 bar[0].start()
             pipeline.run()
+            if verifier is not None:
+                reader.drain()  # hashing after the reads: every slot's hashed
             digested = verifier.finish() if verifier is not None else None
             free_alloc = dev.memory_info()  # arena, landing and staging all still held
         finally:

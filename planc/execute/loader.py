@@ -36,7 +36,7 @@ def new_counters() -> dict:
 
 
 def new_timings() -> dict:
-    return {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "wait_pin": 0.0, "issue": 0.0,
+    return {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "wait_pin": 0.0, "wait_hash": 0.0, "issue": 0.0,
             "admit": 0.0, "final_sync": 0.0}
 
 
@@ -131,6 +131,11 @@ class Pipeline:
             t0 = time.perf_counter()
             self.regions.pinner.wait(k)
             self.timings["wait_pin"] += time.perf_counter() - t0
+        free = getattr(self.reader, "slot_free", None)  # a digest reader hashing after its reads
+        if free is not None:
+            t0 = time.perf_counter()
+            free(self.regions.ring[k])
+            self.timings["wait_hash"] += time.perf_counter() - t0
         return k
 
     def _fence(self, slot: int) -> None:
