@@ -108,3 +108,18 @@ def test_reader_counts_one_request_and_its_bytes(native, data_file, tmp_path):
 def test_the_extent_hash_is_xxhash_s(native, n):
     data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
     assert native.digest(data) == xxhash.xxh3_128_digest(data)
+
+
+def test_a_loop_whose_digests_differ_from_the_package_s_is_not_used(native, monkeypatch):
+    """The check `load()` runs: a library whose XXH3 is not the package's (here: the one-shot hash
+    made wrong) is refused with the reason, so the verifier hashes in Python."""
+    assert readhash._self_check(native) is None
+    monkeypatch.setattr(native, "digest", lambda data: b"\0" * 16)
+    assert "differ" in readhash._self_check(native)
+
+
+def test_a_replaced_object_is_stale(tmp_path, monkeypatch):
+    obj = tmp_path / readhash.OBJECT.name
+    obj.write_bytes(readhash.OBJECT.read_bytes() + b"\0")
+    monkeypatch.setattr(readhash, "OBJECT", obj)
+    assert "not the object" in readhash.stale_reason()

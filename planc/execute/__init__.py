@@ -323,13 +323,12 @@ def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool 
         pool.shutdown(wait=True, cancel_futures=True)
     if reader is not None:
         reader.close()
-    try:
-        if stream is not None:
-            stream.synchronize()
-        if kernels is not None:
-            kernels.synchronize()
-    except Exception:  # noqa: BLE001 - the device may already be in error; still drop what we hold
-        pass
+    for sync in (stream, kernels):  # each on its own: the kernels' stream waited for even if the load's fails
+        try:
+            if sync is not None:
+                sync.synchronize()
+        except Exception:  # noqa: BLE001 - the device may already be in error; still drop what we hold
+            pass
     if pipeline is not None:
         pipeline.close()
     if regions is not None:

@@ -68,8 +68,8 @@ class DigestReader:
                 n = self._reader.read_into(rel, offset, length, buf, needed)
                 v.feed(rel, offset, buf[:needed], deferred)
             v.settle(deferred)  # parts of leaves whose earlier bytes came in another read
-        except BaseException:
-            v.abort()
+        except BaseException as e:
+            v.abort(e)
             raise
         return n
 
@@ -125,8 +125,8 @@ class DigestReader:
         try:
             digests = [leaf_digest(mv[l0 - offset:l1 - offset]) for _, _, l0, l1 in leaves]
             self.verifier.record_leaves(rel, leaves, digests, time.perf_counter() - t0)
-        except BaseException:
-            self.verifier.abort()
+        except BaseException as e:
+            self.verifier.abort(e)
             raise
 
     def slot_free(self, buf) -> None:
@@ -154,8 +154,8 @@ class DigestReader:
             for k in range(count):  # the segments lie packed in the slot, in file order
                 v.feed(rel, offset + k * stride, buf[k * length:(k + 1) * length], deferred)
             v.settle(deferred)
-        except BaseException:
-            v.abort()
+        except BaseException as e:
+            v.abort(e)
             raise
         return n
 
@@ -165,8 +165,8 @@ class DigestReader:
             self._reader.read_plain(rel, offset, buf)
             v.feed(rel, offset, buf, deferred)
             v.settle(deferred)
-        except BaseException:
-            v.abort()
+        except BaseException as e:
+            v.abort(e)
             raise
 
     def abort(self) -> None:
@@ -175,7 +175,7 @@ class DigestReader:
     def close(self) -> None:
         self.verifier.abort()  # a read still waiting for an earlier one stops waiting
         if self._after is not None:
-            self._after.shutdown(wait=True)  # no hasher reads a slot once the ring may be freed
+            self._after.shutdown(wait=True, cancel_futures=True)  # no hasher reads a slot once the ring may be freed
         self._reader.close()
 
 

@@ -85,6 +85,9 @@ class KernelRuns:
 
     def _kernels_of(self, r) -> None:
         t0 = time.perf_counter()
+        if not r.kernels:
+            self.observer(KernelsLaunched(r.index, 0, len(r.parts) - len(r.host_parts), start=t0))
+            return
         if self.kstream is None:
             self.kstream = self.dev.stream()
         copied = self.dev.event()  # after the run's copies (and everything before them) on the load's stream

@@ -45,6 +45,34 @@ def stale_reason() -> str | None:
         return f"{INDEX} does not list {OBJECT.name}"
     if doc.get("source_sha256") != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
         return f"{OBJECT.name} was built from another {SOURCE.name}: run tools/build_native.sh"
+    if doc.get("sha256") != hashlib.sha256(OBJECT.read_bytes()).hexdigest():
+        return f"{OBJECT.name} is not the object {INDEX.name} lists: run tools/build_native.sh"
+    return None
+
+
+def _self_check(rh: "ReadHash") -> str | None:
+    """Why `rh`'s digests are not the xxhash package's (a library whose XXH3 is not the package's
+    own: an older libxxhash), or None: a few spans read and hashed from a file in memory, piece by
+    piece, and a one-shot hash, against `xxhash.xxh3_128`."""
+    import os
+
+    import numpy as np
+    import xxhash
+
+    data = np.random.default_rng(5).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    fd = os.memfd_create("planc-readhash-check") if hasattr(os, "memfd_create") else None
+    if fd is None:
+        return None
+    try:
+        os.write(fd, data)
+        buf = np.zeros(len(data), np.uint8)
+        spans = [(0, 100), (100, 70_000), (80_000, 300_000)]
+        got, digests = rh.read(fd, buf, 0, len(data), len(data), 65536, False, spans)
+    finally:
+        os.close(fd)
+    want = [xxhash.xxh3_128(data[a:b]).digest() for a, b in spans]
+    if got != len(data) or digests != want or rh.digest(data[:999]) != xxhash.xxh3_128_digest(data[:999]):
+        return "the read-and-hash loop's digests differ from the xxhash package's"
     return None
 
 
@@ -165,7 +193,9 @@ def load() -> ReadHash | None:
                     why_not = "the xxhash package's library does not export its XXH3 functions"
                 else:
                     rh = ReadHash(ctypes.CDLL(str(OBJECT)), name, xxh, ctypes.CDLL(None))
-        except (OSError, AttributeError, ImportError) as e:
+                    why_not = _self_check(rh)
+                    rh = rh if why_not is None else None
+        except (OSError, AttributeError, ImportError, ValueError, MemoryError) as e:
             why_not, rh = f"the read-and-hash code did not load: {e}", None
         _loaded.append(rh)
         return rh

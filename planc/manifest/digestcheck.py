@@ -241,6 +241,7 @@ class Verifier:
         self.plan, self.digest = plan, digest
         self.root = plan.checkpoint.root
         self.aborted = False
+        self.cause: BaseException | None = None  # the first failure that aborted the load (a mismatch)
         self.hasher = "python"  # or "native": the reader's read-and-hash loop (planc.execute.readhash)
         self.hash_extent = extent_hash  # an extent's hash from its leaves' digests (the loop's own, with it)
         self.fill_bytes = self.reread_bytes = self.hashed_bytes = 0
@@ -415,6 +416,8 @@ class Verifier:
                 t0 = time.perf_counter()
                 while lf.cursor < a and not lf.done:
                     if self.aborted:
+                        if isinstance(self.cause, DigestError):
+                            raise self.cause  # a mismatch found on another thread: its file and range
                         raise DigestError("the load failed elsewhere while this read waited to be hashed",
                                           code=Code.DIGEST_ABORTED)
                     lf.cond.wait(self.WAIT)
@@ -488,10 +491,14 @@ class Verifier:
             if complete:
                 st.closed = True
         if complete and self.hash_extent(bytes(st.digests)) != st.expect:
-            self.abort()
-            raise self.mismatch(rel, st)
+            err = self.mismatch(rel, st)
+            self.abort(err)
+            raise err
 
-    def abort(self) -> None:
+    def abort(self, cause: BaseException | None = None) -> None:
+        """Stop waiting reads; `cause`, the first one given, is what they raise (a mismatch)."""
+        if cause is not None and self.cause is None:
+            self.cause = cause
         self.aborted = True
 
     # -- after the last read
