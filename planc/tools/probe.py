@@ -58,29 +58,6 @@ def _drop(path: Path) -> bool:
         return False
 
 
-def _buffers(workers: int, nbytes: int) -> list:
-    """One destination buffer per reader, made as a load's ring slots are: an anonymous mapping,
-    transparent huge pages asked for, every page written before anything is timed. (Fresh `np.empty`
-    buffers made the timed reads fault in and zero their destination pages too: on a 2-core machine
-    that priced copied bytes 10-30 % and mapped pages 30-50 % above reads into ready buffers.)"""
-    import mmap
-
-    import numpy as np
-
-    out = []
-    for _ in range(workers):
-        m = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                m.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:
-                pass
-        a = np.frombuffer(m, np.uint8)
-        a.fill(1)
-        out.append(a)
-    return out
-
-
 def _timed(jobs, workers: int) -> float:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(workers) as ex:
@@ -91,10 +68,12 @@ def _timed(jobs, workers: int) -> float:
 
 def _mapped(reader, rel: str, size: int, seg: int, stride: int, workers: int) -> tuple[float, int, int]:
     """(seconds, pages touched, bytes copied) of mapped reads over the whole file, split among workers."""
+    import numpy as np
+
     per_req = max(1, (16 << 20) // seg)
     rows = (size - seg) // stride + 1
     jobs, pages = [], 0
-    bufs = _buffers(workers, per_req * seg)
+    bufs = [np.empty(per_req * seg, np.uint8) for _ in range(workers)]
     for k, first in enumerate(range(0, rows, per_req)):
         m = min(per_req, rows - first)
         pages += pages_touched(seg, stride, m)
@@ -105,7 +84,9 @@ def _mapped(reader, rel: str, size: int, seg: int, stride: int, workers: int) ->
 
 def _rows(reader, rel: str, size: int, req: int, workers: int) -> tuple[float, int, int]:
     """(seconds, requests, bytes) of buffered reads of `req` bytes covering the file."""
-    bufs = _buffers(workers, req)
+    import numpy as np
+
+    bufs = [np.empty(req, np.uint8) for _ in range(workers)]
     offs = list(range(0, size - req + 1, req))
     jobs = [lambda o=o, b=bufs[k % workers]: reader.read_into(rel, o, req, b, req) for k, o in enumerate(offs)]
     return _timed(jobs, workers), len(offs), len(offs) * req
