@@ -451,6 +451,20 @@ def test_leaf_size_out_of_range_refused(tmp_path, leaf):
     assert e.value.code == "digest-extent"
 
 
+def _two_mb(tmp_path, io: dict, name: str, leaf: int):
+    """A 2 MB one-file dense checkpoint, its plan with `io`, and its digest of LEAVED extents with
+    `leaf` leaves: (spec, plan, digest file, checkpoint folder, want)."""
+    from planc.compiler.compile import compile_spec
+
+    a, want = synth(tmp_path / "a", "dense", size_bytes=2_000_000, shards=1, seed=0)
+    root = tmp_path / "a" / "dense"
+    spec = spec_file(tmp_path / "a", a, [{"match": "*"}], io=dict(SMALL_IO, **io), name=name)
+    plan = compile_spec(spec)
+    d = tmp_path / "a.digest.json"
+    d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=leaf)))
+    return spec, plan, d, root, want
+
+
 def test_whole_leaves_stream_piece_by_piece_and_a_flipped_byte_in_a_later_piece_is_caught(tmp_path, models,
                                                                                           monkeypatch):
     """Leaves larger than the reader's pieces: each whole leaf is hashed piece by piece as its bytes
@@ -460,15 +474,7 @@ def test_whole_leaves_stream_piece_by_piece_and_a_flipped_byte_in_a_later_piece_
 
     monkeypatch.setattr(dgc, "PIECE_BYTES", 16 << 10)  # 16 pieces per 256 KiB leaf
     monkeypatch.setattr(readhash, "ENABLED", False)  # the pieces go through Python
-    a, want = synth(tmp_path / "a", "dense", size_bytes=2_000_000, shards=1, seed=0)
-    root = tmp_path / "a" / "dense"
-    spec = spec_file(tmp_path / "a", a, [{"match": "*"}], io=dict(SMALL_IO, slot="1MiB", slots=4, workers=4, run="4MiB"),
-                     name="big.yaml")
-    from planc.compiler.compile import compile_spec
-
-    plan = compile_spec(spec)
-    d = tmp_path / "a.digest.json"
-    d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=LEAVED)))
+    spec, plan, d, root, want = _two_mb(tmp_path, dict(slot="1MiB", slots=4, workers=4, run="4MiB"), "big.yaml", LEAVED)
     rel = plan.checkpoint.files[0].path
     size = plan.checkpoint.files[0].size_bytes
     lay = dgc._layout(dgc.read_pieces(plan)[rel], size, LEAVED, LEAVED)
@@ -572,15 +578,7 @@ def test_hashing_after_the_reads_hashes_whole_leaves_on_hasher_threads_and_catch
         return real(self, *a)
 
     monkeypatch.setattr(digestread.DigestReader, "_hash_leaves", counted)
-    a, want = synth(tmp_path / "a", "dense", size_bytes=2_000_000, shards=1, seed=0)
-    root = tmp_path / "a" / "dense"
-    spec = spec_file(tmp_path / "a", a, [{"match": "*"}], io=dict(SMALL_IO, slot="256KiB", slots=3, workers=3, run="1MiB"),
-                     name="after.yaml")
-    from planc.compiler.compile import compile_spec
-
-    plan = compile_spec(spec)
-    d = tmp_path / "a.digest.json"
-    d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=LEAF)))
+    spec, plan, d, root, want = _two_mb(tmp_path, dict(slot="256KiB", slots=3, workers=3, run="1MiB"), "after.yaml", LEAF)
     size = plan.checkpoint.files[0].size_bytes
     model = planc.load(plan, verify="digest", digest=d)
     models.append(model)
