@@ -375,3 +375,35 @@ class RecordingDevice:
         self.launches.append((name, grid, block, args))
         if self.forward:
             self.inner.launch(name, grid, block, stream, *args, kernel=kernel)
+
+
+def gguf_llama_want(path) -> dict:
+    """transformers name -> (GGUF name, float32 values) of every tensor of a Llama GGUF that the shipped
+    spec loads: the stored values, quantized ones as the `gguf` package dequantizes them, q and k
+    rows put back in transformers' order (`unpermute_rows`)."""
+    import gguf
+
+    from planc.manifest import read_manifest
+    from planc.manifest.gguf_names import permuted_heads, transformers_name, unpermute_rows
+
+    man = read_manifest(path)
+    meta = dict(man.shards[0].metadata)
+    out = {}
+    for t in man.tensors:
+        name = transformers_name(t.name)
+        if name is None:
+            continue
+        with open(path, "rb") as f:
+            f.seek(t.start)
+            raw = np.frombuffer(f.read(t.nbytes), np.uint8)
+        if t.dtype in ("F32", "F16"):
+            want = raw.view({"F32": np.float32, "F16": np.float16}[t.dtype]).astype(np.float32).reshape(t.shape)
+        else:
+            rows = int(np.prod(t.shape[:-1]))
+            want = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType[t.dtype])
+            want = want.astype(np.float32).reshape(t.shape)
+        n_head = permuted_heads(t.name, meta)
+        if n_head:
+            want = unpermute_rows(want, n_head)
+        out[name] = (t.name, np.ascontiguousarray(want, np.float32))
+    return out

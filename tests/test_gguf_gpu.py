@@ -76,9 +76,7 @@ def test_shipped_llama_spec_on_the_gpu(tmp_path, quant):
     import ml_dtypes
     import yaml
 
-    from execute_support import load_checked
-    from planc.manifest import read_manifest
-    from planc.manifest.gguf_names import permuted_heads, transformers_name, unpermute_rows
+    from execute_support import gguf_llama_want, load_checked
     from planc.tools.synth_gguf import write_gguf
 
     res = write_gguf(tmp_path / "ck", quant=quant, layers=1)
@@ -87,28 +85,12 @@ def test_shipped_llama_spec_on_the_gpu(tmp_path, quant):
     doc["checkpoint"], doc["budget"] = str(res.path), {"host": "1GiB"}
     spec = tmp_path / "llama-gguf.yaml"
     spec.write_text(yaml.safe_dump(doc))
-    man = read_manifest(res.path)
-    meta = dict(man.shards[0].metadata)
     models = []
     try:
         plan, model = load_checked(spec, models)
         assert sum(len(r.kernels) for r in plan.runs) < sum(1 for p in plan.parts if p.op == "gguf")  # shared
-        for t in man.tensors:
-            name = transformers_name(t.name)
-            if name is None:
-                continue
-            with open(res.path, "rb") as f:
-                f.seek(t.start)
-                raw = np.frombuffer(f.read(t.nbytes), np.uint8)
-            if t.dtype in QTYPES:
-                want = gguf.quants.dequantize(raw.reshape(t.shape[0], -1), gguf.GGMLQuantizationType[t.dtype])
-            else:
-                want = raw.view({"F32": np.float32, "F16": np.float16}[t.dtype]).astype(np.float32).reshape(t.shape)
-            n_head = permuted_heads(t.name, meta)
-            if n_head:
-                want = unpermute_rows(want, n_head)
-            want = np.ascontiguousarray(want.astype(np.float32)).astype(ml_dtypes.bfloat16)
-            assert model[name].to_host().tobytes() == want.tobytes(), t.name
+        for name, (gguf_name, want) in gguf_llama_want(res.path).items():
+            assert model[name].to_host().tobytes() == want.astype(ml_dtypes.bfloat16).tobytes(), gguf_name
     finally:
         for m in models:
             m.free()

@@ -191,9 +191,7 @@ def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, 
     """specs/transformers-llama-gguf.yaml on a Llama GGUF: every tensor under transformers' name (the
     `gguf` package's own map, through planc.manifest.gguf_names), q and k rows in transformers' order
     (`unpermute_rows` of the dequantized tensor), bit for bit, verified."""
-    from planc.execute.gguf_dequant import dequantize
-    from planc.manifest.gguf_names import permuted_heads, transformers_name, unpermute_rows
-    from planc.manifest import read_manifest
+    from execute_support import gguf_llama_want
     from planc.tools.synth_gguf import write_gguf
 
     res = write_gguf(tmp_path / "ck", quant=quant, layers=1)
@@ -205,27 +203,12 @@ def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, 
         for r in doc["rules"]:
             r.setdefault("on", "host") if "dtype" in r else None
         spec.write_text(yaml.safe_dump(doc))
-    man = read_manifest(res.path)
-    meta = dict(man.shards[0].metadata)
     models = []
     plan, model = load_checked(spec, models)
-    want_names = {transformers_name(t.name) for t in man.tensors} - {None}
-    assert set(model.keys()) == want_names
-    for t in man.tensors:
-        name = transformers_name(t.name)
-        if name is None:
-            continue
-        with open(res.path, "rb") as f:
-            f.seek(t.start)
-            raw = np.frombuffer(f.read(t.nbytes), np.uint8)
-        if t.dtype in TYPES:
-            want = _ref(raw, t.dtype, t.shape, "float32")
-        else:
-            want = raw.view({"F32": np.float32, "F16": np.float16}[t.dtype]).astype(np.float32).reshape(t.shape)
-        n_head = permuted_heads(t.name, meta)
-        if n_head:
-            want = unpermute_rows(want, n_head)
-        assert model[name].to_host().tobytes() == np.ascontiguousarray(want).tobytes(), t.name
+    want = gguf_llama_want(res.path)
+    assert set(model.keys()) == set(want)
+    for name, (gguf_name, values) in want.items():
+        assert model[name].to_host().tobytes() == values.tobytes(), gguf_name
     del models
 
 

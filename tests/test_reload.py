@@ -9,6 +9,7 @@ import os
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 
 import numba  # noqa: E402
@@ -394,29 +395,43 @@ def test_leaves_split_across_reads_verify_and_a_flipped_byte_in_one_is_caught(tm
     starts = sorted(q.offset for r in plan.runs for q in r.requests)
     for at in (starts[3] - 7, (starts[5] // LEAF + 1) * LEAF + 100):
         victim = root / plan.checkpoint.files[0].path
-        data = bytearray(victim.read_bytes())
-        data[at] ^= 0x04
-        victim.write_bytes(bytes(data))
-        with pytest.raises(DigestError) as e:
+        with _flipped(victim, at, 0x04), pytest.raises(DigestError) as e:
             planc.load(spec, verify="digest", digest=d)  # compiled again: the file's mtime changed
         lo = at // LEAVED * LEAVED
         assert e.value.code == "digest-mismatch" and str(victim) in str(e.value)
         assert f"[{lo:,}, {min(lo + LEAVED, size):,})" in str(e.value)
-        data[at] ^= 0x04
-        victim.write_bytes(bytes(data))
+
+
+@contextlib.contextmanager
+def _flipped(path, at: int, bit: int):
+    """`path` with the byte at `at` xor `bit` inside the block, as it was after it."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= bit
+    path.write_bytes(bytes(data))
+    try:
+        yield
+    finally:
+        data[at] ^= bit
+        path.write_bytes(bytes(data))
+
+
+def _reader_over(tmp_path, seed: int):
+    """A `Reader` with one 1 MiB file of random bytes open; (reader, the bytes)."""
+    from planc.execute.reader import Reader
+
+    f = tmp_path / "f.bin"
+    data = np.random.default_rng(seed).integers(0, 256, 1 << 20, dtype=np.uint8)
+    f.write_bytes(data.tobytes())
+    r = Reader(str(tmp_path), "off")
+    r.open("f.bin", f.stat().st_size)
+    return r, data
 
 
 def test_reader_hands_over_pieces_on_leaf_boundaries(tmp_path):
     """`Reader.read_into(..., sink, piece)`: the bytes of one read, the last piece (ending between
     two multiples of `piece`) first, then the others in order, each view ending on a multiple of
     `piece` or at the read's end; one request counted."""
-    from planc.execute.reader import Reader
-
-    f = tmp_path / "f.bin"
-    data = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
-    f.write_bytes(data.tobytes())
-    r = Reader(str(tmp_path), "off")
-    r.open("f.bin", f.stat().st_size)
+    r, data = _reader_over(tmp_path, 1)
     got = []
     buf = np.zeros(600_000, np.uint8)
     n = r.read_into("f.bin", 70_000, 600_000, buf, 590_000, piece=LEAF,
@@ -489,27 +504,16 @@ def test_whole_leaves_stream_piece_by_piece_and_a_flipped_byte_in_a_later_piece_
     models.remove(model)
     victim = root / rel
     for at in (whole[1] * LEAVED + 100_000, whole[2] * LEAVED + LEAVED - 5):
-        data = bytearray(victim.read_bytes())
-        data[at] ^= 0x20
-        victim.write_bytes(bytes(data))
-        with pytest.raises(DigestError) as e:
+        with _flipped(victim, at, 0x20), pytest.raises(DigestError) as e:
             planc.load(spec, verify="digest", digest=d)  # compiled again: the file's mtime changed
         lo = at // LEAVED * LEAVED
         assert e.value.code == "digest-mismatch" and f"[{lo:,}, {min(lo + LEAVED, size):,})" in str(e.value)
-        data[at] ^= 0x20
-        victim.write_bytes(bytes(data))
 
 
 def test_reader_reads_from_the_last_tail_boundary_first(tmp_path):
     """`read_into(..., piece, tail)`: the bytes from the last multiple of `tail` inside the read come
     first, in pieces; then the rest, in pieces, each view ending on a multiple of `piece`."""
-    from planc.execute.reader import Reader
-
-    f = tmp_path / "f.bin"
-    data = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8)
-    f.write_bytes(data.tobytes())
-    r = Reader(str(tmp_path), "off")
-    r.open("f.bin", f.stat().st_size)
+    r, data = _reader_over(tmp_path, 2)
     got = []
     buf = np.zeros(700_000, np.uint8)
     r.read_into("f.bin", 70_000, 700_000, buf, 690_000, piece=16 << 10, tail=LEAVED,

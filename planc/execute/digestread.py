@@ -81,14 +81,15 @@ class DigestReader:
         leaves = v.whole_leaves(rel, offset, needed)
         if not leaves:
             return None
+        only = v.alone(leaves) and leaves[0][2] == offset and leaves[-1][3] == offset + needed
         t0 = time.perf_counter()
         done = self._reader.read_hashing(rel, offset, length, buf, needed, [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves],
                                          self._native, readhash.PIECE)
         if done is None:
             return None
         n, digests = done
-        if v.record_leaves(rel, leaves, digests, time.perf_counter() - t0) and leaves[0][2] == offset \
-                and leaves[-1][3] == offset + needed:
+        v.record_leaves(rel, leaves, digests, time.perf_counter() - t0)
+        if only:
             return n  # the read was its whole leaves: nothing else to hash (the common read)
         v.feed(rel, offset, memoryview(buf)[:needed], deferred)  # whole leaves done: skipped
         v.settle(deferred)
@@ -102,8 +103,7 @@ class DigestReader:
         extents still have leaves no read touches to claim (hashed as the bytes land)."""
         v = self.verifier
         leaves = v.whole_leaves(rel, offset, needed)
-        if not leaves or any(a[3] != b[2] for a, b in zip(leaves, leaves[1:])) \
-                or any(st.fills and not st.claimed for st, *_ in leaves):
+        if not leaves or not v.alone(leaves):
             return None
         n = self._reader.read_into(rel, offset, length, buf, needed)
         mv = memoryview(buf).cast("B")

@@ -34,12 +34,16 @@ class KernelRuns:
         self.kstream = None  # the kernels' stream, made with the first launch
         self.after: dict = {}  # landing region -> event recorded after the last kernels that read it
 
+    def flush_readers_of(self, region: int) -> None:
+        """Launch the deferred kernels if any of them reads landing region `region`."""
+        if any(d.landing_region == region and reads_landing(d) for d in self.deferred):
+            self.flush_deferred()
+
     def before_copies(self, r) -> None:
         """Before run r's first copy: the kernels that read its landing region launched (deferred
         ones flushed) and the load's stream held until they are done."""
         region = r.landing_region
-        if any(d.landing_region == region and reads_landing(d) for d in self.deferred):
-            self.flush_deferred()
+        self.flush_readers_of(region)
         ev = self.after.pop(region, None)
         if ev is not None:
             ev.wait(self.stream)

@@ -26,7 +26,6 @@ from ..plan.records import Refusal
 from ..base.units import gib
 from . import dispatch
 from .events import CopyIssued, ReadDone, RunDone, RunStarted, Step
-from .kernelruns import reads_landing
 from ..base.codes import Code
 
 
@@ -55,6 +54,7 @@ class Pipeline:
         self.pending: deque = deque()  # (run, request index, request, slot, future)
         self.remaining = [len(r.requests) for r in plan.runs]
         self.guarded = -1  # the last run whose copies began (`KernelRuns.before_copies`)
+        self.slot_free = getattr(reader, "slot_free", None)  # a digest reader hashing after its reads
 
     # -- the pipeline -----------------------------------------------------------------------
     def run(self) -> None:
@@ -89,9 +89,7 @@ class Pipeline:
         self.observer(RunDone(r.index))
 
     def _admit_run(self, r) -> None:
-        region = r.landing_region
-        if any(d.landing_region == region and reads_landing(d) for d in self.kernels.deferred):
-            self.kernels.flush_deferred()
+        self.kernels.flush_readers_of(r.landing_region)
         need = r.host_bytes
         if not need:
             return
@@ -131,10 +129,9 @@ class Pipeline:
             t0 = time.perf_counter()
             self.regions.pinner.wait(k)
             self.timings["wait_pin"] += time.perf_counter() - t0
-        free = getattr(self.reader, "slot_free", None)  # a digest reader hashing after its reads
-        if free is not None:
+        if self.slot_free is not None:
             t0 = time.perf_counter()
-            free(self.regions.ring[k])
+            self.slot_free(self.regions.ring[k])
             self.timings["wait_hash"] += time.perf_counter() - t0
         return k
 

@@ -370,21 +370,21 @@ class Verifier:
                     out.append((st, j, l0, l1))
         return out
 
-    def record_leaves(self, rel: str, leaves: list, digests: list, seconds: float = 0.0) -> bool:
-        """The digests of `whole_leaves`' leaves, hashed by the reader; whether they are all the read
-        held to hash (contiguous, and no extent of theirs has leaves no read touches still to
-        claim): then the read need not go through `feed`."""
+    @staticmethod
+    def alone(leaves: list) -> bool:
+        """Whether `whole_leaves`' leaves lie end to end and no extent of theirs has leaves no read
+        touches still to claim: then the bytes between the first and the last are theirs alone."""
+        return all(a[3] == b[2] for a, b in zip(leaves, leaves[1:])) and not any(
+            st.fills and not st.claimed for st, *_ in leaves)
+
+    def record_leaves(self, rel: str, leaves: list, digests: list, seconds: float = 0.0) -> None:
+        """The digests of `whole_leaves`' leaves, hashed by the reader."""
         by: dict = {}
-        n, at, alone = 0, leaves[0][2] if leaves else 0, True
         for (st, j, l0, l1), d in zip(leaves, digests, strict=True):
             by.setdefault(id(st), (st, []))[1].append((j, d))
-            n += l1 - l0
-            alone = alone and l0 == at and not (st.fills and not st.claimed)
-            at = l1
-        self._count(n, seconds)
+        self._count(sum(l1 - l0 for *_, l0, l1 in leaves), seconds)
         for st, got in by.values():
             self._record(rel, st, got)
-        return alone
 
     def _count(self, hashed: int, seconds: float) -> None:
         acc = self._thread_stats.get(threading.get_ident())
