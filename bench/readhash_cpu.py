@@ -60,8 +60,9 @@ def run(mode: str, jobs: list, threads: int, piece: int) -> dict:
                 h = xxhash.xxh3_128()
                 h.update(mv[:n])
                 h.digest()
-            else:
-                got, _ = rh.read(fd, buf, off, n, n, piece, False, [] if mode == "native-nohash" else [(0, n)])
+            else:  # native, native-nohash, native-LEVEL (readhash.LEVELS)
+                level = mode.split("-", 1)[1] if "-" in mode and mode != "native-nohash" else None
+                got, _ = rh.read(fd, buf, off, n, n, piece, False, [] if mode == "native-nohash" else [(0, n)], level)
                 assert got == n
         busy[t] = time.perf_counter() - t0
 
@@ -84,7 +85,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--piece", default="256KiB", type=parse_bytes)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--modes", default="plain,python,native,native-nohash")
+    p.add_argument("--modes", default="plain,python,native-package,native,native-nohash",
+                   help="plain, python, native (the loop at its widest level), native-nohash, native-LEVEL "
+                        "(a level of planc.execute.readhash.LEVELS: package, scalar, avx2, avx512)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     jobs = _jobs(a.root)

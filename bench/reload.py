@@ -53,6 +53,8 @@ def _args(argv=None):
     p.add_argument("--after-threads", default="8", help="hasher threads for --hasher after, comma-separated to compare")
     p.add_argument("--native-piece", default="", help="read-and-hash loop piece sizes to compare, comma-separated "
                    "(default: planc.execute.readhash.PIECE)")
+    p.add_argument("--simd", default="best", help="read-and-hash loop levels to compare, comma-separated: best, "
+                   "package (the xxhash package's functions), scalar, avx2, avx512 (planc.execute.readhash.SIMD)")
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the whole run "
                    "(seconds; default: the interpreter's 0.005)")
     p.add_argument("--only", default=None, type=lambda v: set(v.split(",")), help="only these parts: dense,digest,transformers")
@@ -121,7 +123,8 @@ def digest(args, out: Path) -> dict:
     leaves = [parse_bytes(v) for v in args.leaf.split(",") if v] or [None]
     pieces = [parse_bytes(v) for v in args.piece.split(",") if v] or [None]
     native_pieces = [parse_bytes(v) for v in args.native_piece.split(",") if v] or [readhash.PIECE]
-    variants = [("native", p) for p in native_pieces if "native" in args.hasher.split(",")]
+    simds = [v for v in args.simd.split(",") if v]
+    variants = [("native", (p, simd)) for p in native_pieces for simd in simds if "native" in args.hasher.split(",")]
     variants += [("python", p) for p in pieces if "python" in args.hasher.split(",")]
     variants += [("after", int(n)) for n in args.after_threads.split(",") if "after" in args.hasher.split(",")]
     if any(h == "native" for h, _ in variants) and readhash.load() is None:
@@ -135,7 +138,8 @@ def digest(args, out: Path) -> dict:
         path.write_bytes(dg.encode(doc))
         for hasher, piece in variants:
             key = f"leaf_{doc['leaf_bytes'] >> 20}MiB_{hasher}" + (
-                f"_{piece}_threads" if hasher == "after" else f"_piece_{piece >> 10}KiB" if piece else "")
+                f"_{piece}_threads" if hasher == "after" else
+                f"_{piece[1]}_piece_{piece[0] >> 10}KiB" if hasher == "native" else f"_piece_{piece >> 10}KiB" if piece else "")
             docs[key] = (path, doc, made, piece, hasher)
     total = sum(f["size_bytes"] for f in next(iter(docs.values()))[1]["files"])
     rows = {"plain": [], **{k: [] for k in docs}}
@@ -147,7 +151,7 @@ def digest(args, out: Path) -> dict:
                 readhash.ENABLED = docs[k][4] == "native"
                 digestread.AFTER_READ = docs[k][3] if docs[k][4] == "after" else 0
                 if docs[k][4] == "native":
-                    readhash.PIECE = docs[k][3]
+                    readhash.PIECE, readhash.SIMD = docs[k][3]
                 elif docs[k][4] == "python":
                     dgc.PIECE_BYTES = docs[k][3]
             m = planc.load(plan, **({"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}))

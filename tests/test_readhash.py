@@ -9,6 +9,8 @@ import platform
 import numpy as np
 import pytest
 import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from planc.execute import readhash
 from planc.execute.reader import Reader
@@ -37,6 +39,14 @@ def native():
     return rh
 
 
+LEVELS = sorted(readhash.LEVELS, key=readhash.LEVELS.get)
+
+
+def _runs(native, level):
+    if readhash.LEVELS[level] > native.widest:
+        pytest.skip(f"this processor or system does not run {level}")
+
+
 @pytest.fixture
 def data_file(tmp_path):
     data = np.random.default_rng(7).integers(0, 256, 3_000_000, dtype=np.uint8)
@@ -52,16 +62,51 @@ def data_file(tmp_path):
     (2_999_000, 1000, 1 << 20, [(0, 1000)]),  # the file's end
     (123, 1000, 4096, []),  # nothing to hash: a read all the same
 ])
-def test_reads_and_hashes_like_xxhash(native, data_file, offset, needed, piece, spans):
+@pytest.mark.parametrize("level", LEVELS)
+def test_reads_and_hashes_like_xxhash(native, data_file, offset, needed, piece, spans, level):
+    _runs(native, level)
     f, data = data_file
     fd = os.open(f, os.O_RDONLY)
     try:
         buf = np.zeros(needed + 4096, np.uint8)
-        got, digests = native.read(fd, buf, offset, needed, needed, piece, False, spans)
+        got, digests = native.read(fd, buf, offset, needed, needed, piece, False, spans, level)
     finally:
         os.close(fd)
     assert got == needed and buf[:needed].tobytes() == data[offset:offset + needed]
     assert digests == [xxhash.xxh3_128(data[offset + a:offset + b]).digest() for a, b in spans]
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(0, 40_000), min_size=1, max_size=8), gaps=st.lists(st.booleans(), min_size=8,
+       max_size=8), piece=st.sampled_from([64, 100, 1000, 1024, 4096, 65536]), start=st.integers(0, 5000))
+def test_the_stripe_path_at_any_length_and_piece(native, data_file, level, cuts, gaps, piece, start):
+    """XXH3's long path keeps its last stripe for the end and scrambles after each 16 stripes: the
+    leaves' lengths around 240 / 1024 / 1088 bytes and their pieces' ends anywhere."""
+    _runs(native, level)
+    f, data = data_file
+    bounds = sorted(set(cuts) | {0})
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])] + [241, 1024, 1025, 1088, 1087, 16384, 16448]
+    spans, at = [], 0
+    for n, gap in zip(lengths, gaps * 4):
+        at += 7 if gap else 0
+        spans.append((at, at + n))
+        at += n
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        buf = np.zeros(at, np.uint8)
+        got, digests = native.read(fd, buf, start, at, at, piece, False, spans, level)
+    finally:
+        os.close(fd)
+    assert got == at
+    assert digests == [xxhash.xxh3_128(data[start + a:start + b]).digest() for a, b in spans]
+
+
+def test_the_level_is_capped_and_named(native):
+    assert native.level("best") == native.widest >= readhash.LEVELS["scalar"]
+    assert native.level("package") == 0 and native.level_name("avx512") in readhash.LEVELS
+    with pytest.raises(ValueError, match="readhash.SIMD"):
+        native.level("sse9")
 
 
 def test_the_file_ending_early_and_a_failed_read_give_no_digests(native, data_file):
@@ -115,7 +160,18 @@ def test_a_loop_whose_digests_differ_from_the_package_s_is_not_used(native, monk
     made wrong) is refused with the reason, so the verifier hashes in Python."""
     assert readhash._self_check(native) is None
     monkeypatch.setattr(native, "digest", lambda data: b"\0" * 16)
-    assert "differ" in readhash._self_check(native)
+    assert "one-shot digests differ" in readhash._self_check(native)
+
+
+def test_a_stripe_path_that_errs_is_not_used(native, monkeypatch):
+    read = native.read
+
+    def wrong_at_scalar(*a):
+        got, digests = read(*a)
+        return (got, [bytes(16)] + digests[1:]) if a[-1] == "scalar" else (got, digests)
+
+    monkeypatch.setattr(native, "read", wrong_at_scalar)
+    assert readhash._self_check(native) == "the read-and-hash loop's digests (scalar) differ from the xxhash package's"
 
 
 def test_a_replaced_object_is_stale(tmp_path, monkeypatch):

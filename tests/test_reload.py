@@ -50,17 +50,20 @@ def models():
         m.free()
 
 
-@pytest.fixture(params=["native", "python", "after-read"])
+@pytest.fixture(params=["native", "native-package", "python", "after-read"])
 def hasher(request, monkeypatch):
-    """A digest-verified load's hashing: the reader's read-and-hash loop, Python's on the reader's
-    thread, or hasher threads after the reads (`digestread.AFTER_READ`)."""
+    """A digest-verified load's hashing: the reader's read-and-hash loop (at its widest level, or
+    through the xxhash package's functions only), Python's on the reader's thread, or hasher
+    threads after the reads (`digestread.AFTER_READ`). The report's `hasher` is returned."""
     from planc.execute import digestread, readhash
 
-    if request.param == "native" and readhash.load() is None:
+    native = request.param.startswith("native")
+    if native and readhash.load() is None:
         pytest.skip(readhash.why_not)
-    monkeypatch.setattr(readhash, "ENABLED", request.param == "native")
+    monkeypatch.setattr(readhash, "ENABLED", native)
+    monkeypatch.setattr(readhash, "SIMD", "package" if request.param == "native-package" else "best")
     monkeypatch.setattr(digestread, "AFTER_READ", 3 if request.param == "after-read" else 0)
-    return request.param
+    return "native" if native else request.param
 
 
 # -- reload ----------------------------------------------------------------------------------------

@@ -43,8 +43,10 @@ class DigestReader:
         native = None if self._after is not None else native
         self._native = native if native is not None and hasattr(reader, "read_hashing") else None
         verifier.hasher = "native" if self._native is not None else "after-read" if self._after else "python"
+        self._simd = None
         if self._native is not None:
             verifier.hash_extent = self._native.digest
+            verifier.simd = self._simd = self._native.level_name()  # readhash.SIMD, read once per load
 
     def __getattr__(self, name):
         return getattr(self._reader, name)
@@ -84,7 +86,7 @@ class DigestReader:
         only = v.alone(leaves) and leaves[0][2] == offset and leaves[-1][3] == offset + needed
         t0 = time.perf_counter()
         done = self._reader.read_hashing(rel, offset, length, buf, needed, [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves],
-                                         self._native, readhash.PIECE)
+                                         self._native, readhash.PIECE, self._simd)
         if done is None:
             return None
         n, digests = done

@@ -248,14 +248,14 @@ class Reader:
         return end
 
     def read_hashing(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, native,
-                     piece: int) -> tuple[int, list] | None:
+                     piece: int, simd: str | None = None) -> tuple[int, list] | None:
         """`read_into` through the read-and-hash loop `native` (`planc.execute.readhash`): the
         bytes of each span `(lo, hi)` (relative to `offset`) hashed as they land. (bytes read, a
         16-byte xxh3-128 digest per span), or None when the loop stopped short (a failed or short
         read, O_DIRECT refused): nothing counted, and `read_into` reads the request again and
-        says why."""
+        says why. `simd`: the loop's level (`readhash.SIMD` when None)."""
         f = self.files[rel]
-        got, digests = native.read(f.fd, buf, offset, needed, length, piece, f.direct, spans)
+        got, digests = native.read(f.fd, buf, offset, needed, length, piece, f.direct, spans, simd)
         if got < needed:
             return None
         with self._lock:

@@ -6,10 +6,14 @@ readers run. Hashing in Python instead costs either a second pass over the slot 
 between sixteen readers several times a piece (small pieces: 0.10-0.29x of a plain load on the
 H200, docs/reload.md).
 
-The loop calls libc's `pread` and the xxhash package's own `XXH3_128bits_reset` / `_update`
-through function pointers, so its states and digests are exactly `xxhash.xxh3_128`'s. `load()` is
-None where the shipped object or those functions are missing (another architecture, an xxhash
-build that does not export them): the verifier then hashes in Python, with the same digests.
+The loop calls libc's `pread` through a function pointer. It hashes a leaf of more than 240
+bytes with XXH3's long-input path written in it, with AVX-512 or AVX2 where the processor and the
+system have them (`SIMD`), and shorter leaves (or all, with `SIMD = "package"`) with the xxhash
+package's own `XXH3_128bits_reset` / `_update` / `_digest`: the package's library is built for SSE2
+and hashes about half as fast a byte. Either way the digests are `xxhash.xxh3_128`'s, and `load()`
+checks them against the package before the loop is used. `load()` is None where the shipped object
+or those functions are missing (another architecture, an xxhash build that does not export them):
+the verifier then hashes in Python, with the same digests.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ SOURCE = DIR / "readhash.c"
 INDEX = DIR / "native.json"
 PIECE = 256 << 10  # bytes per read: hashed while in the core's cache (docs/reload.md)
 ENABLED = True  # False: the verifier hashes in Python (bench/reload.py compares the two)
+# How the loop hashes long leaves: "best" (the widest of LEVELS this machine runs), a level's name,
+# or "package" (the xxhash package's functions for every leaf). bench/reload.py compares them.
+SIMD = "best"
+LEVELS = {"package": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 
 _lock = threading.Lock()
 _loaded: list = []  # [ReadHash | None] once tried
@@ -52,8 +60,9 @@ def stale_reason() -> str | None:
 
 def _self_check(rh: "ReadHash") -> str | None:
     """Why `rh`'s digests are not the xxhash package's (a library whose XXH3 is not the package's
-    own: an older libxxhash), or None: a few spans read and hashed from a file in memory, piece by
-    piece, and a one-shot hash, against `xxhash.xxh3_128`."""
+    own: an older libxxhash; a stripe path that errs), or None: spans of the lengths where XXH3
+    changes its course read and hashed from a file in memory, piece by piece, at every level this
+    machine runs, and a one-shot hash, against `xxhash.xxh3_128`."""
     import os
 
     import numpy as np
@@ -66,13 +75,21 @@ def _self_check(rh: "ReadHash") -> str | None:
     try:
         os.write(fd, data)
         buf = np.zeros(len(data), np.uint8)
-        spans = [(0, 100), (100, 70_000), (80_000, 300_000)]
-        got, digests = rh.read(fd, buf, 0, len(data), len(data), 65536, False, spans)
+        spans, at = [], 0
+        for n in (100, 240, 241, 1024, 1025, 1088, 16384, 16385, 70_000, 100_000):
+            spans.append((at, at + n))
+            at += n + 3
+        spans.append((at + 1, len(data)))
+        want = [xxhash.xxh3_128(data[a:b]).digest() for a, b in spans]
+        for level in sorted({n for n in LEVELS.values() if n <= rh.widest}):
+            name = {v: k for k, v in LEVELS.items()}[level]
+            got, digests = rh.read(fd, buf, 0, len(data), len(data), 65536, False, spans, name)
+            if got != len(data) or digests != want:
+                return f"the read-and-hash loop's digests ({name}) differ from the xxhash package's"
     finally:
         os.close(fd)
-    want = [xxhash.xxh3_128(data[a:b]).digest() for a, b in spans]
-    if got != len(data) or digests != want or rh.digest(data[:999]) != xxhash.xxh3_128_digest(data[:999]):
-        return "the read-and-hash loop's digests differ from the xxhash package's"
+    if rh.digest(data[:999]) != xxhash.xxh3_128_digest(data[:999]):
+        return "the read-and-hash loop's one-shot digests differ from the xxhash package's"
     return None
 
 
@@ -100,9 +117,12 @@ class ReadHash:
     def __init__(self, obj: ctypes.CDLL, xxh_name: str, xxh: ctypes.CDLL, libc: ctypes.CDLL):
         f = obj.planc_read_hash
         i64, vp = ctypes.c_int64, ctypes.c_void_p
-        f.argtypes = [vp, vp, vp, vp, ctypes.c_int, vp, i64, i64, i64, i64, ctypes.c_int, vp, vp, vp, i64, vp]
+        f.argtypes = [vp, vp, vp, vp, ctypes.c_int, vp, i64, i64, i64, i64, ctypes.c_int, vp, vp, vp, i64, vp,
+                      ctypes.c_int]
         f.restype = i64
         self._fn = f  # a CDLL function: the interpreter's lock is released for the whole call
+        obj.planc_simd.restype, obj.planc_simd.argtypes = ctypes.c_int, []
+        self.widest = obj.planc_simd()  # the widest level this processor and system run
         update = getattr(xxh, "XXH3_128bits_update_dispatch", None) or xxh.XXH3_128bits_update
         self._ptrs = [ctypes.cast(p, vp).value
                       for p in (libc.pread, xxh.XXH3_128bits_reset, update, xxh.XXH3_128bits_digest)]
@@ -129,8 +149,21 @@ class ReadHash:
             pool = self._local.pool = _Pool(self._create, self._free)
         return pool.take(n)
 
+    def level(self, simd: str | None = None) -> int:
+        """The loop's level for `simd` (default: the module's `SIMD`): a name of LEVELS, capped at
+        what this machine runs, or the widest for "best"."""
+        simd = SIMD if simd is None else simd
+        if simd == "best":
+            return self.widest
+        if simd not in LEVELS:
+            raise ValueError(f"readhash.SIMD must be 'best' or one of {sorted(LEVELS)}, got {simd!r}")
+        return min(LEVELS[simd], self.widest)
+
+    def level_name(self, simd: str | None = None) -> str:
+        return {v: k for k, v in LEVELS.items()}[self.level(simd)]
+
     def read(self, fd: int, buf, offset: int, needed: int, cap: int, piece: int, direct: bool,
-             spans: list) -> tuple[int, list]:
+             spans: list, simd: str | None = None) -> tuple[int, list]:
         """Read [offset, offset + needed) of `fd` into `buf` (a writable buffer of at least `cap`
         bytes), `piece` at a time, hashing each span `(lo, hi)` (relative to `offset`, sorted,
         disjoint, inside `needed`) as its bytes land. Returns (bytes read, [16-byte digest per
@@ -145,7 +178,8 @@ class ReadHash:
         states = self._states(n)
         out = ctypes.create_string_buffer(16 * max(n, 1))
         addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-        got = self._fn(*self._ptrs, fd, addr, offset, needed, cap, piece, int(direct), lo, hi, states, n, out)
+        got = self._fn(*self._ptrs, fd, addr, offset, needed, cap, piece, int(direct), lo, hi, states, n, out,
+                       self.level(simd))
         if got < needed:
             return got, []
         raw = out.raw
