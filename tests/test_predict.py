@@ -142,3 +142,43 @@ def test_mapped_pages_cost_in_proportion_to_the_probed_page_figure(tmp_path, mon
     _, plans = _tp_plans(tmp_path / "p", 4)
     assert plans[0].costs.page_s == DEFAULTS.page_s * 3
     assert predict(plans[0])["terms"]["read_warm_seconds"] > base
+
+
+def test_the_cold_wall_follows_the_probed_disk(tmp_path, monkeypatch):
+    """A probe's disk figure prices a cold load's reads (whole requests and mapped spans); the warm
+    wall does not change, and the figures say where the disk figure came from."""
+    from planc.plan.costs import DEFAULTS
+
+    base = predict(_plan(tmp_path / "d", 2048))
+    assert base["figures"]["disk"] == "default"
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({**{k: getattr(DEFAULTS, k) for k in ("page_s", "copy_byte_s", "read_byte_s",
+                                                                       "request_s")},
+                                 "disk_byte_s": DEFAULTS.disk_byte_s / 2}))
+    monkeypatch.setenv("PLANC_PROBE", str(probe))
+    fast = predict(_plan(tmp_path / "f", 2048))
+    assert fast["figures"]["disk"] == str(probe)
+    assert fast["warm_seconds"] == pytest.approx(base["warm_seconds"])
+    assert fast["terms"]["read_cold_seconds"] < base["terms"]["read_cold_seconds"]
+
+
+def test_a_plan_saved_before_the_disk_figure_loads_with_the_built_in_one(tmp_path):
+    from planc.plan import codec
+    from planc.plan.costs import DEFAULTS
+
+    plan = _plan(tmp_path, 32)
+    path = tmp_path / "p.plan.json"
+    codec.save_plan(plan, path)
+    doc = json.loads(path.read_text())
+    del doc["costs"]["disk_byte_s"]
+    path.write_text(json.dumps(doc))
+    assert codec.load_plan(path).costs.disk_byte_s == DEFAULTS.disk_byte_s
+    doc["costs"]["disk_byte_s"] = 2.0
+    path.write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="costs.disk_byte_s"):
+        codec.load_plan(path)
+    doc["costs"]["disk"] = 1e-9
+    del doc["costs"]["disk_byte_s"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="costs"):
+        codec.load_plan(path)

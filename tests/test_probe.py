@@ -27,6 +27,8 @@ def test_probe_writes_figures_that_compile_reads(tmp_path, monkeypatch, capsys):
     assert printed["saved"] == str(out) and printed["page_s"] == doc["page_s"]
     for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s"):
         assert 0 < doc[k] < 1 and 0 < doc["cold"][k] < 1
+    assert 0 < doc["disk_byte_s"] == doc["cold"]["disk_byte_s"] < 1  # O_DIRECT where the file system takes it
+    assert isinstance(doc["cold"]["disk_direct"], bool)
     assert not list((tmp_path / "scratch").iterdir())  # the scratch file is gone
 
     save_file({"w": np.zeros((64, 32), np.float16)}, str(tmp_path / "m.safetensors"))
@@ -36,6 +38,7 @@ def test_probe_writes_figures_that_compile_reads(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PLANC_PROBE", str(out))
     plan = compile_spec(spec, 1)
     assert plan.costs.source == str(out) and plan.costs.page_s == doc["page_s"]
+    assert plan.costs.disk_byte_s == doc["disk_byte_s"]
     (s,) = explain_doc(plan)["strided_reads"]
     assert s["method"] in ("mapped", "rows") and s["segments"] == 64 and s["segment_bytes"] == 16
     assert explain_doc(plan)["costs"]["source"] == str(out)
@@ -46,6 +49,9 @@ def test_a_damaged_or_absent_probe_file_means_the_defaults(tmp_path, monkeypatch
     for text in ("{", json.dumps({"page_s": -1, "copy_byte_s": 1, "read_byte_s": 1, "request_s": 1}), "[]"):
         bad.write_text(text)
         assert costmodel.load_costs(bad) == costmodel.DEFAULTS
+    bad.write_text(json.dumps({"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 1e-10, "request_s": 1e-5,
+                               "disk_byte_s": "fast"}))
+    assert costmodel.load_costs(bad) == costmodel.DEFAULTS  # a damaged disk figure: none of the file's figures
     monkeypatch.setenv("PLANC_PROBE", str(tmp_path / "missing.json"))
     assert costmodel.load_costs() == costmodel.DEFAULTS
     monkeypatch.setenv("PLANC_PROBE", "off")
@@ -60,3 +66,26 @@ def test_choice_follows_the_figures():
     assert costmodel.choose(cheap_rows, 1024, 8192, 4096, 16 << 20)[0] == "rows"
     assert costmodel.choose(c, 32 << 20, 64 << 20, 4, 16 << 20)[0] == "rows"  # a segment longer than a slot
     assert costmodel.choose(c, 1024, 8192, 4096, 16 << 20, "rows")[0] == "rows"
+
+
+def test_a_probe_file_without_a_disk_figure_has_the_built_in_one(tmp_path):
+    """Probe files from before the disk figure, and probes whose page cache could not be dropped."""
+    old = tmp_path / "probe.json"
+    old.write_text(json.dumps({"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 1e-10, "request_s": 1e-5}))
+    c = costmodel.load_costs(old)
+    assert c.source == str(old) and c.page_s == 1e-7 and c.disk_byte_s == costmodel.DEFAULTS.disk_byte_s
+
+
+def test_the_probe_s_buffers_are_aligned_and_populated():
+    """O_DIRECT reads need page-aligned buffers; timed reads must not fault in their destination."""
+    import ctypes
+    import mmap
+
+    from planc.tools import probe
+
+    for b in probe._buffers(3, 1 << 20):
+        assert b.ctypes.data % mmap.PAGESIZE == 0 and b.flags.writeable and b.nbytes == 1 << 20
+        vec = (ctypes.c_ubyte * 256)()
+        libc = ctypes.CDLL(None)
+        assert libc.mincore(ctypes.c_void_p(b.ctypes.data), ctypes.c_size_t(b.nbytes), vec) == 0
+        assert all(v & 1 for v in vec)  # every page resident before any read

@@ -276,7 +276,9 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
     w, c = doc["warm"], doc["cold"]
     out.print(f"mapped strided reads: {w['mapped_small_gbps']:.2f} GB/s (1 KiB every 8 KiB), "
               f"{w['mapped_large_gbps']:.2f} GB/s (64 KiB every 128 KiB); whole rows {w['rows_gbps']:.2f} GB/s warm, "
-              f"{c['rows_gbps']:.2f} GB/s cold")
+              f"{c['rows_gbps']:.2f} GB/s cold" + (f", {c['disk_gbps']:.2f} GB/s cold with O_DIRECT" if "disk_byte_s" in doc
+                                                   and c.get("disk_direct") else f", {c['disk_gbps']:.2f} GB/s disk"
+                                                   if "disk_byte_s" in doc else " (page cache not dropped: no disk figure)"))
     out.print(f"page {w['page_s'] * 1e9:.1f} ns, copy {w['copy_byte_s'] * 1e12:.2f} ps/B, read {w['read_byte_s'] * 1e12:.2f} "
               f"ps/B, request {w['request_s'] * 1e6:.2f} us; saved to {where}")
 

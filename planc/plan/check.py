@@ -349,10 +349,11 @@ class _Checker:
         return Layout(arena, regions, staging, segs, tuple(zero), ring, maps)
 
     def _costs(self, v) -> Costs:
-        _obj(v, "costs", Costs._fields)
+        # plans saved before `disk_byte_s` have the built-in one
+        _obj(v, "costs", Costs._fields if type(v) is not dict or "disk_byte_s" in v else Costs._fields[:-1])
         vals = []
         for k in Costs._fields[1:]:
-            x = v[k]
+            x = v.get(k, Costs._field_defaults.get(k))
             if type(x) not in (int, float) or not 0 <= x < 1 or x != x:
                 raise _bad(f"costs.{k}", f"must be seconds between 0 and 1, got {_shown(x)}")
             vals.append(float(x))

@@ -90,11 +90,12 @@ def load_costs(path: Path | None = None) -> Costs:
     doc = read_doc(p)  # never blocks on a FIFO, never reads /dev/zero
     try:
         vals = [float(doc[k]) for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")]
-    except (OSError, ValueError, KeyError, TypeError):
+        disk = float(doc.get("disk_byte_s", DEFAULTS.disk_byte_s))  # probe files before it: the built-in
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return DEFAULTS
-    if not all(math.isfinite(v) and 0 < v < 1 for v in vals):
+    if not all(math.isfinite(v) and 0 < v < 1 for v in vals + [disk]):
         return DEFAULTS
-    return Costs(str(p), *vals)
+    return Costs(str(p), *vals, disk_byte_s=disk)
 
 
 def pages_touched(seg: int, stride: int, count: int) -> int:

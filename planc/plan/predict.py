@@ -12,7 +12,8 @@ streams, plus the part of the faster that cannot overlap (about one run's share 
                   + host-path input bytes * read_byte_s + their output bytes * host_byte_s
     read (cold) = whole requests' bytes from disk at disk_byte_s; a mapped request's whole span at
                   map_cold_byte_s (its faults and their read-ahead bring the pages between its
-                  segments too); + request_s per request
+                  segments too; scaled as disk_byte_s is against the built-in); + request_s per
+                  request
     link = payload bytes * link_byte_s
 
 `predict_node` is the wall of several plans loading at once on one host (the ranks of a node): the
@@ -25,10 +26,10 @@ the H200 host (docs/tp.md, "Predicted against measured"): the plan's `page_s` (`
 fitted to the pages that hold segments, which is what chooses the read method; a load faults in
 every page of each window (`reader.fault_in`), so its wall follows the span.
 
-The read figures are the plan's own (`plan.costs`: the `planc probe` file it was compiled with, or
-the built-in `DEFAULTS`); the link, disk, host-conversion and fixed figures are built in (`FIXED`,
-measured on an H200 host, docs/benchmarks.md): `planc probe` does not measure them yet. The
-result says which figures came from where, and a plan compiled with default costs says so.
+The read and disk figures are the plan's own (`plan.costs`: the `planc probe` file it was compiled
+with, or the built-in `DEFAULTS`); the link, host-conversion and fixed figures are built in
+(`FIXED`, measured on an H200 host, docs/benchmarks.md): `planc probe` does not measure them yet.
+The result says which figures came from where, and a plan compiled with default costs says so.
 """
 
 from __future__ import annotations
@@ -44,16 +45,16 @@ class Fixed(NamedTuple):
 
     source: str
     link_byte_s: float  # pinned host -> device: 55.4 GB/s
-    disk_byte_s: float  # cold page cache, O_DIRECT, disk bound: 1.7-1.9 GB/s
     host_byte_s: float  # a host-path conversion (numpy / ml_dtypes), per output byte: about 1 GB/s
     start_s: float  # before the first read: fingerprints, live room, threads (0.02 s measured)
     pin_byte_s: float  # pinning the ring while the first copy waits (0.04 s for 256 MiB)
     map_page_s: float = 2.64e-7  # one lane faulting in, mapping and unmapping one page of a window
-    map_cold_byte_s: float = 1 / 1.2e9  # a mapped span read from disk by faults (read-ahead), cold
+    map_cold_byte_s: float = 1 / 1.2e9  # a mapped span read from disk by faults (read-ahead), cold, where
+    # O_DIRECT reads ran at DEFAULTS.disk_byte_s (1.8 GB/s): another disk scales it as its own figure
     cores: int = 16  # lanes faulting pages at once, at most, across every plan on the host
 
 
-FIXED = Fixed("built-in (H200 host, docs/benchmarks.md)", 1 / 55.4e9, 1 / 1.8e9, 1e-9, 0.02, 0.04 / (256 << 20))
+FIXED = Fixed("built-in (H200 host, docs/benchmarks.md)", 1 / 55.4e9, 1e-9, 0.02, 0.04 / (256 << 20))
 
 
 class _Reads(NamedTuple):
@@ -103,8 +104,13 @@ def _warm(rd: _Reads, fixed: Fixed, lanes: int, c) -> float:
     return rd.plain_s + rd.mapped_copy_s + rd.mapped_pages * page / max(1, min(lanes, fixed.cores))
 
 
+def _map_cold(c, fixed: Fixed) -> float:
+    """A mapped span's cold byte on the disk of `c` (fitted where O_DIRECT ran at the built-in rate)."""
+    return fixed.map_cold_byte_s * (c.disk_byte_s / DEFAULTS.disk_byte_s)
+
+
 def _cold(rd: _Reads, c, fixed: Fixed) -> float:
-    return rd.plain_bytes * fixed.disk_byte_s + rd.mapped_span_bytes * fixed.map_cold_byte_s + rd.requests * c.request_s
+    return rd.plain_bytes * c.disk_byte_s + rd.mapped_span_bytes * _map_cold(c, fixed) + rd.requests * c.request_s
 
 
 def _wall(start: float, read: float, link: float, runs: int) -> float:
@@ -126,7 +132,8 @@ def predict(plan: Plan, fixed: Fixed = FIXED) -> dict:
         "terms": {"fixed_seconds": start, "read_warm_seconds": warm_read, "read_cold_seconds": cold_read,
                   "link_seconds": link, "runs": runs, "mapped_pages": rd.mapped_pages,
                   "mapped_span_bytes": rd.mapped_span_bytes},
-        "figures": {"read": c.source, "link_disk_fixed": fixed.source},
+        "figures": {"read": c.source, "disk": c.source if c.disk_byte_s != DEFAULTS.disk_byte_s else "default",
+                    "link_disk_fixed": fixed.source},
         "default_costs": default,
         "note": ("compiled with default costs (run planc probe on the loading host, then compile again)" if default
                  else f"read costs measured by planc probe ({c.source})"),
@@ -176,8 +183,8 @@ def predict_node(plans: list[Plan], devices: list[str] | None = None, fixed: Fix
         for f, rs in b.items():
             mapped.setdefault(f, []).extend(rs)
     c = plans[0].costs or DEFAULTS
-    cold = (sum(_union(rs) for rs in plain.values()) * fixed.disk_byte_s
-            + sum(_union(rs) for rs in mapped.values()) * fixed.map_cold_byte_s
+    cold = (sum(_union(rs) for rs in plain.values()) * c.disk_byte_s
+            + sum(_union(rs) for rs in mapped.values()) * _map_cold(c, fixed)
             + max(rd.requests for rd in reads) * c.request_s)
     start = max(fixed.start_s + p.layout.ring_bytes * fixed.pin_byte_s for p in plans)
     runs = max(max(1, len(p.runs)) for p in plans)

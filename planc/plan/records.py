@@ -96,6 +96,9 @@ class Costs(NamedTuple):
     copy_byte_s: float
     read_byte_s: float
     request_s: float
+    # A byte read from disk, cold, O_DIRECT, all readers together: the predicted cold wall's figure
+    # (not the choice's). A probe file without it, or a plan saved before it, has the built-in one.
+    disk_byte_s: float = 1 / 1.8e9
 
 
 SCATTER_ROW_BYTES = 24  # a scatter-table row: (slot offset, arena offset, length), int64 each

@@ -8,7 +8,12 @@ threads, the way the executor reads:
 - buffered reads of whole 16 MiB requests give `read_byte_s`; 4 KiB requests give `request_s`.
 Each is timed warm (the file in the page cache). Cold figures (the file's pages dropped with
 `posix_fadvise(DONTNEED)` first) are measured too and kept beside them for people; the choice
-uses the warm figures, since a cold read either way brings whole pages from disk.
+uses the warm figures, since a cold read either way brings whole pages from disk. One cold figure
+is a plan's: 16 MiB requests read with O_DIRECT (as `io.direct: auto` reads a cold file; buffered
+where the file system refuses it) give `disk_byte_s`, the predicted cold wall's disk rate.
+The destination buffers are page-aligned and written before any timing, as a load's ring slots
+are: fresh ones had the timed reads fault in and zero their pages, which on the H200 host put
+2.8x the load's `page_s` into the figures (docs/tp.md).
 The result is written to `costmodel.probe_path()`, which `planc compile` reads.
 """
 
@@ -67,12 +72,14 @@ def _timed(jobs, workers: int) -> float:
 
 
 def _buffers(n: int, size: int) -> list:
-    """`n` destination buffers of `size` bytes, every page written before any timing: a load reads
-    into ring slots that are populated before its reads, so the timed reads must not fault in and
-    zero their destination's pages."""
+    """`n` destination buffers of `size` bytes, page-aligned (O_DIRECT reads need it) and every page
+    written before any timing: a load reads into ring slots that are populated before its reads, so
+    the timed reads must not fault in and zero their destination's pages."""
+    import mmap
+
     import numpy as np
 
-    bufs = [np.empty(size, np.uint8) for _ in range(n)]
+    bufs = [np.frombuffer(mmap.mmap(-1, size), np.uint8) for _ in range(n)]
     for b in bufs:
         b.fill(0)
     return bufs
@@ -100,6 +107,21 @@ def _rows(reader, rel: str, size: int, req: int, workers: int) -> tuple[float, i
     return _timed(jobs, workers), len(offs), len(offs) * req
 
 
+def _direct_reader(path: Path, size: int):
+    """A reader of `path` with O_DIRECT, as `io.direct: auto` reads a cold file, or without it where
+    the file system refuses it (as auto falls back)."""
+    from ..base.errors import ReadError
+    from ..execute.reader import Reader
+
+    r = Reader(str(path.parent), "on")
+    try:
+        r.open(path.name, size)
+    except ReadError:
+        r = Reader(str(path.parent), "off")
+        r.open(path.name, size)
+    return r
+
+
 MIN_SIZE = 64 << 20  # bytes of the scratch file, at least: `probe --size` below it is refused
 
 
@@ -115,15 +137,19 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
     try:
         reader = Reader(str(path.parent), "off")
         reader.open(path.name, size)
+        direct = _direct_reader(path, size)  # cold rows as a cold load reads them
         doc: dict = {}
         for state in ("warm", "cold"):
             fig = {}
-            samples = {k: [] for k in ("small", "large", "rows", "req")}
+            samples = {k: [] for k in ("small", "large", "rows", "req") + (("disk",) if state == "cold" else ())}
             for _ in range(repeat):
                 for key, fn in (("small", lambda: _mapped(reader, path.name, size, 1024, 8192, workers)),
                                 ("large", lambda: _mapped(reader, path.name, size, 65536, 131072, workers)),
                                 ("rows", lambda: _rows(reader, path.name, size, 16 << 20, workers)),
-                                ("req", lambda: _rows(reader, path.name, min(size, 64 << 20), PAGE, workers))):
+                                ("req", lambda: _rows(reader, path.name, min(size, 64 << 20), PAGE, workers)),
+                                ("disk", lambda: _rows(direct, path.name, size, 16 << 20, workers))):
+                    if key not in samples:
+                        continue
                     if state == "warm":
                         _warm(path)
                     elif not _drop(path):
@@ -144,14 +170,22 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
                         "request_s": max((tq - bq * read_s) / nq, 1e-9),
                         "mapped_small_gbps": b1 / t1 / 1e9, "mapped_large_gbps": b2 / t2 / 1e9,
                         "rows_gbps": br / tr / 1e9})
+            if state == "cold":
+                td, _, bd = med["disk"]
+                fig.update({"disk_byte_s": td / bd, "disk_gbps": bd / td / 1e9,
+                            "disk_direct": direct.files[path.name].direct})
             doc[state] = fig
         reader.close()
+        direct.close()
     finally:
         path.unlink(missing_ok=True)
     w = doc["warm"]
     return {"kind": "planc-probe", "folder": str(folder), "size_bytes": size, "workers": workers,
             "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "page_s": w["page_s"], "copy_byte_s": w["copy_byte_s"],
-            "read_byte_s": w["read_byte_s"], "request_s": w["request_s"], "warm": w, "cold": doc["cold"]}
+            "read_byte_s": w["read_byte_s"], "request_s": w["request_s"],
+            # the cold load's disk figure, only where the page cache could be dropped (else the reads were warm)
+            **({"disk_byte_s": doc["cold"]["disk_byte_s"]} if doc["cold"].get("dropped", True) else {}),
+            "warm": w, "cold": doc["cold"]}
 
 
 def is_probe_file(path: Path) -> bool:
