@@ -182,3 +182,21 @@ def test_a_plan_saved_before_the_disk_figure_loads_with_the_built_in_one(tmp_pat
     path.write_text(json.dumps(doc))
     with pytest.raises(Exception, match="costs"):
         codec.load_plan(path)
+
+
+def test_ranks_at_once_copy_their_mapped_segments_on_more_lanes(tmp_path):
+    """A node's ranks copy their mapped segments on all their lanes: node_copy_speedup times one
+    rank's rate (at most as many lanes as the host has cores allow), so the node's warm read is the
+    ranks' reads with their copy terms divided by it; a rank alone keeps its own."""
+    from planc.plan import predict as pr
+
+    _, plans = _tp_plans(tmp_path, 8)
+    copies = sum(pr._reads(p, p.costs)._asdict()["mapped_copy_s"] for p in plans)
+    assert copies > 0
+    one = pr.predict_node(plans, fixed=pr.FIXED._replace(node_copy_speedup=1.0))["terms"]["read_warm_seconds"]
+    two = pr.predict_node(plans)["terms"]["read_warm_seconds"]
+    assert two == pytest.approx(one - copies * (1 - 1 / pr.FIXED.node_copy_speedup))
+    few = pr.predict_node(plans, fixed=pr.FIXED._replace(cores=4))["terms"]["read_warm_seconds"]
+    assert few > two  # four cores: the lanes of one rank, no faster copies
+    alone = pr.predict_node(plans[:1])["terms"]["read_warm_seconds"]
+    assert alone == pytest.approx(pr.predict(plans[0])["terms"]["read_warm_seconds"])

@@ -12,14 +12,14 @@ streams, plus the part of the faster that cannot overlap (about one run's share 
                   + host-path input bytes * read_byte_s + their output bytes * host_byte_s
     read (cold) = whole requests' bytes from disk at disk_byte_s; a mapped request's whole span at
                   map_cold_byte_s (its faults and their read-ahead bring the pages between its
-                  segments too; scaled as disk_byte_s is against the built-in); + request_s per
-                  request
+                  segments too); + request_s per request
     link = payload bytes * link_byte_s
 
 `predict_node` is the wall of several plans loading at once on one host (the ranks of a node): the
 host's readers, cores and disk are shared (reads add up; mapped pages are faulted on every lane of
-every rank, as many at a time as the host has cores; the disk reads the union of their byte
-ranges once), and each device's link carries the payload of the plans on it.
+every rank, as many at a time as the host has cores, and their copies run node_copy_speedup times
+one rank's rate; the disk reads the union of their byte ranges once), and each device's link
+carries the payload of the plans on it.
 
 The mapped-read figures are fitted to tensor-parallel ranks of a Llama-3-8B-shaped checkpoint on
 the H200 host (docs/tp.md, "Predicted against measured"): the plan's `page_s` (`planc probe`'s) is
@@ -49,8 +49,12 @@ class Fixed(NamedTuple):
     start_s: float  # before the first read: fingerprints, live room, threads (0.02 s measured)
     pin_byte_s: float  # pinning the ring while the first copy waits (0.04 s for 256 MiB)
     map_page_s: float = 2.64e-7  # one lane faulting in, mapping and unmapping one page of a window
-    map_cold_byte_s: float = 1 / 1.2e9  # a mapped span read from disk by faults (read-ahead), cold, where
-    # O_DIRECT reads ran at DEFAULTS.disk_byte_s (1.8 GB/s): another disk scales it as its own figure
+    map_cold_byte_s: float = 1 / 1.2e9  # a mapped span read from disk by faults (read-ahead), cold: on
+    # three H200 hosts whose O_DIRECT reads ran at 1.56-1.8 GB/s it held within 20 % (docs/tp.md), where
+    # scaling it with the disk's rate did not
+    node_copy_speedup: float = 2.0  # ranks at once: their mapped copies, on more lanes, go this much faster
+    # than one rank's (fitted on two H200 hosts, docs/tp.md; the lanes alone would say 4x, the memory they
+    # share says less)
     cores: int = 16  # lanes faulting pages at once, at most, across every plan on the host
 
 
@@ -97,20 +101,15 @@ def _reads(plan: Plan, c) -> _Reads:
     return _Reads(plain_s, pages, copy_s, n, plain_bytes, span_bytes, lanes)
 
 
-def _warm(rd: _Reads, fixed: Fixed, lanes: int, c) -> float:
+def _warm(rd: _Reads, fixed: Fixed, lanes: int, c, copy_speedup: float = 1.0) -> float:
     # map_page_s was fitted on the host whose page_s is the built-in one: a probed host's mapped pages
     # cost in proportion to its own page_s
     page = fixed.map_page_s * (c.page_s / DEFAULTS.page_s if DEFAULTS.page_s > 0 else 1.0)
-    return rd.plain_s + rd.mapped_copy_s + rd.mapped_pages * page / max(1, min(lanes, fixed.cores))
-
-
-def _map_cold(c, fixed: Fixed) -> float:
-    """A mapped span's cold byte on the disk of `c` (fitted where O_DIRECT ran at the built-in rate)."""
-    return fixed.map_cold_byte_s * (c.disk_byte_s / DEFAULTS.disk_byte_s)
+    return rd.plain_s + rd.mapped_copy_s / copy_speedup + rd.mapped_pages * page / max(1, min(lanes, fixed.cores))
 
 
 def _cold(rd: _Reads, c, fixed: Fixed) -> float:
-    return rd.plain_bytes * c.disk_byte_s + rd.mapped_span_bytes * _map_cold(c, fixed) + rd.requests * c.request_s
+    return rd.plain_bytes * c.disk_byte_s + rd.mapped_span_bytes * fixed.map_cold_byte_s + rd.requests * c.request_s
 
 
 def _wall(start: float, read: float, link: float, runs: int) -> float:
@@ -168,7 +167,9 @@ def predict_node(plans: list[Plan], devices: list[str] | None = None, fixed: Fix
         return {"warm_seconds": 0.0, "cold_seconds": 0.0, "plans": 0}
     reads = [_reads(p, p.costs or DEFAULTS) for p in plans]
     lanes = sum(rd.lanes for rd in reads)
-    warm = sum(_warm(rd, fixed, lanes, p.costs or DEFAULTS) for rd, p in zip(reads, plans))
+    # copy_byte_s is one plan's copies on its own lanes (the probe's 4); more plans copy on more lanes
+    speedups = [max(1.0, min(fixed.node_copy_speedup, min(lanes, fixed.cores) / rd.lanes)) for rd in reads]
+    warm = sum(_warm(rd, fixed, lanes, p.costs or DEFAULTS, k) for rd, p, k in zip(reads, plans, speedups))
     devices = devices or [f"own-{i}" for i in range(len(plans))]
     per_device: dict = {}
     for p, d in zip(plans, devices):
@@ -184,7 +185,7 @@ def predict_node(plans: list[Plan], devices: list[str] | None = None, fixed: Fix
             mapped.setdefault(f, []).extend(rs)
     c = plans[0].costs or DEFAULTS
     cold = (sum(_union(rs) for rs in plain.values()) * c.disk_byte_s
-            + sum(_union(rs) for rs in mapped.values()) * _map_cold(c, fixed)
+            + sum(_union(rs) for rs in mapped.values()) * fixed.map_cold_byte_s
             + max(rd.requests for rd in reads) * c.request_s)
     start = max(fixed.start_s + p.layout.ring_bytes * fixed.pin_byte_s for p in plans)
     runs = max(max(1, len(p.runs)) for p in plans)
