@@ -54,7 +54,7 @@ def _args(argv=None):
     p.add_argument("--native-piece", default="", help="read-and-hash loop piece sizes to compare, comma-separated "
                    "(default: planc.execute.readhash.PIECE)")
     p.add_argument("--simd", default="best", help="read-and-hash loop levels to compare, comma-separated: best, "
-                   "package (the xxhash package's functions), scalar, avx2, avx512 (planc.execute.readhash.SIMD)")
+                   "package (the xxhash package's functions), scalar, avx2, avx512 (PLANC_DIGEST_HASH)")
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the whole run "
                    "(seconds; default: the interpreter's 0.005)")
     p.add_argument("--only", default=None, type=lambda v: set(v.split(",")), help="only these parts: dense,digest,transformers")
@@ -151,10 +151,13 @@ def digest(args, out: Path) -> dict:
                 readhash.ENABLED = docs[k][4] == "native"
                 digestread.AFTER_READ = docs[k][3] if docs[k][4] == "after" else 0
                 if docs[k][4] == "native":
-                    readhash.PIECE, readhash.SIMD = docs[k][3]
+                    readhash.PIECE = docs[k][3][0]
                 elif docs[k][4] == "python":
                     dgc.PIECE_BYTES = docs[k][3]
-            m = planc.load(plan, **({"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}))
+            extra = {"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}
+            if k != "plain" and docs[k][4] == "native":
+                extra["settings"] = {"digest_hash": docs[k][3][1]}
+            m = planc.load(plan, **extra)
             row = _row(m.report)
             m.free()
             del m

@@ -61,7 +61,7 @@ def hasher(request, monkeypatch):
     if native and readhash.load() is None:
         pytest.skip(readhash.why_not)
     monkeypatch.setattr(readhash, "ENABLED", native)
-    monkeypatch.setattr(readhash, "SIMD", "package" if request.param == "native-package" else "best")
+    monkeypatch.setenv("PLANC_DIGEST_HASH", "package" if request.param == "native-package" else "best")
     monkeypatch.setattr(digestread, "AFTER_READ", 3 if request.param == "after-read" else 0)
     return "native" if native else request.param
 
@@ -220,6 +220,9 @@ def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models, hashe
     assert_model(model, want_a)
     rep = model.report["digest"]
     assert rep["ok"] and rep["extents"] >= 4 and rep["hasher"] == hasher
+    assert (rep["simd"] is None) == (hasher != "native")  # the loop's level, with the loop
+    if os.environ.get("PLANC_DIGEST_HASH") == "package":
+        assert rep["simd"] == "package"
     sizes = sum(f.stat().st_size for f in (tmp_path / "a" / "dense").glob("*.safetensors"))
     assert rep["hashed_bytes"] + rep["fill_bytes"] + rep["reread_bytes"] == sizes  # every byte, hashed once
     assert rep["reread_bytes"] == 0
@@ -605,3 +608,16 @@ def test_hashing_after_the_reads_hashes_whole_leaves_on_hasher_threads_and_catch
     with pytest.raises(DigestError) as e:
         planc.load(spec, verify="digest", digest=d)
     assert e.value.code == "digest-mismatch" and f"[{3 * LEAVED:,}, {4 * LEAVED:,})" in str(e.value)
+
+
+def test_the_digest_hasher_setting_chooses_the_hasher(tmp_path, models, monkeypatch):
+    """PLANC_DIGEST_HASH=python: no read-and-hash loop, same digests; a bad value: a typed error
+    before anything is read."""
+    sa, want_a, _, _ = _two(tmp_path)
+    d = _digest(tmp_path / "a" / "dense", tmp_path / "a.digest.json")
+    model = planc.load(sa, verify="digest", digest=d, settings={"digest_hash": "python"})
+    models.append(model)
+    assert_model(model, want_a)
+    assert model.report["digest"]["hasher"] == "python" and model.report["digest"]["simd"] is None
+    with pytest.raises(Exception, match="digest_hash"):
+        planc.load(sa, verify="digest", digest=d, settings={"digest_hash": "fastest"})

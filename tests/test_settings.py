@@ -70,3 +70,19 @@ def test_a_bad_pin_method_is_refused_before_anything_is_read():
             pass
     with settings.overridden({"pin": "alloc"}):
         assert settings.pin() == "alloc"
+
+
+def test_the_digest_hasher_is_a_checked_setting(monkeypatch):
+    assert settings.digest_hash() == "best"
+    for v in settings.DIGEST_HASHES:
+        monkeypatch.setenv("PLANC_DIGEST_HASH", v)
+        assert settings.digest_hash() == v
+    monkeypatch.setenv("PLANC_DIGEST_HASH", "sse9")
+    with pytest.raises(settings.SettingError, match="PLANC_DIGEST_HASH: 'sse9' is not one of best, avx512"):
+        settings.digest_hash()
+    monkeypatch.delenv("PLANC_DIGEST_HASH")
+    with pytest.raises(settings.SettingError, match="setting 'digest_hash'"):
+        with settings.overridden({"digest_hash": 512}):
+            pass
+    with settings.overridden({"digest_hash": "package"}):
+        assert settings.digest_hash() == "package"

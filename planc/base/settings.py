@@ -25,6 +25,9 @@ from pathlib import Path
 
 DEFAULT_HOST_RESERVE = 256 * 2**20
 PIN_METHODS = ("register", "alloc")
+# How a digest-verified load hashes (PLANC_DIGEST_HASH): the read-and-hash loop at its widest level
+# or at one named (planc.execute.readhash.LEVELS), or Python's hasher on the reader's thread.
+DIGEST_HASHES = ("best", "avx512", "avx2", "scalar", "package", "python")
 
 
 class SettingError(ValueError):
@@ -40,7 +43,7 @@ class SettingError(ValueError):
 # The settings a caller may pass by name, and the variables they stand for.
 NAMES = {"raw_launch": "PLANC_RAW_LAUNCH", "kernel_dir": "PLANC_KERNEL_DIR", "kernel_cache": "PLANC_KERNEL_CACHE",
          "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG",
-         "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE"}
+         "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE", "digest_hash": "PLANC_DIGEST_HASH"}
 _FLAGS = ("raw_launch", "kernel_cache", "debug")
 
 
@@ -65,7 +68,8 @@ class Settings:
     default 256 MiB. probe (PLANC_PROBE): the I/O probe file; None (`off`) for the built-in figures.
     debug (PLANC_DEBUG): errors print their traceback. pin (PLANC_PIN): how the pinned ring is made,
     `register` or `alloc`. plan_cache (PLANC_PLAN_CACHE): the folder compiled plans are kept in
-    (`planc.compiler.plancache`); None (`off`) for no plan cache."""
+    (`planc.compiler.plancache`); None (`off`) for no plan cache. digest_hash (PLANC_DIGEST_HASH):
+    how a digest-verified load hashes, one of DIGEST_HASHES, default `best`."""
 
     raw_launch: bool = True
     kernel_dir: Path = Path.home() / ".cache" / "planc" / "kernels"
@@ -75,6 +79,7 @@ class Settings:
     debug: bool = False
     pin: str = "register"
     plan_cache: Path | None = None
+    digest_hash: str = "best"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -136,7 +141,7 @@ class Settings:
 def _check(name: str, v, *, from_env: bool = False):
     """Setting `name`'s value `v`, typed: a bool for a flag (or "0"/"1" as the variable holds it), a
     byte size (an int, or a string such as "1GiB") for host_reserve, a path for kernel_dir and probe,
-    one of PIN_METHODS for pin."""
+    one of PIN_METHODS for pin, one of DIGEST_HASHES for digest_hash."""
     label = NAMES[name] if from_env else repr(name)
     where = NAMES[name] if from_env else f"setting {name!r} ({NAMES[name]})"
     if name in _FLAGS:
@@ -174,14 +179,15 @@ def _check(name: str, v, *, from_env: bool = False):
         if name == "plan_cache":
             return None if v == "off" else (Path(v) if v else default_plan_cache())
         return Path(v) if v else Settings.kernel_dir
-    # pin
+    # pin, digest_hash: one of a few names
+    names = PIN_METHODS if name == "pin" else DIGEST_HASHES
     if not isinstance(v, str):
-        raise SettingError(f"setting {label}: expected one of {', '.join(PIN_METHODS)}, got {type(v).__name__} "
+        raise SettingError(f"setting {label}: expected one of {', '.join(names)}, got {type(v).__name__} "
                            f"{v!r}", from_env=from_env)
-    v = v or PIN_METHODS[0]  # empty: the default, as in the environment
-    if v not in PIN_METHODS:
-        raise SettingError(f"{'PLANC_PIN' if from_env else 'setting ' + repr('pin')}: {v!r} is not one of "
-                           f"{', '.join(PIN_METHODS)}", from_env=from_env)
+    v = v or names[0]  # empty: the default, as in the environment
+    if v not in names:
+        raise SettingError(f"{NAMES[name] if from_env else 'setting ' + repr(name)}: {v!r} is not one of "
+                           f"{', '.join(names)}", from_env=from_env)
     return v
 
 
@@ -281,3 +287,11 @@ def plan_cache_dir() -> Path | None:
     """PLANC_PLAN_CACHE: the folder compiled plans are kept in (`planc.compiler.plancache`); default
     ~/.cache/planc/plans (under $XDG_CACHE_HOME when set); `off`: None, no plan cache."""
     return _field("plan_cache")
+
+
+def digest_hash() -> str:
+    """PLANC_DIGEST_HASH: how a digest-verified load hashes the bytes it reads: `best` (default: the
+    read-and-hash loop, XXH3 with AVX-512 or AVX2 where the machine runs them), `avx512`, `avx2`,
+    `scalar` (the loop at that level at most), `package` (the loop through the xxhash package's
+    functions) or `python` (Python's hasher on the reader's thread). The digests are the same."""
+    return _field("digest_hash")

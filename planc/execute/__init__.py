@@ -217,8 +217,9 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             if verifier is not None:
                 from . import digestread, readhash
 
-                reader = digestread.DigestReader(reader, verifier, readhash.load() if readhash.ENABLED else None,
-                                                 after=digestread.AFTER_READ)
+                native = readhash.load() if readhash.ENABLED and settings.digest_hash != "python" else None
+                reader = digestread.DigestReader(reader, verifier, native, after=digestread.AFTER_READ,
+                                                 simd=settings.digest_hash)
             pool = parts.pool(plan)
             regions.pin_ring()
             kernels = parts.kernels(plan, dev, stream, regions, warmer, counters, timings, observer)

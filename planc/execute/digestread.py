@@ -34,7 +34,7 @@ def _takes_sink(reader) -> bool:
 
 
 class DigestReader:
-    def __init__(self, reader, verifier, native=None, after: int = 0):
+    def __init__(self, reader, verifier, native=None, after: int = 0, simd: str | None = None):
         self._reader, self.verifier = reader, verifier
         self._pieces = _takes_sink(reader)
         self._after = ThreadPoolExecutor(after, thread_name_prefix="planc-hash") if after > 0 else None
@@ -46,7 +46,7 @@ class DigestReader:
         self._simd = None
         if self._native is not None:
             verifier.hash_extent = self._native.digest
-            verifier.simd = self._simd = self._native.level_name()  # readhash.SIMD, read once per load
+            verifier.simd = self._simd = self._native.level_name(simd)  # PLANC_DIGEST_HASH
 
     def __getattr__(self, name):
         return getattr(self._reader, name)

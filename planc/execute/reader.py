@@ -253,7 +253,7 @@ class Reader:
         bytes of each span `(lo, hi)` (relative to `offset`) hashed as they land. (bytes read, a
         16-byte xxh3-128 digest per span), or None when the loop stopped short (a failed or short
         read, O_DIRECT refused): nothing counted, and `read_into` reads the request again and
-        says why. `simd`: the loop's level (`readhash.SIMD` when None)."""
+        says why. `simd`: the loop's level (`readhash.LEVELS`; None: the widest)."""
         f = self.files[rel]
         got, digests = native.read(f.fd, buf, offset, needed, length, piece, f.direct, spans, simd)
         if got < needed:

@@ -8,7 +8,7 @@ H200, docs/reload.md).
 
 The loop calls libc's `pread` through a function pointer. It hashes a leaf of more than 240
 bytes with XXH3's long-input path written in it, with AVX-512 or AVX2 where the processor and the
-system have them (`SIMD`), and shorter leaves (or all, with `SIMD = "package"`) with the xxhash
+system have them (`PLANC_DIGEST_HASH`), and shorter leaves (or all, with `package`) with the xxhash
 package's own `XXH3_128bits_reset` / `_update` / `_digest`: the package's library is built for SSE2
 and hashes about half as fast a byte. Either way the digests are `xxhash.xxh3_128`'s, and `load()`
 checks them against the package before the loop is used. `load()` is None where the shipped object
@@ -31,9 +31,8 @@ SOURCE = DIR / "readhash.c"
 INDEX = DIR / "native.json"
 PIECE = 256 << 10  # bytes per read: hashed while in the core's cache (docs/reload.md)
 ENABLED = True  # False: the verifier hashes in Python (bench/reload.py compares the two)
-# How the loop hashes long leaves: "best" (the widest of LEVELS this machine runs), a level's name,
-# or "package" (the xxhash package's functions for every leaf). bench/reload.py compares them.
-SIMD = "best"
+# How the loop hashes long leaves: "best" (the widest this machine runs), or a level's name ("package":
+# the xxhash package's functions for every leaf). A load's comes from PLANC_DIGEST_HASH.
 LEVELS = {"package": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 
 _lock = threading.Lock()
@@ -150,13 +149,12 @@ class ReadHash:
         return pool.take(n)
 
     def level(self, simd: str | None = None) -> int:
-        """The loop's level for `simd` (default: the module's `SIMD`): a name of LEVELS, capped at
-        what this machine runs, or the widest for "best"."""
-        simd = SIMD if simd is None else simd
-        if simd == "best":
+        """The loop's level for `simd`: a name of LEVELS, capped at what this machine runs, or the
+        widest for "best" (or None)."""
+        if simd is None or simd == "best":
             return self.widest
         if simd not in LEVELS:
-            raise ValueError(f"readhash.SIMD must be 'best' or one of {sorted(LEVELS)}, got {simd!r}")
+            raise ValueError(f"the read-and-hash loop's level is 'best' or one of {sorted(LEVELS)}, got {simd!r}")
         return min(LEVELS[simd], self.widest)
 
     def level_name(self, simd: str | None = None) -> str:
