@@ -588,6 +588,7 @@ def main(argv=None) -> int:
     out = a.out.resolve()
     (out / "plans").mkdir(parents=True, exist_ok=True)
     ckpt = ensure_checkpoint(a.data, "dense", parse_bytes(a.size), 4)
+    os.sync()  # a checkpoint just written is on disk before any load is timed (write-back slows loads)
     files = sorted(str(p) for p in ckpt.glob("*.safetensors"))
     ck_bytes = sum(os.path.getsize(f) for f in files)
     disks = whole_disks(list(diskstats()))

@@ -98,7 +98,7 @@ class Costs(NamedTuple):
     request_s: float
     # A byte read from disk, cold, O_DIRECT, all readers together: the predicted cold wall's figure
     # (not the choice's). A probe file without it, or a plan saved before it, has the built-in one.
-    disk_byte_s: float = 1 / 1.8e9
+    disk_byte_s: float = 5.56e-10  # 1.8 GB/s
 
 
 SCATTER_ROW_BYTES = 24  # a scatter-table row: (slot offset, arena offset, length), int64 each
