@@ -6,6 +6,7 @@ each variant's probe file kept for `planc explain` to predict with (docs/tp.md).
 """
 
 import argparse
+import mmap
 import json
 import statistics
 import sys
@@ -32,7 +33,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     written = probe._buffers
-    variants = {"written": written, "fresh": lambda n, size: [np.empty(size, np.uint8) for _ in range(n)]}
+    # fresh: page-aligned (O_DIRECT reads need it) but never written, so the timed reads fault them in
+    variants = {"written": written, "fresh": lambda n, size: [np.frombuffer(mmap.mmap(-1, size), np.uint8) for _ in range(n)]}
     docs = {k: [] for k in variants}
     for rnd in range(a.rounds):
         for k in (list(variants) if rnd % 2 == 0 else list(variants)[::-1]):

@@ -173,10 +173,11 @@ def test_a_plan_saved_before_the_disk_figure_loads_with_the_built_in_one(tmp_pat
     del doc["costs"]["disk_byte_s"]
     path.write_text(json.dumps(doc))
     assert codec.load_plan(path).costs.disk_byte_s == DEFAULTS.disk_byte_s
-    doc["costs"]["disk_byte_s"] = 2.0
-    path.write_text(json.dumps(doc))
-    with pytest.raises(Exception, match="costs.disk_byte_s"):
-        codec.load_plan(path)
+    for bad in (2.0, 0, -0.0, True, "5e-10"):  # 0 would leave the disk out of the cold wall
+        doc["costs"]["disk_byte_s"] = bad
+        path.write_text(json.dumps(doc))
+        with pytest.raises(Exception, match="costs.disk_byte_s"):
+            codec.load_plan(path)
     doc["costs"]["disk"] = 1e-9
     del doc["costs"]["disk_byte_s"]
     path.write_text(json.dumps(doc))

@@ -52,6 +52,10 @@ def test_a_damaged_or_absent_probe_file_means_the_defaults(tmp_path, monkeypatch
     bad.write_text(json.dumps({"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 1e-10, "request_s": 1e-5,
                                "disk_byte_s": "fast"}))
     assert costmodel.load_costs(bad) == costmodel.DEFAULTS  # a damaged disk figure: none of the file's figures
+    good = {"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 1e-10, "request_s": 1e-5}
+    for disk in ("1" + "0" * 400, '"5e-10"', "true", "0", "1e999"):
+        bad.write_text(json.dumps(good)[:-1] + f', "disk_byte_s": {disk}}}')
+        assert costmodel.load_costs(bad) == costmodel.DEFAULTS, disk  # never an error, never a string
     monkeypatch.setenv("PLANC_PROBE", str(tmp_path / "missing.json"))
     assert costmodel.load_costs() == costmodel.DEFAULTS
     monkeypatch.setenv("PLANC_PROBE", "off")
@@ -89,3 +93,24 @@ def test_the_probe_s_buffers_are_aligned_and_populated():
         libc = ctypes.CDLL(None)
         assert libc.mincore(ctypes.c_void_p(b.ctypes.data), ctypes.c_size_t(b.nbytes), vec) == 0
         assert all(v & 1 for v in vec)  # every page resident before any read
+
+
+def test_a_file_system_that_refuses_o_direct_reads_gets_buffered_disk_reads(tmp_path, monkeypatch):
+    """O_DIRECT taken at open but its reads refused (EINVAL): the probe's disk figure is read
+    buffered instead, and says so, rather than failing."""
+    import errno
+    import fcntl
+    import os as _os
+
+    from planc.tools import probe
+
+    real = _os.preadv
+
+    def preadv(fd, bufs, offset):  # as such a file system answers a read of a descriptor opened O_DIRECT
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(_os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(_os, "preadv", preadv)
+    doc = probe.measure(tmp_path, 64 << 20, workers=2, repeat=1)
+    assert doc["cold"]["disk_direct"] is False and 0 < doc["cold"]["disk_byte_s"] < 1

@@ -86,3 +86,6 @@ def test_the_digest_hasher_is_a_checked_setting(monkeypatch):
             pass
     with settings.overridden({"digest_hash": "package"}):
         assert settings.digest_hash() == "package"
+
+    with pytest.raises(settings.SettingError, match="'digest_hash'.*'fast' is not one of"):
+        settings.Settings(digest_hash="fast")  # a Settings made directly is checked too

@@ -81,6 +81,13 @@ class Settings:
     plan_cache: Path | None = None
     digest_hash: str = "best"
 
+    def __post_init__(self) -> None:
+        # a Settings made directly (not through resolve) is checked too where a load would read a name
+        for name, names in (("pin", PIN_METHODS), ("digest_hash", DIGEST_HASHES)):
+            if getattr(self, name) not in names:
+                raise SettingError(f"setting {name!r} ({NAMES[name]}): {getattr(self, name)!r} is not one of "
+                                   f"{', '.join(names)}")
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         """The settings the PLANC_* variables hold (SettingError `from_env` for a value a setting

@@ -354,8 +354,8 @@ class _Checker:
         vals = []
         for k in Costs._fields[1:]:
             x = v.get(k, Costs._field_defaults.get(k))
-            if type(x) not in (int, float) or not 0 <= x < 1 or x != x:
-                raise _bad(f"costs.{k}", f"must be seconds between 0 and 1, got {_shown(x)}")
+            if type(x) not in (int, float) or not 0 < x < 1 or x != x:  # 0: a term left out of the prediction
+                raise _bad(f"costs.{k}", f"must be seconds above 0 and below 1, got {_shown(x)}")
             vals.append(float(x))
         return Costs(_str(v["source"], "costs.source"), *vals)
 

@@ -89,10 +89,14 @@ def load_costs(path: Path | None = None) -> Costs:
         return DEFAULTS
     doc = read_doc(p)  # never blocks on a FIFO, never reads /dev/zero
     try:
-        vals = [float(doc[k]) for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")]
-        disk = float(doc.get("disk_byte_s", DEFAULTS.disk_byte_s))  # probe files before it: the built-in
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raw = [doc[k] for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")]
+        raw.append(doc.get("disk_byte_s", DEFAULTS.disk_byte_s))  # probe files before it: the built-in
+        if not all(type(x) in (int, float) for x in raw):  # numbers only, as a plan's costs
+            return DEFAULTS
+        vals = [float(x) for x in raw]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
         return DEFAULTS
+    disk = vals.pop()
     if not all(math.isfinite(v) and 0 < v < 1 for v in vals + [disk]):
         return DEFAULTS
     return Costs(str(p), *vals, disk_byte_s=disk)
