@@ -148,15 +148,14 @@ def digest(args, out: Path) -> dict:
         order = list(rows) if rnd % 2 == 0 else list(reversed(rows))
         for k in order:
             if k != "plain":  # read when each load begins
-                readhash.ENABLED = docs[k][4] == "native"
                 digestread.AFTER_READ = docs[k][3] if docs[k][4] == "after" else 0
                 if docs[k][4] == "native":
                     readhash.PIECE = docs[k][3][0]
                 elif docs[k][4] == "python":
                     dgc.PIECE_BYTES = docs[k][3]
             extra = {"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}
-            if k != "plain" and docs[k][4] == "native":
-                extra["settings"] = {"digest_hash": docs[k][3][1]}
+            if k != "plain":
+                extra["settings"] = {"digest_hash": docs[k][3][1] if docs[k][4] == "native" else "python"}
             m = planc.load(plan, **extra)
             row = _row(m.report)
             m.free()

@@ -60,8 +60,7 @@ def hasher(request, monkeypatch):
     native = request.param.startswith("native")
     if native and readhash.load() is None:
         pytest.skip(readhash.why_not)
-    monkeypatch.setattr(readhash, "ENABLED", native)
-    monkeypatch.setenv("PLANC_DIGEST_HASH", "package" if request.param == "native-package" else "best")
+    monkeypatch.setenv("PLANC_DIGEST_HASH", {"native": "best", "native-package": "package"}.get(request.param, "python"))
     monkeypatch.setattr(digestread, "AFTER_READ", 3 if request.param == "after-read" else 0)
     return "native" if native else request.param
 
@@ -491,10 +490,8 @@ def test_whole_leaves_stream_piece_by_piece_and_a_flipped_byte_in_a_later_piece_
     """Leaves larger than the reader's pieces: each whole leaf is hashed piece by piece as its bytes
     land (`Verifier.stream`), its digest recorded with its last piece; a byte flipped in a leaf's
     middle piece, and one in its last piece, are caught with the extent's range."""
-    from planc.execute import readhash
-
     monkeypatch.setattr(dgc, "PIECE_BYTES", 16 << 10)  # 16 pieces per 256 KiB leaf
-    monkeypatch.setattr(readhash, "ENABLED", False)  # the pieces go through Python
+    monkeypatch.setenv("PLANC_DIGEST_HASH", "python")  # the pieces go through Python
     spec, plan, d, root, want = _two_mb(tmp_path, dict(slot="1MiB", slots=4, workers=4, run="4MiB"), "big.yaml", LEAVED)
     rel = plan.checkpoint.files[0].path
     size = plan.checkpoint.files[0].size_bytes

@@ -217,7 +217,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             if verifier is not None:
                 from . import digestread, readhash
 
-                native = readhash.load() if readhash.ENABLED and settings.digest_hash != "python" else None
+                native = readhash.load() if settings.digest_hash != "python" else None
                 reader = digestread.DigestReader(reader, verifier, native, after=digestread.AFTER_READ,
                                                  simd=settings.digest_hash)
             pool = parts.pool(plan)

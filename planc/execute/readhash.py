@@ -30,10 +30,10 @@ OBJECT = DIR / "readhash.x86_64-linux.so"
 SOURCE = DIR / "readhash.c"
 INDEX = DIR / "native.json"
 PIECE = 256 << 10  # bytes per read: hashed while in the core's cache (docs/reload.md)
-ENABLED = True  # False: the verifier hashes in Python (bench/reload.py compares the two)
 # How the loop hashes long leaves: "best" (the widest this machine runs), or a level's name ("package":
 # the xxhash package's functions for every leaf). A load's comes from PLANC_DIGEST_HASH.
 LEVELS = {"package": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+LEVEL_NAMES = {v: k for k, v in LEVELS.items()}
 
 _lock = threading.Lock()
 _loaded: list = []  # [ReadHash | None] once tried
@@ -81,7 +81,7 @@ def _self_check(rh: "ReadHash") -> str | None:
         spans.append((at + 1, len(data)))
         want = [xxhash.xxh3_128(data[a:b]).digest() for a, b in spans]
         for level in sorted({n for n in LEVELS.values() if n <= rh.widest}):
-            name = {v: k for k, v in LEVELS.items()}[level]
+            name = LEVEL_NAMES[level]
             got, digests = rh.read(fd, buf, 0, len(data), len(data), 65536, False, spans, name)
             if got != len(data) or digests != want:
                 return f"the read-and-hash loop's digests ({name}) differ from the xxhash package's"
@@ -158,7 +158,7 @@ class ReadHash:
         return min(LEVELS[simd], self.widest)
 
     def level_name(self, simd: str | None = None) -> str:
-        return {v: k for k, v in LEVELS.items()}[self.level(simd)]
+        return LEVEL_NAMES[self.level(simd)]
 
     def read(self, fd: int, buf, offset: int, needed: int, cap: int, piece: int, direct: bool,
              spans: list, simd: str | None = None) -> tuple[int, list]:

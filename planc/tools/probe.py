@@ -107,36 +107,22 @@ def _rows(reader, rel: str, size: int, req: int, workers: int) -> tuple[float, i
     return _timed(jobs, workers), len(offs), len(offs) * req
 
 
-def _direct_reader(path: Path, size: int, direct: str = "on"):
-    """A reader of `path` with O_DIRECT, as `io.direct: auto` reads a cold file, or without it where
-    the file system refuses it at open (as auto falls back; `_disk` handles a refused read)."""
+def _direct_reader(path: Path, size: int):
+    """A reader of `path` with O_DIRECT, as `io.direct: auto` reads a cold file, or a buffered one
+    where the file system refuses O_DIRECT, at the open or at a first read of one page (as auto
+    falls back)."""
     from ..base.errors import ReadError
     from ..execute.reader import Reader
 
-    r = Reader(str(path.parent), direct)
+    r = Reader(str(path.parent), "on")
     try:
         r.open(path.name, size)
+        r.read_into(path.name, 0, PAGE, _buffers(1, PAGE)[0], PAGE)
     except ReadError:
+        r.close()
         r = Reader(str(path.parent), "off")
         r.open(path.name, size)
     return r
-
-
-def _disk(box: list, path: Path, size: int, workers: int) -> tuple[float, int, int]:
-    """Cold 16 MiB rows through the reader in `box[0]`; a file system that takes O_DIRECT at open but
-    refuses its reads gets a buffered reader in its place (kept in `box`), and the rows again."""
-    from ..base.codes import Code
-    from ..base.errors import ReadError
-
-    try:
-        return _rows(box[0], path.name, size, 16 << 20, workers)
-    except ReadError as e:
-        if e.code != Code.DIRECT_REFUSED or not box[0].files[path.name].direct:
-            raise
-    box[0].close()
-    box[0] = _direct_reader(path, size, "off")
-    _drop(path)
-    return _rows(box[0], path.name, size, 16 << 20, workers)
 
 
 MIN_SIZE = 64 << 20  # bytes of the scratch file, at least: `probe --size` below it is refused
@@ -154,7 +140,7 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
     try:
         reader = Reader(str(path.parent), "off")
         reader.open(path.name, size)
-        direct = [_direct_reader(path, size)]  # cold rows as a cold load reads them
+        direct = _direct_reader(path, size)  # cold rows as a cold load reads them
         doc: dict = {}
         for state in ("warm", "cold"):
             fig = {}
@@ -164,7 +150,7 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
                                 ("large", lambda: _mapped(reader, path.name, size, 65536, 131072, workers)),
                                 ("rows", lambda: _rows(reader, path.name, size, 16 << 20, workers)),
                                 ("req", lambda: _rows(reader, path.name, min(size, 64 << 20), PAGE, workers)),
-                                ("disk", lambda: _disk(direct, path, size, workers))):
+                                ("disk", lambda: _rows(direct, path.name, size, 16 << 20, workers))):
                     if key not in samples:
                         continue
                     if state == "warm":
@@ -190,10 +176,10 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
             if state == "cold":
                 td, _, bd = med["disk"]
                 fig.update({"disk_byte_s": td / bd, "disk_gbps": bd / td / 1e9,
-                            "disk_direct": direct[0].files[path.name].direct})
+                            "disk_direct": direct.files[path.name].direct})
             doc[state] = fig
         reader.close()
-        direct[0].close()
+        direct.close()
     finally:
         path.unlink(missing_ok=True)
     w = doc["warm"]
