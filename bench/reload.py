@@ -55,6 +55,10 @@ def _args(argv=None):
                    "(default: planc.execute.readhash.PIECE)")
     p.add_argument("--simd", default="best", help="read-and-hash loop levels to compare, comma-separated: best, "
                    "package (the xxhash package's functions), scalar, avx2, avx512 (PLANC_DIGEST_HASH)")
+    p.add_argument("--read", default="mapped", help="how the loop reads a page-cached file, comma-separated to "
+                   "compare: mapped (copied out of a mapping), pread (PLANC_DIGEST_READ)")
+    p.add_argument("--map-chunk", default="", help="chunk sizes for --read mapped, comma-separated to compare "
+                   "(bytes copied between making a mapping's pages present and unmapping them)")
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the whole run "
                    "(seconds; default: the interpreter's 0.005)")
     p.add_argument("--only", default=None, type=lambda v: set(v.split(",")), help="only these parts: dense,digest,transformers")
@@ -124,7 +128,10 @@ def digest(args, out: Path) -> dict:
     pieces = [parse_bytes(v) for v in args.piece.split(",") if v] or [None]
     native_pieces = [parse_bytes(v) for v in args.native_piece.split(",") if v] or [readhash.PIECE]
     simds = [v for v in args.simd.split(",") if v]
-    variants = [("native", (p, simd)) for p in native_pieces for simd in simds if "native" in args.hasher.split(",")]
+    reads = [v for v in args.read.split(",") if v]
+    chunks = [parse_bytes(v) for v in args.map_chunk.split(",") if v] or [readhash.CHUNK]
+    variants = [("native", (p, simd, rd)) for rd in reads for p in (chunks if rd == "mapped" else native_pieces)
+                for simd in simds if "native" in args.hasher.split(",")]
     variants += [("python", p) for p in pieces if "python" in args.hasher.split(",")]
     variants += [("after", int(n)) for n in args.after_threads.split(",") if "after" in args.hasher.split(",")]
     if any(h == "native" for h, _ in variants) and readhash.load() is None:
@@ -139,7 +146,7 @@ def digest(args, out: Path) -> dict:
         for hasher, piece in variants:
             key = f"leaf_{doc['leaf_bytes'] >> 20}MiB_{hasher}" + (
                 f"_{piece}_threads" if hasher == "after" else
-                f"_{piece[1]}_piece_{piece[0] >> 10}KiB" if hasher == "native" else f"_piece_{piece >> 10}KiB" if piece else "")
+                f"_{piece[1]}_{piece[2]}_piece_{piece[0] >> 10}KiB" if hasher == "native" else f"_piece_{piece >> 10}KiB" if piece else "")
             docs[key] = (path, doc, made, piece, hasher)
     total = sum(f["size_bytes"] for f in next(iter(docs.values()))[1]["files"])
     rows = {"plain": [], **{k: [] for k in docs}}
@@ -149,13 +156,16 @@ def digest(args, out: Path) -> dict:
         for k in order:
             if k != "plain":  # read when each load begins
                 digestread.AFTER_READ = docs[k][3] if docs[k][4] == "after" else 0
-                if docs[k][4] == "native":
+                if docs[k][4] == "native" and docs[k][3][2] == "mapped":
+                    readhash.CHUNK = docs[k][3][0]
+                elif docs[k][4] == "native":
                     readhash.PIECE = docs[k][3][0]
                 elif docs[k][4] == "python":
                     dgc.PIECE_BYTES = docs[k][3]
             extra = {"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}
             if k != "plain":
-                extra["settings"] = {"digest_hash": docs[k][3][1] if docs[k][4] == "native" else "python"}
+                extra["settings"] = {"digest_hash": docs[k][3][1] if docs[k][4] == "native" else "python",
+                                     "digest_read": docs[k][3][2] if docs[k][4] == "native" else "mapped"}
             m = planc.load(plan, **extra)
             row = _row(m.report)
             m.free()

@@ -381,7 +381,8 @@ def test_a_probe_size_below_the_minimum_is_a_usage_error(tmp_path, capsys, size)
 # 7. settings of every type
 
 _TYPED = {"raw_launch": bool, "kernel_cache": bool, "debug": bool, "host_reserve": int, "kernel_dir": Path,
-          "probe": (Path, type(None)), "plan_cache": (Path, type(None)), "pin": str, "digest_hash": str}
+          "probe": (Path, type(None)), "plan_cache": (Path, type(None)), "pin": str, "digest_hash": str,
+          "digest_read": str}
 _VALUES = [None, True, False, 0, 1, -1, 2**70, 1.5, float("nan"), "", "0", "1", "yes", "off", "1GiB", "register",
            b"1", [], ["pin"], {}, {"a": 1}, object(), Path("/tmp/x"), ("1",)]
 
@@ -410,8 +411,8 @@ def _check_setting(name, value):
         assert type(value) in (int, str) and 0 <= got <= limits.MAX_BYTES
     if name == "pin":
         assert got in settings.PIN_METHODS
-    if name == "digest_hash":
-        assert got in settings.DIGEST_HASHES
+    if name in settings.NAMED:
+        assert got in settings.NAMED[name]
 
 
 @hsettings(max_examples=300, deadline=None)

@@ -179,3 +179,93 @@ def test_a_replaced_object_is_stale(tmp_path, monkeypatch):
     obj.write_bytes(readhash.OBJECT.read_bytes() + b"\0")
     monkeypatch.setattr(readhash, "OBJECT", obj)
     assert "not the object" in readhash.stale_reason()
+
+
+# -- copying out of a mapping of the file (PLANC_DIGEST_READ=mapped) --------------------------------
+
+
+def _mapped_rss(addr: int) -> int:
+    """Bytes of the mapping at `addr` present in this process (its `Rss` in /proc/self/smaps)."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for k, line in enumerate(lines):
+        lo = line.split(" ", 1)[0]
+        if "-" in lo and int(lo.split("-")[0], 16) == addr:
+            for more in lines[k + 1:]:
+                if more.startswith("Rss:"):
+                    return int(more.split()[1]) * 1024
+    raise AssertionError("no such mapping")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(offset=st.integers(0, 200_000), needed=st.integers(1, 1_500_000), skew=st.integers(0, 63),
+       chunk=st.sampled_from([256, 4096, 65536, 1 << 20]), cuts=st.lists(st.integers(0, 1_500_000), max_size=5))
+def test_a_mapped_copy_gives_the_file_s_bytes_and_the_package_s_digests(native, data_file, level, offset, needed, skew,
+                                                                         chunk, cuts):
+    _runs(native, level)
+    f, data = data_file
+    bounds = sorted({0, needed, *[c for c in cuts if c < needed]})
+    spans = [(a, b) for a, b in zip(bounds, bounds[1:]) if b - a != 7]  # a gap where a span would be 7 bytes
+    import mmap
+
+    with open(f, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    src = np.frombuffer(mm, np.uint8)
+    base = src.__array_interface__["data"][0]
+    buf = np.zeros(needed + 64, np.uint8)
+    try:
+        d = native.copy_mapped(base + offset, buf[skew:skew + needed], needed, spans, level, chunk)
+        assert buf[skew:skew + needed].tobytes() == data[offset:offset + needed]
+        assert not buf[:skew].any() and not buf[skew + needed:].any()  # nothing written outside the request
+        assert d == [xxhash.xxh3_128(data[offset + a:offset + b]).digest() for a, b in spans]
+    finally:
+        src = None
+        mm.close()
+
+
+def test_a_reader_s_mapped_read_leaves_no_page_of_the_file_mapped(native, data_file, tmp_path):
+    """The RSS holds a chunk of the mapping at most while a read copies, and nothing after it."""
+    f, data = data_file
+    r = Reader(str(tmp_path), "off")
+    r.open("f.bin", len(data))
+    buf = np.zeros(2 << 20, np.uint8)
+    try:
+        got, d = r.read_mapped("f.bin", 4096 + 3, 2 << 20, buf, 2_000_000, [(0, 2_000_000)], native)
+        assert (got, r.requests, r.bytes_read, r.mapped_bytes) == (2_000_000, 1, 2_000_000, 2_000_000)
+        assert d == [xxhash.xxh3_128(data[4099:4099 + 2_000_000]).digest()]
+        assert buf[:2_000_000].tobytes() == data[4099:4099 + 2_000_000]
+        addr, size = r.mapping("f.bin")
+        assert size == len(data) and _mapped_rss(addr) == 0
+    finally:
+        r.close()
+    assert r._maps == {}
+
+
+def test_a_mapped_read_past_the_file_s_end_is_read_the_other_way(native, data_file, tmp_path):
+    """A file cut short after it was mapped: the pages past its new end cannot be made present, so
+    the copy stops without a fault and returns None (the caller reads again and says why)."""
+    f, data = data_file
+    r = Reader(str(tmp_path), "off")
+    r.open("f.bin", len(data))
+    buf = np.zeros(1 << 20, np.uint8)
+    try:
+        assert r.mapping("f.bin")[1] == len(data)
+        os.truncate(f, 1 << 20)
+        assert r.read_mapped("f.bin", 1 << 20, 1 << 20, buf, 1 << 20, [(0, 1 << 20)], native) is None
+        assert r.read_mapped("f.bin", 0, 1 << 20, buf, 1 << 20, [(0, 1 << 20)], native) is not None
+        assert r.requests == 1
+    finally:
+        r.close()
+
+
+def test_a_file_read_with_o_direct_is_not_mapped(native, data_file, tmp_path):
+    f, data = data_file
+    r = Reader(str(tmp_path), "off")
+    r.open("f.bin", len(data))
+    r.files["f.bin"].direct = True  # as a cold file opened with O_DIRECT is marked
+    try:
+        assert r.read_mapped("f.bin", 0, 4096, np.zeros(4096, np.uint8), 4096, [(0, 4096)], native) is None
+        assert r._maps == {}
+    finally:
+        r.files["f.bin"].direct = False
+        r.close()

@@ -50,17 +50,20 @@ def models():
         m.free()
 
 
-@pytest.fixture(params=["native", "native-package", "python", "after-read"])
+@pytest.fixture(params=["native", "native-package", "native-pread", "python", "after-read"])
 def hasher(request, monkeypatch):
     """A digest-verified load's hashing: the reader's read-and-hash loop (at its widest level, or
-    through the xxhash package's functions only), Python's on the reader's thread, or hasher
-    threads after the reads (`digestread.AFTER_READ`). The report's `hasher` is returned."""
+    through the xxhash package's functions only; copying out of a mapping of the file, or reading
+    with pread), Python's on the reader's thread, or hasher threads after the reads
+    (`digestread.AFTER_READ`). The report's `hasher` is returned."""
     from planc.execute import digestread, readhash
 
     native = request.param.startswith("native")
     if native and readhash.load() is None:
         pytest.skip(readhash.why_not)
-    monkeypatch.setenv("PLANC_DIGEST_HASH", {"native": "best", "native-package": "package"}.get(request.param, "python"))
+    monkeypatch.setenv("PLANC_DIGEST_HASH", {"native": "best", "native-package": "package",
+                                             "native-pread": "best"}.get(request.param, "python"))
+    monkeypatch.setenv("PLANC_DIGEST_READ", "pread" if request.param == "native-pread" else "mapped")
     monkeypatch.setattr(digestread, "AFTER_READ", 3 if request.param == "after-read" else 0)
     return "native" if native else request.param
 
@@ -222,6 +225,7 @@ def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models, hashe
     assert (rep["simd"] is None) == (hasher != "native")  # the loop's level, with the loop
     if os.environ.get("PLANC_DIGEST_HASH") == "package":
         assert rep["simd"] == "package"
+    assert rep["read"] == (None if hasher != "native" else os.environ["PLANC_DIGEST_READ"])
     sizes = sum(f.stat().st_size for f in (tmp_path / "a" / "dense").glob("*.safetensors"))
     assert rep["hashed_bytes"] + rep["fill_bytes"] + rep["reread_bytes"] == sizes  # every byte, hashed once
     assert rep["reread_bytes"] == 0

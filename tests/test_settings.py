@@ -29,6 +29,17 @@ def test_every_setting_is_documented():
         assert not [n for n in names if f"`{n}`" not in text], doc
 
 
+def test_the_digest_read_is_a_checked_setting(monkeypatch):
+    assert settings.digest_read() == "mapped"
+    monkeypatch.setenv("PLANC_DIGEST_READ", "pread")
+    assert settings.digest_read() == "pread"
+    monkeypatch.setenv("PLANC_DIGEST_READ", "mmap")
+    with pytest.raises(settings.SettingError, match="PLANC_DIGEST_READ: 'mmap' is not one of mapped, pread"):
+        settings.digest_read()
+    with pytest.raises(settings.SettingError, match="setting 'digest_read'"):
+        settings.Settings(digest_read="direct")
+
+
 def test_values(monkeypatch):
     monkeypatch.setenv("PLANC_RAW_LAUNCH", "0")
     monkeypatch.setenv("PLANC_HOST_RESERVE", "1GiB")

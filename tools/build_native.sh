@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../planc/execute/native"
 CC=${CC:-gcc}
-"$CC" -O3 -fPIC -shared -nostdlib -fno-stack-protector -fno-builtin -Wall -Wextra -Werror \
+"$CC" -O3 -fPIC -shared -nostdlib -fno-stack-protector -fno-builtin -fno-tree-loop-distribute-patterns -Wall -Wextra -Werror \
   -Wl,-z,noexecstack -Wl,--build-id=none -o readhash.x86_64-linux.so readhash.c
 strip --strip-unneeded readhash.x86_64-linux.so
 python3 - <<'PY'

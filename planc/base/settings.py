@@ -28,6 +28,12 @@ PIN_METHODS = ("register", "alloc")
 # How a digest-verified load hashes (PLANC_DIGEST_HASH): the read-and-hash loop at its widest level
 # or at one named (planc.execute.readhash.LEVELS), or Python's hasher on the reader's thread.
 DIGEST_HASHES = ("best", "avx512", "avx2", "scalar", "package", "python")
+# How the loop gets a digest-verified load's bytes (PLANC_DIGEST_READ): files read through the page
+# cache are copied out of a mapping of them, hashed from the same loads (`mapped`), or read with
+# `pread` piece by piece and hashed from the slot (`pread`); files read with O_DIRECT always the latter.
+DIGEST_READS = ("mapped", "pread")
+# The settings that take one of a few names, and the names (the first is the default).
+NAMED = {"pin": PIN_METHODS, "digest_hash": DIGEST_HASHES, "digest_read": DIGEST_READS}
 
 
 class SettingError(ValueError):
@@ -43,7 +49,8 @@ class SettingError(ValueError):
 # The settings a caller may pass by name, and the variables they stand for.
 NAMES = {"raw_launch": "PLANC_RAW_LAUNCH", "kernel_dir": "PLANC_KERNEL_DIR", "kernel_cache": "PLANC_KERNEL_CACHE",
          "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG",
-         "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE", "digest_hash": "PLANC_DIGEST_HASH"}
+         "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE", "digest_hash": "PLANC_DIGEST_HASH",
+         "digest_read": "PLANC_DIGEST_READ"}
 _FLAGS = ("raw_launch", "kernel_cache", "debug")
 
 
@@ -69,7 +76,8 @@ class Settings:
     debug (PLANC_DEBUG): errors print their traceback. pin (PLANC_PIN): how the pinned ring is made,
     `register` or `alloc`. plan_cache (PLANC_PLAN_CACHE): the folder compiled plans are kept in
     (`planc.compiler.plancache`); None (`off`) for no plan cache. digest_hash (PLANC_DIGEST_HASH):
-    how a digest-verified load hashes, one of DIGEST_HASHES, default `best`."""
+    how a digest-verified load hashes, one of DIGEST_HASHES, default `best`. digest_read
+    (PLANC_DIGEST_READ): how it reads the bytes it hashes, one of DIGEST_READS, default `mapped`."""
 
     raw_launch: bool = True
     kernel_dir: Path = Path.home() / ".cache" / "planc" / "kernels"
@@ -80,10 +88,11 @@ class Settings:
     pin: str = "register"
     plan_cache: Path | None = None
     digest_hash: str = "best"
+    digest_read: str = "mapped"
 
     def __post_init__(self) -> None:
         # a Settings made directly (not through resolve) is checked too where a load would read a name
-        for name, names in (("pin", PIN_METHODS), ("digest_hash", DIGEST_HASHES)):
+        for name, names in NAMED.items():
             if getattr(self, name) not in names:
                 raise SettingError(f"setting {name!r} ({NAMES[name]}): {getattr(self, name)!r} is not one of "
                                    f"{', '.join(names)}")
@@ -148,7 +157,7 @@ class Settings:
 def _check(name: str, v, *, from_env: bool = False):
     """Setting `name`'s value `v`, typed: a bool for a flag (or "0"/"1" as the variable holds it), a
     byte size (an int, or a string such as "1GiB") for host_reserve, a path for kernel_dir and probe,
-    one of PIN_METHODS for pin, one of DIGEST_HASHES for digest_hash."""
+    one of NAMED[name] for pin, digest_hash and digest_read."""
     label = NAMES[name] if from_env else repr(name)
     where = NAMES[name] if from_env else f"setting {name!r} ({NAMES[name]})"
     if name in _FLAGS:
@@ -186,8 +195,8 @@ def _check(name: str, v, *, from_env: bool = False):
         if name == "plan_cache":
             return None if v == "off" else (Path(v) if v else default_plan_cache())
         return Path(v) if v else Settings.kernel_dir
-    # pin, digest_hash: one of a few names
-    names = PIN_METHODS if name == "pin" else DIGEST_HASHES
+    # pin, digest_hash, digest_read: one of a few names
+    names = NAMED[name]
     if not isinstance(v, str):
         raise SettingError(f"setting {label}: expected one of {', '.join(names)}, got {type(v).__name__} "
                            f"{v!r}", from_env=from_env)
@@ -302,3 +311,13 @@ def digest_hash() -> str:
     `scalar` (the loop at that level at most), `package` (the loop through the xxhash package's
     functions) or `python` (Python's hasher on the reader's thread). The digests are the same."""
     return _field("digest_hash")
+
+
+def digest_read() -> str:
+    """PLANC_DIGEST_READ: how a digest-verified load reads the bytes it hashes from files read
+    through the page cache: `mapped` (default: copied out of a mapping of the file into the ring
+    slot, each line hashed from the same loads, the mapping's pages unmapped again a chunk at a
+    time) or `pread` (read piece by piece into the slot and hashed there). Files read with O_DIRECT
+    are always read with `pread`. The digests are the same."""
+    return _field("digest_read")
+

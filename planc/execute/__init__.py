@@ -219,7 +219,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
 
                 native = readhash.load() if settings.digest_hash != "python" else None
                 reader = digestread.DigestReader(reader, verifier, native, after=digestread.AFTER_READ,
-                                                 simd=settings.digest_hash)
+                                                 simd=settings.digest_hash, mapped=settings.digest_read == "mapped")
             pool = parts.pool(plan)
             regions.pin_ring()
             kernels = parts.kernels(plan, dev, stream, regions, warmer, counters, timings, observer)

@@ -2,7 +2,9 @@
 `planc.manifest.digestcheck.Verifier` on the reader's own thread as they land in the ring slot (or
 a host-path part's buffer), while they are in the cache: no second read, no second copy, no second
 pass over the slot. A read's whole leaves go through the read-and-hash loop (`native`:
-`planc.execute.readhash`, 256 KiB pieces, one call per request); without it, or for what it does
+`planc.execute.readhash`, one call per request: from a file read through the page cache, each
+line copied out of a mapping of the file into the slot and hashed from the same loads; from one
+read with O_DIRECT, 256 KiB pieces read and hashed in the cache); without it, or for what it does
 not hash, the reader hands its bytes over a piece at a time (`Verifier.piece_bytes`: the leaf, 16
 MiB by default; `Verifier.stream`) and the verifier hashes them in Python.
 
@@ -34,7 +36,8 @@ def _takes_sink(reader) -> bool:
 
 
 class DigestReader:
-    def __init__(self, reader, verifier, native=None, after: int = 0, simd: str | None = None):
+    def __init__(self, reader, verifier, native=None, after: int = 0, simd: str | None = None,
+                 mapped: bool = True):
         self._reader, self.verifier = reader, verifier
         self._pieces = _takes_sink(reader)
         self._after = ThreadPoolExecutor(after, thread_name_prefix="planc-hash") if after > 0 else None
@@ -47,6 +50,10 @@ class DigestReader:
         if self._native is not None:
             verifier.hash_extent = self._native.digest
             verifier.simd = self._simd = self._native.level_name(simd)  # PLANC_DIGEST_HASH
+        # PLANC_DIGEST_READ: files read through the page cache copied out of a mapping of them
+        self._mapped = (mapped and self._native is not None and self._native.mapped
+                        and hasattr(reader, "read_mapped"))
+        verifier.read = "mapped" if self._mapped else "pread"
 
     def __getattr__(self, name):
         return getattr(self._reader, name)
@@ -85,8 +92,13 @@ class DigestReader:
             return None
         only = v.alone(leaves) and leaves[0][2] == offset and leaves[-1][3] == offset + needed
         t0 = time.perf_counter()
-        done = self._reader.read_hashing(rel, offset, length, buf, needed, [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves],
-                                         self._native, readhash.PIECE, self._simd)
+        spans = [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves]
+        done = None
+        if self._mapped:
+            done = self._reader.read_mapped(rel, offset, length, buf, needed, spans, self._native, self._simd)
+        if done is None:
+            done = self._reader.read_hashing(rel, offset, length, buf, needed, spans, self._native, readhash.PIECE,
+                                             self._simd)
         if done is None:
             return None
         n, digests = done

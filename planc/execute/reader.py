@@ -141,6 +141,8 @@ class Reader:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _plain: dict = field(default_factory=dict)  # buffered fds for host-path reads, opened once per file
     _retired: list = field(default_factory=list)  # fds given up by a fallback; other readers may still use them
+    _maps: dict = field(default_factory=dict)  # rel -> (address, length) of the whole file mapped (`mapping`)
+    mapped_bytes: int = 0  # bytes copied out of those mappings (`read_mapped`)
     map_window: int = costmodel.MAP_WINDOW  # the plan's io.map_window_bytes
     map_lanes: int = costmodel.MAP_LANES  # the plan's io.map_lanes
     _lanes: threading.BoundedSemaphore | None = None
@@ -263,6 +265,50 @@ class Reader:
             self.bytes_read += got
         return got, digests
 
+    def read_mapped(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, native,
+                    simd: str | None = None) -> tuple[int, list] | None:
+        """`read_hashing` for a file read through the page cache, copying out of a read-only mapping
+        of the whole file (`mapping`) instead of `pread`: each line of the request is loaded once,
+        stored into the slot and hashed from the same loads (`ReadHash.copy_mapped`), the mapping's
+        pages made present a chunk at a time and unmapped again after it, so a reader holds at most
+        a chunk and two pages of the file mapped (the RSS counts them). None for a file read with
+        O_DIRECT, a request past the file's end as mapped, or a page that could not be made present:
+        then it is read the other ways, which say why."""
+        f = self.files[rel]
+        if f.direct:
+            return None
+        base, size = self.mapping(rel)
+        if base is None or offset + needed > size:
+            return None
+        digests = native.copy_mapped(base + offset, buf, needed, spans, simd)
+        if digests is None:
+            return None
+        with self._lock:
+            self.requests += 1
+            self.bytes_read += needed
+            self.mapped_bytes += needed
+        return needed, digests
+
+    def mapping(self, rel: str) -> tuple[int | None, int]:
+        """(address, length) of a read-only shared mapping of all of `rel` as it is now, made once
+        per file and unmapped by `close` (no page of it is present until a read asks); (None, 0)
+        where the file cannot be mapped."""
+        with self._lock:
+            got = self._maps.get(rel)
+            if got is None:
+                got = (None, 0)
+                try:
+                    fd, _ = self._plain_fd_locked(rel)
+                    size = os.fstat(fd).st_size
+                    if size > 0:
+                        addr = libc().mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+                        if addr not in (None, MAP_FAILED):
+                            got = (addr, size)
+                except (OSError, ReadError):
+                    pass
+                self._maps[rel] = got
+            return got
+
     def _fallback(self, rel: str) -> None:
         with self._lock:
             f = self.files[rel]
@@ -329,14 +375,17 @@ class Reader:
 
     def _plain_fd(self, rel: str) -> tuple[int, str]:
         """A buffered descriptor of `rel`, opened once per file."""
-        path = os.path.join(self.root, rel)
         with self._lock:
-            fd = self._plain.get(rel)
-            if fd is None:
-                try:
-                    fd = self._plain[rel] = os.open(path, os.O_RDONLY)
-                except OSError as e:
-                    raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code=Code.READ_OPEN) from None
+            return self._plain_fd_locked(rel)
+
+    def _plain_fd_locked(self, rel: str) -> tuple[int, str]:
+        path = os.path.join(self.root, rel)
+        fd = self._plain.get(rel)
+        if fd is None:
+            try:
+                fd = self._plain[rel] = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise ReadError(f"{path}: cannot open for reading: {e.strerror}", code=Code.READ_OPEN) from None
         return fd, path
 
     def read_plain(self, rel: str, offset: int, buf) -> None:
@@ -353,6 +402,9 @@ class Reader:
         """Close every file; the modes stay for the report."""
         fds, self._retired = [f.fd for f in self.files.values()] + self._retired + list(self._plain.values()), []
         self._plain = {}
+        maps, self._maps = [m for m in self._maps.values() if m[0] is not None], {}
+        for addr, size in maps:  # every read is done: the pool that ran them has stopped
+            libc().munmap(ctypes.c_void_p(addr), size)
         for f in self.files.values():
             f.fd = -1
         for fd in fds:

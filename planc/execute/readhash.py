@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import json
 import hashlib
+import mmap
 import platform
 import threading
 from pathlib import Path
@@ -30,6 +31,7 @@ OBJECT = DIR / "readhash.x86_64-linux.so"
 SOURCE = DIR / "readhash.c"
 INDEX = DIR / "native.json"
 PIECE = 256 << 10  # bytes per read: hashed while in the core's cache (docs/reload.md)
+CHUNK = 1 << 20  # bytes copied out of a mapping between making its pages present and unmapping them
 # How the loop hashes long leaves: "best" (the widest this machine runs), or a level's name ("package":
 # the xxhash package's functions for every leaf). A load's comes from PLANC_DIGEST_HASH.
 LEVELS = {"package": 0, "scalar": 1, "avx2": 2, "avx512": 3}
@@ -85,11 +87,38 @@ def _self_check(rh: "ReadHash") -> str | None:
             got, digests = rh.read(fd, buf, 0, len(data), len(data), 65536, False, spans, name)
             if got != len(data) or digests != want:
                 return f"the read-and-hash loop's digests ({name}) differ from the xxhash package's"
+        rh.mapped = _check_mapped(rh, fd, data, spans, want)
     finally:
         os.close(fd)
     if rh.digest(data[:999]) != xxhash.xxh3_128_digest(data[:999]):
         return "the read-and-hash loop's one-shot digests differ from the xxhash package's"
     return None
+
+
+def _check_mapped(rh: "ReadHash", fd: int, data: bytes, spans: list, want: list) -> bool:
+    """Whether copying out of a mapping gives the file's bytes and the package's digests at every
+    level here, into a slot at any alignment (False where the system cannot make a mapping's pages
+    present on request: Linux before 5.14)."""
+    import numpy as np
+
+    try:
+        mm = mmap.mmap(fd, len(data), prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return False
+    try:
+        src = np.frombuffer(mm, np.uint8)
+        base = src.__array_interface__["data"][0]
+        buf = np.zeros(len(data) + 64, np.uint8)
+        for level in sorted({n for n in LEVELS.values() if n <= rh.widest}):
+            for skew, chunk in ((0, 65536), (13, 4096 * 3)):
+                buf[:] = 0
+                digests = rh.copy_mapped(base, buf[skew:skew + len(data)], len(data), spans, LEVEL_NAMES[level], chunk)
+                if digests != want or buf[skew:skew + len(data)].tobytes() != data:
+                    return False
+        return True
+    finally:
+        src = None
+        mm.close()
 
 
 def _xxhash_library():
@@ -120,11 +149,17 @@ class ReadHash:
                       ctypes.c_int]
         f.restype = i64
         self._fn = f  # a CDLL function: the interpreter's lock is released for the whole call
+        m = obj.planc_map_hash
+        m.argtypes = [vp, vp, vp, vp, vp, vp, i64, i64, i64, vp, vp, vp, i64, vp, ctypes.c_int]
+        m.restype = i64
+        self._map = m
+        self.mapped = True  # copying out of a mapping works here (`_self_check` says otherwise)
         obj.planc_simd.restype, obj.planc_simd.argtypes = ctypes.c_int, []
         self.widest = obj.planc_simd()  # the widest level this processor and system run
         update = getattr(xxh, "XXH3_128bits_update_dispatch", None) or xxh.XXH3_128bits_update
         self._ptrs = [ctypes.cast(p, vp).value
                       for p in (libc.pread, xxh.XXH3_128bits_reset, update, xxh.XXH3_128bits_digest)]
+        self._map_ptrs = [ctypes.cast(libc.madvise, vp).value] + self._ptrs[1:]
         create, self._free = xxh.XXH3_createState, xxh.XXH3_freeState
         create.restype, create.argtypes = vp, []
         self._free.argtypes = [vp]
@@ -167,6 +202,30 @@ class ReadHash:
         disjoint, inside `needed`) as its bytes land. Returns (bytes read, [16-byte digest per
         span]); bytes read below `needed` (the file ended) or -1 (a read failed) come with no
         digests: read the request again the usual way to learn why."""
+        n, lo, hi, states, out, addr = self._args(buf, needed, cap, spans)
+        got = self._fn(*self._ptrs, fd, addr, offset, needed, cap, piece, int(direct), lo, hi, states, n, out,
+                       self.level(simd))
+        if got < needed:
+            return got, []
+        raw = out.raw
+        return got, [raw[16 * k:16 * k + 16] for k in range(n)]
+
+    def copy_mapped(self, src: int, buf, needed: int, spans: list, simd: str | None = None,
+                    chunk: int | None = None) -> list | None:
+        """Copy `needed` bytes from address `src` (inside a read-only shared mapping of a file) into
+        `buf`, `chunk` at a time, each chunk's pages made present before and unmapped after, hashing
+        each span `(lo, hi)` (relative to `src`) from the same loads. [16-byte digest per span], or
+        None when a page could not be made present (the file is shorter than the mapping now; an
+        error reading it in): read the request again the usual way to learn why."""
+        n, lo, hi, states, out, addr = self._args(buf, needed, needed, spans)
+        got = self._map(*self._map_ptrs, src, addr, needed, chunk or CHUNK, mmap.PAGESIZE, lo, hi, states, n, out,
+                        self.level(simd))
+        if got != needed:
+            return None
+        raw = out.raw
+        return [raw[16 * k:16 * k + 16] for k in range(n)]
+
+    def _args(self, buf, needed: int, cap: int, spans: list):
         n = len(spans)
         lo = (ctypes.c_int64 * max(n, 1))(*[a for a, _ in spans])
         hi = (ctypes.c_int64 * max(n, 1))(*[b for _, b in spans])
@@ -175,13 +234,7 @@ class ReadHash:
             raise ValueError(f"the read needs a writable contiguous buffer of {cap:,} bytes, got {mv.nbytes:,}")
         states = self._states(n)
         out = ctypes.create_string_buffer(16 * max(n, 1))
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-        got = self._fn(*self._ptrs, fd, addr, offset, needed, cap, piece, int(direct), lo, hi, states, n, out,
-                       self.level(simd))
-        if got < needed:
-            return got, []
-        raw = out.raw
-        return got, [raw[16 * k:16 * k + 16] for k in range(n)]
+        return n, lo, hi, states, out, ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
 class _Pool:

@@ -244,6 +244,7 @@ class Verifier:
         self.cause: BaseException | None = None  # the first failure that aborted the load (a mismatch)
         self.hasher = "python"  # or "native": the reader's read-and-hash loop (planc.execute.readhash)
         self.simd: str | None = None  # the loop's level for long leaves (readhash.LEVELS), with "native"
+        self.read = "pread"  # or "mapped": how the loop gets bytes read through the page cache (PLANC_DIGEST_READ)
         self.hash_extent = extent_hash  # an extent's hash from its leaves' digests (the loop's own, with it)
         self.fill_bytes = self.reread_bytes = self.hashed_bytes = 0
         self.verify_seconds = self.wait_seconds = 0.0
@@ -542,7 +543,7 @@ class Verifier:
         seconds = self.verify_seconds + sum(a[1] for a in per)
         return {"ok": True, "kind": "digest", "digest_file": self.digest.path, "extent_bytes": self.digest.extent_bytes,
                 "leaf_bytes": self.digest.leaf_bytes, "extents": n, "hashed_bytes": hashed, "hasher": self.hasher,
-                "simd": self.simd,
+                "simd": self.simd, "read": self.read if self.hasher == "native" else None,
                 "fill_bytes": self.fill_bytes, "reread_bytes": self.reread_bytes,
                 "verify_seconds": round(seconds, 6), "wait_seconds": round(self.wait_seconds, 6)}
 

@@ -26,6 +26,9 @@ typedef int (*reset_fn)(void *);
 typedef int (*update_fn)(void *, const void *, size_t_);
 typedef struct { u64 low64, high64; } hash128;
 typedef hash128 (*digest_fn)(const void *);
+typedef int (*madvise_fn)(void *, size_t_, int);
+#define MADV_DONTNEED_ 4
+#define MADV_POPULATE_READ_ 22 /* Linux 5.14 */
 
 /* XXH3's constants (its specification): the default secret and the primes. */
 static const unsigned char SECRET[192] __attribute__((aligned(64))) = {
@@ -242,6 +245,55 @@ int planc_simd(void)
     return (b & (1u << 5)) ? SIMD_AVX2 : SIMD_SCALAR;
 }
 
+/* ---- the leaves of one request: fed in order as its bytes become available ---- */
+
+typedef struct {
+    reset_fn reset;
+    update_fn update;
+    digest_fn digest;
+    const i64 *lo, *hi;
+    void *const *states;
+    i64 nleaves, li, hashed;
+    unsigned char *out;
+    int simd, begun;
+    leaf_state st;
+} leaves_t;
+
+/* Hash what the first `got` bytes at `base` (the request's byte 0) hold of the leaves not yet
+ * done; 0, or -1 when one of the package's functions failed. */
+static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
+{
+    while (L->li < L->nleaves && L->lo[L->li] < got) {
+        i64 li = L->li, a = L->lo[li], b = L->hi[li], upto = got < b ? got : b;
+        if (L->simd != SIMD_NONE && b - a > MAX_SHORT) {
+            if (!L->begun)
+                leaf_reset(&L->st);
+            L->begun = 1;
+            if (upto < b) {
+                leaf_feed(L->simd, &L->st, base + a, upto - a, b - a);
+                return 0;
+            }
+            canonical(L->out + 16 * li, leaf_digest(L->simd, &L->st, base + a, b - a));
+        } else {
+            if (!L->begun) {
+                if (L->reset(L->states[li]) != 0)
+                    return -1;
+                L->hashed = a;
+            }
+            L->begun = 1;
+            if (L->update(L->states[li], base + L->hashed, (size_t_)(upto - L->hashed)) != 0)
+                return -1;
+            L->hashed = upto;
+            if (upto < b)
+                return 0;
+            canonical(L->out + 16 * li, L->digest(L->states[li]));
+        }
+        L->begun = 0;
+        L->li++;
+    }
+    return 0;
+}
+
 /* Read bytes [offset, offset + needed) of `fd` (at most `cap` bytes, `piece` at a time: each read
  * ends at a file offset that is a multiple of `piece`, or at `cap`) into `base`, and hash bytes
  * [lo[i], hi[i]) (relative to `offset`, sorted, disjoint, inside [0, needed)), its 16-byte digest
@@ -257,9 +309,8 @@ i64 planc_read_hash(pread_fn pread, reset_fn reset, update_fn update, digest_fn 
                     const i64 *lo, const i64 *hi, void *const *states, i64 nleaves, unsigned char *out,
                     int simd)
 {
-    i64 got = 0, hashed = 0, li = 0;
-    int begun = 0;
-    leaf_state st;
+    i64 got = 0;
+    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, {{0}, 0}};
     if (piece <= 0 || cap < needed || simd < SIMD_NONE || simd > SIMD_AVX512)
         return -1;
     while (got < needed) {
@@ -272,38 +323,108 @@ i64 planc_read_hash(pread_fn pread, reset_fn reset, update_fn update, digest_fn 
         if (n == 0)
             return got;
         got += n;
-        while (li < nleaves && lo[li] < got) {
-            i64 a = lo[li], b = hi[li], upto = got < b ? got : b;
-            if (simd != SIMD_NONE && b - a > MAX_SHORT) {
-                if (!begun)
-                    leaf_reset(&st);
-                begun = 1;
-                if (upto < b) {
-                    leaf_feed(simd, &st, base + a, upto - a, b - a);
-                    break;
-                }
-                canonical(out + 16 * li, leaf_digest(simd, &st, base + a, b - a));
-            } else {
-                if (!begun) {
-                    if (reset(states[li]) != 0)
-                        return -1;
-                    hashed = a;
-                }
-                begun = 1;
-                if (update(states[li], base + hashed, (size_t_)(upto - hashed)) != 0)
-                    return -1;
-                hashed = upto;
-                if (upto < b)
-                    break;
-                canonical(out + 16 * li, digest(states[li]));
-            }
-            begun = 0;
-            li++;
-        }
+        if (feed_leaves(&L, base, got) != 0)
+            return -1;
         if (direct && (got & 4095))
             break;
     }
-    if (got < needed || li < nleaves)
+    if (got < needed || L.li < nleaves)
         return got < needed ? got : -1;
     return got;
+}
+
+/* ---- copying out of the page cache through a mapping, hashing from the same loads ---- */
+
+/* Copy `n` bytes from `src` to `dst` (64-byte aligned) with non-temporal stores: the slot's lines
+ * go to memory for the copy engine without being read first or kept in the cache (a plain store
+ * reads each line before writing it). */
+__attribute__((target("avx512f"))) static void stream_avx512(unsigned char *dst, const unsigned char *src, i64 n)
+{
+    for (i64 i = 0; i < n; i += 256) {
+        __m512i a = _mm512_loadu_si512((const void *)(src + i)), b = _mm512_loadu_si512((const void *)(src + i + 64));
+        __m512i c = _mm512_loadu_si512((const void *)(src + i + 128)), d = _mm512_loadu_si512((const void *)(src + i + 192));
+        _mm512_stream_si512((void *)(dst + i), a);
+        _mm512_stream_si512((void *)(dst + i + 64), b);
+        _mm512_stream_si512((void *)(dst + i + 128), c);
+        _mm512_stream_si512((void *)(dst + i + 192), d);
+    }
+}
+
+__attribute__((target("avx2"))) static void stream_avx2(unsigned char *dst, const unsigned char *src, i64 n)
+{
+    for (i64 i = 0; i < n; i += 64) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(src + i)), b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
+        _mm256_stream_si256((__m256i *)(dst + i), a);
+        _mm256_stream_si256((__m256i *)(dst + i + 32), b);
+    }
+}
+
+static void stream_sse2(unsigned char *dst, const unsigned char *src, i64 n)
+{
+    for (i64 i = 0; i < n; i += 16)
+        _mm_stream_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
+}
+
+static void copy_bytes(unsigned char *dst, const unsigned char *src, i64 n)
+{
+    for (i64 i = 0; i < n; i++)
+        ((volatile unsigned char *)dst)[i] = src[i]; /* volatile: no call to a memcpy that is not linked */
+}
+
+static void stream_copy(int simd, unsigned char *dst, const unsigned char *src, i64 n)
+{
+    i64 head = (i64)((64 - ((unsigned long)dst & 63)) & 63), step = simd == SIMD_AVX512 ? 256 : 64;
+    if (head > n)
+        head = n;
+    copy_bytes(dst, src, head); /* up to the destination's first 64-byte line */
+    i64 body = (n - head) / step * step;
+    if (simd == SIMD_AVX512)
+        stream_avx512(dst + head, src + head, body);
+    else if (simd == SIMD_AVX2)
+        stream_avx2(dst + head, src + head, body);
+    else
+        stream_sse2(dst + head, src + head, body);
+    copy_bytes(dst + head + body, src + head + body, n - head - body);
+}
+
+/* Copy bytes [0, needed) of a file mapped at `src` (the file's bytes from the request's first, in a
+ * read-only shared mapping) into `dst` (a ring slot), `chunk` bytes at a time,
+ * and hash the spans [lo[i], hi[i]) as in planc_read_hash, from the chunk's lines while they are in
+ * the cache. Before a chunk is copied its pages are made present (`madvise` MADV_POPULATE_READ: a
+ * page the file no longer has is an error here, not a fault in the copy), and after it they are
+ * unmapped again (MADV_DONTNEED: a shared file mapping's pages stay in the page cache): a reader
+ * holds at most a chunk and two pages of the file mapped. `page` is the system's page size.
+ * `simd` picks the stores and the stripe path (SIMD_NONE: SSE2 stores, the package's hash).
+ * Returns `needed`, or -1 when a page could not be made present or a hash failed (the caller
+ * reads the request again its own way, which says why). */
+i64 planc_map_hash(madvise_fn madvise, reset_fn reset, update_fn update, digest_fn digest,
+                   const unsigned char *src, unsigned char *dst, i64 needed, i64 chunk, i64 page,
+                   const i64 *lo, const i64 *hi, void *const *states, i64 nleaves, unsigned char *out,
+                   int simd)
+{
+    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, {{0}, 0}};
+    if (chunk <= 0 || chunk % 256 || page <= 0 || (page & (page - 1)) || simd < SIMD_NONE || simd > SIMD_AVX512)
+        return -1;
+    i64 done = 0, rc = needed;
+    while (done < needed) {
+        i64 end = done + chunk < needed ? done + chunk : needed;
+        unsigned long a = (unsigned long)(src + done) & ~(unsigned long)(page - 1);
+        unsigned long b = ((unsigned long)(src + end) + page - 1) & ~(unsigned long)(page - 1);
+        if (madvise((void *)a, (size_t_)(b - a), MADV_POPULATE_READ_) != 0) {
+            rc = -1;
+            break;
+        }
+        stream_copy(simd, dst + done, src + done, end - done);
+        int bad = feed_leaves(&L, src, end);
+        madvise((void *)a, (size_t_)(b - a), MADV_DONTNEED_);
+        if (bad != 0) {
+            rc = -1;
+            break;
+        }
+        done = end;
+    }
+    _mm_sfence(); /* the streamed lines are in memory before the caller hands the slot to the copy engine */
+    if (rc == needed && L.li < nleaves)
+        rc = -1;
+    return rc;
 }
