@@ -269,3 +269,52 @@ def test_a_file_read_with_o_direct_is_not_mapped(native, data_file, tmp_path):
     finally:
         r.files["f.bin"].direct = False
         r.close()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.integers(1, 400_000), plen=st.integers(1, 70_000), first=st.integers(1, 300_000),
+       piece=st.sampled_from([4096, 65536]), more=st.integers(0, 100_000), mapped=st.booleans())
+def test_a_leaf_begun_before_the_request_is_hashed_with_its_prefix(native, data_file, level, at, plen, first, piece,
+                                                                   more, mapped):
+    """The first span's leaf begins `plen` bytes before the request (those bytes given): its
+    digest is the whole leaf's, at every level, read with pread or copied out of a mapping."""
+    _runs(native, level)
+    f, data = data_file
+    plen = min(plen, at)
+    needed = first + more
+    prefix = data[at - plen:at]
+    spans = [(0, first)] + ([(first, needed)] if more else [])
+    want = [xxhash.xxh3_128(data[at - plen:at + first]).digest()] + (
+        [xxhash.xxh3_128(data[at + first:at + needed]).digest()] if more else [])
+    buf = np.zeros(needed, np.uint8)
+    if mapped:
+        import mmap
+
+        with open(f, "rb") as fh:
+            mm = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+        src = np.frombuffer(mm, np.uint8)
+        try:
+            d = native.copy_mapped(src.__array_interface__["data"][0] + at, buf, needed, spans, level, 4096, prefix)
+        finally:
+            src = None
+            mm.close()
+    else:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            got, d = native.read(fd, buf, at, needed, needed, piece, False, spans, level, prefix)
+        finally:
+            os.close(fd)
+        assert got == needed
+    assert d == want
+    assert buf.tobytes() == data[at:at + needed]
+
+
+def test_a_prefix_is_only_for_a_first_span_at_the_request_s_start(native, data_file):
+    f, data = data_file
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="prefix"):
+            native.read(fd, np.zeros(4096, np.uint8), 0, 4096, 4096, 4096, False, [(8, 4096)], None, b"x" * 8)
+    finally:
+        os.close(fd)

@@ -87,6 +87,9 @@ def _self_check(rh: "ReadHash") -> str | None:
             got, digests = rh.read(fd, buf, 0, len(data), len(data), 65536, False, spans, name)
             if got != len(data) or digests != want:
                 return f"the read-and-hash loop's digests ({name}) differ from the xxhash package's"
+            got, digests = rh.read(fd, buf, 5003, 20_000, 20_000, 4096, False, [(0, 20_000)], name, data[1000:5003])
+            if got != 20_000 or digests != [xxhash.xxh3_128(data[1000:25_003]).digest()]:
+                return f"the read-and-hash loop's digests ({name}) of a leaf begun before its read differ from the package's"
         rh.mapped = _check_mapped(rh, fd, data, spans, want)
     finally:
         os.close(fd)
@@ -146,11 +149,11 @@ class ReadHash:
         f = obj.planc_read_hash
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         f.argtypes = [vp, vp, vp, vp, ctypes.c_int, vp, i64, i64, i64, i64, ctypes.c_int, vp, vp, vp, i64, vp,
-                      ctypes.c_int]
+                      ctypes.c_int, ctypes.c_char_p, i64]
         f.restype = i64
         self._fn = f  # a CDLL function: the interpreter's lock is released for the whole call
         m = obj.planc_map_hash
-        m.argtypes = [vp, vp, vp, vp, vp, vp, i64, i64, i64, vp, vp, vp, i64, vp, ctypes.c_int]
+        m.argtypes = [vp, vp, vp, vp, vp, vp, i64, i64, i64, vp, vp, vp, i64, vp, ctypes.c_int, ctypes.c_char_p, i64]
         m.restype = i64
         self._map = m
         self.mapped = True  # copying out of a mapping works here (`_self_check` says otherwise)
@@ -196,37 +199,42 @@ class ReadHash:
         return LEVEL_NAMES[self.level(simd)]
 
     def read(self, fd: int, buf, offset: int, needed: int, cap: int, piece: int, direct: bool,
-             spans: list, simd: str | None = None) -> tuple[int, list]:
+             spans: list, simd: str | None = None, prefix: bytes = b"") -> tuple[int, list]:
         """Read [offset, offset + needed) of `fd` into `buf` (a writable buffer of at least `cap`
         bytes), `piece` at a time, hashing each span `(lo, hi)` (relative to `offset`, sorted,
-        disjoint, inside `needed`) as its bytes land. Returns (bytes read, [16-byte digest per
-        span]); bytes read below `needed` (the file ended) or -1 (a read failed) come with no
-        digests: read the request again the usual way to learn why."""
-        n, lo, hi, states, out, addr = self._args(buf, needed, cap, spans)
+        disjoint, inside `needed`) as its bytes land. With `prefix`, the first span begins at 0
+        and its leaf `len(prefix)` bytes before the request: its digest is that of `prefix` and
+        the span's bytes. Returns (bytes read, [16-byte digest per span]); bytes read below
+        `needed` (the file ended) or -1 (a read failed) come with no digests: read the request
+        again the usual way to learn why."""
+        n, lo, hi, states, out, addr = self._args(buf, needed, cap, spans, prefix)
         got = self._fn(*self._ptrs, fd, addr, offset, needed, cap, piece, int(direct), lo, hi, states, n, out,
-                       self.level(simd))
+                       self.level(simd), prefix, len(prefix))
         if got < needed:
             return got, []
         raw = out.raw
         return got, [raw[16 * k:16 * k + 16] for k in range(n)]
 
     def copy_mapped(self, src: int, buf, needed: int, spans: list, simd: str | None = None,
-                    chunk: int | None = None) -> list | None:
+                    chunk: int | None = None, prefix: bytes = b"") -> list | None:
         """Copy `needed` bytes from address `src` (inside a read-only shared mapping of a file) into
         `buf`, `chunk` at a time, each chunk's pages made present before and unmapped after, hashing
-        each span `(lo, hi)` (relative to `src`) from the same loads. [16-byte digest per span], or
+        each span `(lo, hi)` (relative to `src`) from the same loads (`prefix` as in `read`).
+        [16-byte digest per span], or
         None when a page could not be made present (the file is shorter than the mapping now; an
         error reading it in): read the request again the usual way to learn why."""
-        n, lo, hi, states, out, addr = self._args(buf, needed, needed, spans)
+        n, lo, hi, states, out, addr = self._args(buf, needed, needed, spans, prefix)
         got = self._map(*self._map_ptrs, src, addr, needed, chunk or CHUNK, mmap.PAGESIZE, lo, hi, states, n, out,
-                        self.level(simd))
+                        self.level(simd), prefix, len(prefix))
         if got != needed:
             return None
         raw = out.raw
         return [raw[16 * k:16 * k + 16] for k in range(n)]
 
-    def _args(self, buf, needed: int, cap: int, spans: list):
+    def _args(self, buf, needed: int, cap: int, spans: list, prefix: bytes = b""):
         n = len(spans)
+        if not isinstance(prefix, bytes) or (prefix and (not spans or spans[0][0] != 0)):
+            raise ValueError("a prefix is bytes, for a first span that begins the request")
         lo = (ctypes.c_int64 * max(n, 1))(*[a for a, _ in spans])
         hi = (ctypes.c_int64 * max(n, 1))(*[b for _, b in spans])
         mv = memoryview(buf)

@@ -175,20 +175,54 @@ static void leaf_reset(leaf_state *st)
     st->done = 0;
 }
 
-/* Take the stripes of a `len`-byte input at `in` that lie within its first `avail` bytes and are
- * followed by at least one more byte of it (XXH3 keeps the last stripe for the end), scrambling
- * after each block of 16. */
-static void leaf_feed(int simd, leaf_state *st, const unsigned char *in, i64 avail, i64 len)
+/* Take `n` stripes at `in` into `st`, keyed by their place in the block, scrambling after each
+ * block of 16. */
+static void feed_n(int simd, leaf_state *st, const unsigned char *in, i64 n)
 {
-    i64 upto = (avail < len ? avail : len - 1) / STRIPE; /* stripes that may be taken */
-    while (st->done < upto) {
-        i64 in_block = st->done % BLOCK_STRIPES, n = BLOCK_STRIPES - in_block;
-        if (n > upto - st->done)
-            n = upto - st->done;
-        stripes(simd, st->acc, in + STRIPE * st->done, SECRET + 8 * in_block, n);
-        st->done += n;
+    while (n > 0) {
+        i64 in_block = st->done % BLOCK_STRIPES, m = BLOCK_STRIPES - in_block;
+        if (m > n)
+            m = n;
+        stripes(simd, st->acc, in, SECRET + 8 * in_block, m);
+        st->done += m;
+        in += STRIPE * m;
+        n -= m;
         if (st->done % BLOCK_STRIPES == 0)
             scramble(simd, st->acc);
+    }
+}
+
+/* The `len`-byte input's byte `at` (its first `plen` bytes at `pre`, the rest at `in`) and the
+ * `n` bytes after it, contiguous: a pointer into `pre` or `in`, or `tmp` filled across the two. */
+static const unsigned char *span_at(const unsigned char *pre, i64 plen, const unsigned char *in, i64 at, i64 n,
+                                    unsigned char *tmp)
+{
+    if (at >= plen)
+        return in + (at - plen);
+    if (at + n <= plen)
+        return pre + at;
+    for (i64 i = 0; i < n; i++)
+        tmp[i] = at + i < plen ? pre[at + i] : in[at + i - plen];
+    return tmp;
+}
+
+/* Take the stripes of a `len`-byte input whose first `plen` bytes are at `pre` and the rest at
+ * `in` (`avail` of them there so far) that lie within the bytes there and are followed by at least
+ * one more byte of it (XXH3 keeps the last stripe for the end). */
+static void leaf_feed(int simd, leaf_state *st, const unsigned char *pre, i64 plen, const unsigned char *in,
+                      i64 avail, i64 len)
+{
+    i64 have = plen + avail, upto = (have < len ? have : len - 1) / STRIPE; /* stripes that may be taken */
+    unsigned char tmp[STRIPE];
+    while (st->done < upto) {
+        i64 at = st->done * STRIPE, n;
+        if (at >= plen)
+            n = upto - st->done; /* all in `in` */
+        else if (at + STRIPE <= plen)
+            n = (plen - at) / STRIPE < upto - st->done ? (plen - at) / STRIPE : upto - st->done; /* in `pre` */
+        else
+            n = 1; /* the stripe across the two */
+        feed_n(simd, st, span_at(pre, plen, in, at, STRIPE, tmp), n);
     }
 }
 
@@ -210,12 +244,14 @@ static u64 merge(const u64 *acc, const unsigned char *key, u64 start)
     return avalanche(r);
 }
 
-/* The digest of a `len`-byte input at `in` (len > MAX_SHORT) whose stripes before the last are in
- * `st`: the last stripe, then the 128-bit merge. */
-static hash128 leaf_digest(int simd, leaf_state *st, const unsigned char *in, i64 len)
+/* The digest of a `len`-byte input (len > MAX_SHORT; its first `plen` bytes at `pre`, the rest at
+ * `in`) whose stripes before the last are in `st`: the last stripe, then the 128-bit merge. */
+static hash128 leaf_digest(int simd, leaf_state *st, const unsigned char *pre, i64 plen, const unsigned char *in,
+                           i64 len)
 {
-    leaf_feed(simd, st, in, len, len);
-    stripes(simd, st->acc, in + len - STRIPE, LAST_KEY, 1);
+    unsigned char tmp[STRIPE];
+    leaf_feed(simd, st, pre, plen, in, len - plen, len);
+    stripes(simd, st->acc, span_at(pre, plen, in, len - STRIPE, STRIPE, tmp), LAST_KEY, 1);
     hash128 h;
     h.low64 = merge(st->acc, SECRET + 11, (u64)len * P64_1);
     h.high64 = merge(st->acc, SECRET + sizeof SECRET - STRIPE - 11, ~((u64)len * P64_2));
@@ -256,6 +292,8 @@ typedef struct {
     i64 nleaves, li, hashed;
     unsigned char *out;
     int simd, begun;
+    const unsigned char *pre; /* the first leaf's bytes before the request (its first span begins it) */
+    i64 plen;
     leaf_state st;
 } leaves_t;
 
@@ -265,18 +303,22 @@ static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
 {
     while (L->li < L->nleaves && L->lo[L->li] < got) {
         i64 li = L->li, a = L->lo[li], b = L->hi[li], upto = got < b ? got : b;
-        if (L->simd != SIMD_NONE && b - a > MAX_SHORT) {
+        const unsigned char *pre = li == 0 ? L->pre : 0;
+        i64 plen = li == 0 ? L->plen : 0;
+        if (L->simd != SIMD_NONE && plen + b - a > MAX_SHORT) {
             if (!L->begun)
                 leaf_reset(&L->st);
             L->begun = 1;
             if (upto < b) {
-                leaf_feed(L->simd, &L->st, base + a, upto - a, b - a);
+                leaf_feed(L->simd, &L->st, pre, plen, base + a, upto - a, plen + b - a);
                 return 0;
             }
-            canonical(L->out + 16 * li, leaf_digest(L->simd, &L->st, base + a, b - a));
+            canonical(L->out + 16 * li, leaf_digest(L->simd, &L->st, pre, plen, base + a, plen + b - a));
         } else {
             if (!L->begun) {
                 if (L->reset(L->states[li]) != 0)
+                    return -1;
+                if (plen > 0 && L->update(L->states[li], pre, (size_t_)plen) != 0)
                     return -1;
                 L->hashed = a;
             }
@@ -299,7 +341,9 @@ static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
  * [lo[i], hi[i]) (relative to `offset`, sorted, disjoint, inside [0, needed)), its 16-byte digest
  * (xxhash's canonical form: big-endian, high half first) into out[16 i]. With `simd` above
  * SIMD_NONE (at most planc_simd()), leaves longer than MAX_SHORT take the stripe path; the others
- * go through the package's functions, with `states[i]`.
+ * go through the package's functions, with `states[i]`. With `plen` above 0, the first leaf
+ * begins `plen` bytes before the request (those bytes at `pre`) and its span at the request's
+ * first byte: its digest is that of the `plen` bytes and its span's.
  * Returns the bytes read (at least `needed`), or the bytes read before the file ended (less than
  * `needed`: no digests), or -1 when a read failed: the caller reads the request again its own way,
  * which says why. With `direct`, a read that ends off a 4096-byte boundary ends the loop (O_DIRECT
@@ -307,11 +351,12 @@ static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
 i64 planc_read_hash(pread_fn pread, reset_fn reset, update_fn update, digest_fn digest, int fd,
                     unsigned char *base, i64 offset, i64 needed, i64 cap, i64 piece, int direct,
                     const i64 *lo, const i64 *hi, void *const *states, i64 nleaves, unsigned char *out,
-                    int simd)
+                    int simd, const unsigned char *pre, i64 plen)
 {
     i64 got = 0;
-    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, {{0}, 0}};
-    if (piece <= 0 || cap < needed || simd < SIMD_NONE || simd > SIMD_AVX512)
+    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, pre, plen, {{0}, 0}};
+    if (piece <= 0 || cap < needed || simd < SIMD_NONE || simd > SIMD_AVX512 || plen < 0 ||
+        (plen > 0 && (nleaves < 1 || lo[0] != 0)))
         return -1;
     while (got < needed) {
         i64 stop = ((offset + got) / piece + 1) * piece - offset;
@@ -394,16 +439,18 @@ static void stream_copy(int simd, unsigned char *dst, const unsigned char *src, 
  * page the file no longer has is an error here, not a fault in the copy), and after it they are
  * unmapped again (MADV_DONTNEED: a shared file mapping's pages stay in the page cache): a reader
  * holds at most a chunk and two pages of the file mapped. `page` is the system's page size.
- * `simd` picks the stores and the stripe path (SIMD_NONE: SSE2 stores, the package's hash).
+ * `simd` picks the stores and the stripe path (SIMD_NONE: SSE2 stores, the package's hash);
+ * `pre` and `plen` as in planc_read_hash.
  * Returns `needed`, or -1 when a page could not be made present or a hash failed (the caller
  * reads the request again its own way, which says why). */
 i64 planc_map_hash(madvise_fn madvise, reset_fn reset, update_fn update, digest_fn digest,
                    const unsigned char *src, unsigned char *dst, i64 needed, i64 chunk, i64 page,
                    const i64 *lo, const i64 *hi, void *const *states, i64 nleaves, unsigned char *out,
-                   int simd)
+                   int simd, const unsigned char *pre, i64 plen)
 {
-    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, {{0}, 0}};
-    if (chunk <= 0 || chunk % 256 || page <= 0 || (page & (page - 1)) || simd < SIMD_NONE || simd > SIMD_AVX512)
+    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, pre, plen, {{0}, 0}};
+    if (chunk <= 0 || chunk % 256 || page <= 0 || (page & (page - 1)) || simd < SIMD_NONE || simd > SIMD_AVX512 ||
+        plen < 0 || (plen > 0 && (nleaves < 1 || lo[0] != 0)))
         return -1;
     i64 done = 0, rc = needed;
     while (done < needed) {
