@@ -54,6 +54,7 @@ class DigestReader:
         self._mapped = (mapped and self._native is not None and self._native.mapped
                         and hasattr(reader, "read_mapped"))
         verifier.read = "mapped" if self._mapped else "pread"
+        verifier.paired = self._native is not None  # a leaf across two reads hashed by the later one
 
     def __getattr__(self, name):
         return getattr(self._reader, name)
@@ -83,29 +84,42 @@ class DigestReader:
         return n
 
     def _read_hashing(self, rel: str, offset: int, length: int, buf, needed: int, deferred: list) -> int | None:
-        """The read through the read-and-hash loop, its whole leaves hashed as they land, the rest
-        of its bytes (parts of shared leaves, an extent's fills) through `feed`; None when the
-        read has no whole leaf to hash or the loop stopped short (then read it the usual way)."""
+        """The read through the read-and-hash loop: the paired leaf whose last part begins it (its
+        bytes before the read given to the loop: `Verifier.begin_paired`) and its whole leaves
+        hashed as they land, the rest of its bytes (other parts of shared leaves, an extent's
+        fills) through `feed`; None when the read has neither or the loop stopped short (then read
+        it the usual way)."""
         v = self.verifier
+        head = v.paired_head(rel, offset, needed) if v.paired else None
         leaves = v.whole_leaves(rel, offset, needed)
-        if not leaves:
+        if not leaves and head is None:
             return None
-        only = v.alone(leaves) and leaves[0][2] == offset and leaves[-1][3] == offset + needed
-        t0 = time.perf_counter()
         spans = [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves]
+        prefix = b""
+        if head is not None:
+            prefix = v.begin_paired(rel, head[1])
+            spans.insert(0, (0, head[1].hi - offset))
+        t0 = time.perf_counter()
         done = None
         if self._mapped:
-            done = self._reader.read_mapped(rel, offset, length, buf, needed, spans, self._native, self._simd)
+            done = self._reader.read_mapped(rel, offset, length, buf, needed, spans, self._native, self._simd, prefix)
         if done is None:
             done = self._reader.read_hashing(rel, offset, length, buf, needed, spans, self._native, readhash.PIECE,
-                                             self._simd)
+                                             self._simd, prefix)
         if done is None:
             return None
         n, digests = done
-        v.record_leaves(rel, leaves, digests, time.perf_counter() - t0)
-        if only:
-            return n  # the read was its whole leaves: nothing else to hash (the common read)
-        v.feed(rel, offset, memoryview(buf)[:needed], deferred)  # whole leaves done: skipped
+        seconds = time.perf_counter() - t0
+        if head is not None:
+            v.record_paired(rel, head[0], head[1], digests[0], seconds)
+            digests, seconds = digests[1:], 0.0
+        if leaves:
+            v.record_leaves(rel, leaves, digests, seconds)
+        exts = [st for st, *_ in leaves] + ([head[0]] if head is not None else [])
+        if (spans[0][0] == 0 and spans[-1][1] == needed and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+                and not any(st.fills and not st.claimed for st in exts)):
+            return n  # the read was its leaves: nothing else to hash (the common read)
+        v.feed(rel, offset, memoryview(buf)[:needed], deferred)  # hashed leaves: skipped
         v.settle(deferred)
         return n
 

@@ -43,6 +43,7 @@ from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash, leaf_dige
 
 WHOLE, SHARED, FILL = 1, 2, 3  # a leaf's kind (0: not yet known while planning)
 MIN_PIECE = 1 << 20  # the reader hands over its bytes a leaf at a time, at least this many
+PREFIX_MAX = 1 << 20  # a shared leaf whose last part begins a read at most this far into it is "paired"
 PIECE_BYTES = None  # or pieces of this many (a power of two, at most a leaf) streamed into their leaf's
 # state (bench/reload.py --piece): 256 KiB - 2 MiB pieces, hashed while in the core's cache, ran at
 # 0.10-0.29x of a plain load on the H200, sixteen readers trading the interpreter's lock four times
@@ -71,7 +72,7 @@ class _Layout:
     its reads come in file order."""
 
     kinds: bytearray
-    shared: dict  # j -> (gaps: [(g0, g1)], ordered: bool)
+    shared: dict  # j -> (gaps: [(g0, g1)], ordered: bool, split: int | None, before: [(a, b)])
 
 
 def _layout(pieces: list, size: int, E: int, L: int) -> dict:
@@ -117,7 +118,11 @@ def _layout(pieces: list, size: int, E: int, L: int) -> dict:
             at = max(at, b)
         if at < l1:
             gaps.append((at, l1))
-        lay.shared[j] = (gaps, all(ps[i][0] <= ps[i + 1][0] for i in range(len(ps) - 1)))
+        ordered = all(ps[i][0] <= ps[i + 1][0] for i in range(len(ps) - 1))
+        sp = sorted(ps)
+        m = sp[-1][0]  # paired: the last part begins a read, ends the leaf, and follows every other part
+        paired = (ordered and sp[-1][1] == l1 and l0 < m <= l0 + PREFIX_MAX and all(b <= m for _, b in sp[:-1]))
+        lay.shared[j] = (gaps, ordered, m if paired else None, [p for p in sp[:-1]] if paired else [])
     for lay in out.values():
         for j, kind in enumerate(lay.kinds):
             if not kind:
@@ -144,7 +149,7 @@ def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
                 if kind == FILL:
                     fill += n
                 elif kind == SHARED:
-                    gaps, ordered = lay.shared[j]
+                    gaps, ordered, _, _ = lay.shared[j]
                     if ordered:
                         fill += sum(b - a for a, b in gaps)
                     else:
@@ -156,12 +161,20 @@ def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
 class _Leaf:
     """A shared leaf's streaming state: bytes [lo, hi) of a file, fed in order at `cursor`."""
 
-    __slots__ = ("j", "lo", "hi", "gaps", "reread", "cursor", "hasher", "done", "cond")
+    __slots__ = ("j", "lo", "hi", "gaps", "reread", "cursor", "hasher", "done", "cond", "split", "before", "begun",
+                 "prefix", "loaded", "unmatched")
 
-    def __init__(self, j: int, lo: int, hi: int, gaps: list, reread: bool):
+    def __init__(self, j: int, lo: int, hi: int, gaps: list, reread: bool, split: int | None = None,
+                 before: list = ()):
         self.j, self.lo, self.hi, self.gaps, self.reread = j, lo, hi, deque(gaps), reread
         self.cursor, self.hasher, self.done = lo, _xxh(), False
         self.cond = threading.Condition()
+        # paired (`Verifier.paired`): the read that begins at `split` hashes the leaf, its bytes
+        # before `split` read again (`prefix`) and compared with those the reads `before` loaded
+        self.split, self.before, self.begun = split, list(before), False
+        self.prefix: bytes | None = None
+        self.loaded: list = []  # (a, the bytes a read loaded at [a, b)), until compared
+        self.unmatched = len(self.before)
 
 
 class _Extent:
@@ -174,8 +187,8 @@ class _Extent:
         self.index, self.lo, self.hi, self.expect, self.kinds = index, lo, hi, expect, lay.kinds
         n = len(lay.kinds)
         self.digests, self.done, self.left = bytearray(16 * n), bytearray(n), n
-        self.shared = {j: _Leaf(j, lo + j * L, min(lo + (j + 1) * L, hi), gaps, not ordered)
-                       for j, (gaps, ordered) in lay.shared.items()}
+        self.shared = {j: _Leaf(j, lo + j * L, min(lo + (j + 1) * L, hi), gaps, not ordered, split, before)
+                       for j, (gaps, ordered, split, before) in lay.shared.items()}
         self.fills = [j for j, kind in enumerate(lay.kinds) if kind == FILL]
         self.claimed = self.closed = False
         self.lock = threading.Lock()
@@ -246,7 +259,11 @@ class Verifier:
         self.simd: str | None = None  # the loop's level for long leaves (readhash.LEVELS), with "native"
         self.read = "pread"  # or "mapped": how the loop gets bytes read through the page cache (PLANC_DIGEST_READ)
         self.hash_extent = extent_hash  # an extent's hash from its leaves' digests (the loop's own, with it)
-        self.fill_bytes = self.reread_bytes = self.hashed_bytes = 0
+        self.fill_bytes = self.reread_bytes = self.hashed_bytes = self.prefix_bytes = 0
+        # A shared leaf whose last part begins a read ("paired") is hashed by that read, with the
+        # bytes before it read again and compared with those the earlier reads loaded: set by a
+        # reader that hashes whole reads in machine code (`planc.execute.digestread`), before any read
+        self.paired = False
         self.verify_seconds = self.wait_seconds = 0.0
         self._thread_stats: dict = {}  # reader thread -> [hashed bytes, seconds] of its whole-leaf hashing
         self._lock = threading.Lock()
@@ -325,6 +342,11 @@ class Verifier:
                         stream.begin(st, j, l0, l1, mv[l0 - offset:b - offset])
                 elif kind == SHARED:
                     lf = st.shared[j]
+                    if self.paired and lf.split is not None:
+                        if max(a, l0) < lf.split:  # a part before the last: its bytes kept to compare
+                            self.publish(rel, lf, max(a, l0), min(b, l1, lf.split), mv, offset)
+                            continue
+                        self.begin_paired(rel, lf)  # the last part: the bytes before it first
                     if not lf.reread and not self._feed_shared(rel, st, lf, max(a, l0), min(b, l1), mv, offset,
                                                                 wait=deferred is None):
                         deferred.append((rel, st, lf, max(a, l0), min(b, l1), mv, offset))
@@ -440,6 +462,92 @@ class Verifier:
             self._record(rel, st, [(lf.j, done)])
         return True
 
+    # -- paired leaves
+    def paired_head(self, rel: str, offset: int, needed: int):
+        """(extent, leaf) of the paired leaf whose last part begins at `offset` and ends inside
+        [offset, offset + needed), not yet hashed; else None."""
+        exts = self.states.get(rel)
+        if not exts or not offset:
+            return None
+        E, L = self.digest.extent_bytes, self.digest.leaf_bytes
+        st = exts.get((offset - 1) // E)
+        if st is None:
+            return None
+        lf = st.shared.get((offset - 1 - st.lo) // L)
+        if lf is None or lf.split != offset or lf.hi > offset + needed or lf.done:
+            return None
+        return st, lf
+
+    def begin_paired(self, rel: str, lf: _Leaf) -> bytes:
+        """The paired leaf's bytes before its last part, read from the file (once), compared with
+        those the earlier reads loaded (`publish`) and hashed into its streaming state, whose cursor
+        then stands at the last part; returned (for a reader that hashes the leaf itself)."""
+        with lf.cond:
+            if lf.begun:
+                return lf.prefix if lf.prefix is not None else self._read_file(rel, lf.lo, lf.split)
+            data = self._read_file(rel, lf.lo, lf.split)
+            for a, got in lf.loaded:
+                self._compare(rel, lf, a, got, data)
+            lf.loaded.clear()
+            lf.prefix = data if lf.unmatched else None
+            lf.hasher = _xxh()
+            lf.hasher.update(data)
+            lf.cursor, lf.begun = lf.split, True
+            loaded = len(data) - sum(g1 - g0 for g0, g1 in lf.gaps)  # the gaps: bytes no read loads (a header)
+            lf.gaps.clear()
+            with self._lock:
+                self.prefix_bytes += loaded
+                self.hashed_bytes += loaded
+                self.fill_bytes += len(data) - loaded
+            lf.cond.notify_all()
+            return data
+
+    def publish(self, rel: str, lf: _Leaf, a: int, b: int, mv, offset: int) -> None:
+        """Bytes [a, b) a read loaded of a paired leaf before its last part: compared with the
+        bytes its hash was taken of, now or once they are read (`begin_paired`)."""
+        got = bytes(mv[a - offset:b - offset])
+        with lf.cond:
+            if lf.begun:
+                self._compare(rel, lf, a, got, lf.prefix)
+                if not lf.unmatched:
+                    lf.prefix = None
+            else:
+                lf.loaded.append((a, got))
+
+    def _compare(self, rel: str, lf: _Leaf, a: int, got: bytes, prefix: bytes | None) -> None:
+        lf.unmatched -= 1
+        if prefix is None or prefix[a - lf.lo:a - lf.lo + len(got)] != got:
+            err = DigestError(f"{printable(os.path.join(self.root, rel))}: bytes [{a:,}, {a + len(got):,}) read twice "
+                              f"during the load (loaded, and again to hash their leaf) differ: the file changed while "
+                              f"it was loaded; no model was returned", code=Code.DIGEST_MISMATCH)
+            self.abort(err)
+            raise err
+
+    def record_paired(self, rel: str, st: _Extent, lf: _Leaf, digest: bytes, seconds: float = 0.0) -> None:
+        """The paired leaf's digest, hashed by the reader of its last part (after `begin_paired`)."""
+        with lf.cond:
+            if lf.done:
+                return
+            lf.done, lf.cursor = True, lf.hi
+            lf.cond.notify_all()
+        self._count(lf.hi - lf.split, seconds)
+        self._record(rel, st, [(lf.j, digest)])
+
+    def _read_file(self, rel: str, lo: int, hi: int) -> bytes:
+        path = os.path.join(self.root, rel)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            parts, at = [], lo
+            while at < hi:
+                data = os.pread(fd, hi - at, at)
+                if not data:
+                    raise DigestError(f"{printable(path)}: ended at {at:,} bytes while hashing it", code=Code.DIGEST_READ)
+                parts.append(data)
+                at += len(data)
+        finally:
+            os.close(fd)
+        return b"".join(parts)
+
     def _fill(self, rel: str, lf: _Leaf) -> None:
         """Hash the bytes of a shared leaf no read covers once its cursor reaches them."""
         while lf.gaps and lf.gaps[0][0] <= lf.cursor:
@@ -508,6 +616,11 @@ class Verifier:
         L = self.digest.leaf_bytes
         for rel, exts in self.states.items():
             for st in exts.values():
+                for lf in st.shared.values():
+                    if self.paired and lf.split is not None and lf.unmatched:
+                        raise DigestError(f"{printable(os.path.join(self.root, rel))}: bytes [{lf.lo:,}, {lf.split:,}) "
+                                          f"were hashed but never compared with the bytes loaded",
+                                          code=Code.DIGEST_INCOMPLETE)
                 if st.closed:
                     continue
                 if st.fills and not st.claimed:
@@ -544,7 +657,7 @@ class Verifier:
         return {"ok": True, "kind": "digest", "digest_file": self.digest.path, "extent_bytes": self.digest.extent_bytes,
                 "leaf_bytes": self.digest.leaf_bytes, "extents": n, "hashed_bytes": hashed, "hasher": self.hasher,
                 "simd": self.simd, "read": self.read if self.hasher == "native" else None,
-                "fill_bytes": self.fill_bytes, "reread_bytes": self.reread_bytes,
+                "fill_bytes": self.fill_bytes, "reread_bytes": self.reread_bytes, "prefix_bytes": self.prefix_bytes,
                 "verify_seconds": round(seconds, 6), "wait_seconds": round(self.wait_seconds, 6)}
 
     def mismatch(self, rel: str, st: _Extent) -> DigestError:
