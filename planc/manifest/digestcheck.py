@@ -133,12 +133,13 @@ def _layout(pieces: list, size: int, E: int, L: int) -> dict:
 def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
     """What verifying `plan` against a digest of `extent_bytes` extents (`leaf_bytes` leaves) costs:
     extents hashed in the ring, bytes the verifier reads itself (`fill_bytes`: parts of touched
-    extents no read covers; `reread_bytes`: shared leaves whose reads are out of file order),
-    extents not touched."""
+    extents no read covers; `reread_bytes`: shared leaves whose reads are out of file order;
+    `prefix_bytes`: with the read-and-hash loop, the bytes of paired leaves that reads before their
+    last part loaded, read again), extents not touched."""
     E = extent_bytes
     L = min(LEAF_BYTES, E) if leaf_bytes is None else leaf_bytes
     pieces = read_pieces(plan)
-    touched = fill = reread = total = 0
+    touched = fill = reread = prefix = total = 0
     for f in plan.checkpoint.files:
         total += math.ceil(f.size_bytes / E)
         for k, lay in _layout(pieces.get(f.path, []), f.size_bytes, E, L).items():
@@ -149,13 +150,15 @@ def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
                 if kind == FILL:
                     fill += n
                 elif kind == SHARED:
-                    gaps, ordered, _, _ = lay.shared[j]
+                    gaps, ordered, split, _ = lay.shared[j]
                     if ordered:
                         fill += sum(b - a for a, b in gaps)
+                    if split is not None:
+                        prefix += split - (lo + j * L) - sum(b - a for a, b in gaps)
                     else:
                         reread += n
     return {"extent_bytes": E, "leaf_bytes": L, "extents": total, "extents_verified": touched,
-            "extents_untouched": total - touched, "fill_bytes": fill, "reread_bytes": reread}
+            "extents_untouched": total - touched, "fill_bytes": fill, "reread_bytes": reread, "prefix_bytes": prefix}
 
 
 class _Leaf:
