@@ -226,6 +226,7 @@ def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models, hashe
     if os.environ.get("PLANC_DIGEST_HASH") == "package":
         assert rep["simd"] == "package"
     assert rep["read"] == (None if hasher != "native" else os.environ["PLANC_DIGEST_READ"])
+    assert (rep["loop_bytes"] > 0) == (hasher == "native"), rep  # the loop hashes what it takes
     sizes = sum(f.stat().st_size for f in (tmp_path / "a" / "dense").glob("*.safetensors"))
     assert rep["hashed_bytes"] + rep["fill_bytes"] + rep["reread_bytes"] == sizes  # every byte, hashed once
     assert rep["reread_bytes"] == 0
@@ -234,6 +235,92 @@ def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models, hashe
 
     for f in doc["files"]:
         assert f["sha256"] == hashlib.sha256((tmp_path / "a" / "dense" / f["path"]).read_bytes()).hexdigest()
+
+
+def _across(tmp_path):
+    """One file: a header of about 8 KiB, one float32 tensor of 400,000 bytes; requests of a
+    leaf's size from the tensor's page, so that every leaf but the first lies across two reads.
+    Returns (spec, plan, digest file, checkpoint folder, want)."""
+    from safetensors.numpy import save_file
+
+    from planc.compiler.compile import compile_spec
+
+    root = tmp_path / "across"
+    root.mkdir()
+    w = np.random.default_rng(3).standard_normal(100_000).astype(np.float32)
+    save_file({"w": w}, str(root / "model.safetensors"), metadata={"pad": "x" * 6000})
+    spec = spec_file(tmp_path, root, [{"match": "*"}], io=dict(SMALL_IO, slot="64KiB"), name="across.yaml")
+    return spec, compile_spec(spec), _digest(root, tmp_path / "across.digest.json"), root, {"w": w}
+
+
+def test_the_loop_hashes_the_leaves_across_two_reads(tmp_path, models, hasher):
+    """The loop hashes a leaf across two reads with the read that holds its last part, its bytes
+    in the read before read again (`prefix_bytes`, as `coverage` predicts) and compared with
+    those loaded; every byte hashed once."""
+    spec, plan, d, root, want = _across(tmp_path)
+    cov = dgc.coverage(plan, EXTENT)
+    assert cov["prefix_bytes"] > 0 and cov["reread_bytes"] == 0
+    model = planc.load(spec, verify="digest", digest=d)
+    models.append(model)
+    assert_model(model, want)
+    rep = model.report["digest"]
+    size = (root / "model.safetensors").stat().st_size
+    assert rep["hashed_bytes"] + rep["fill_bytes"] + rep["reread_bytes"] == size
+    if hasher == "native":
+        assert rep["prefix_bytes"] == cov["prefix_bytes"]
+        assert rep["loop_bytes"] + rep["prefix_bytes"] >= size - EXTENT, rep  # all but the header's leaf
+    else:
+        assert rep["loop_bytes"] == rep["prefix_bytes"] == 0
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_flipped_byte_before_a_read_s_first_byte_is_caught(tmp_path, models, where):
+    """A byte of a leaf that lies in the read before the one that hashes the leaf."""
+    from planc.execute import readhash
+
+    if readhash.load() is None:
+        pytest.skip(readhash.why_not)
+    spec, plan, d, root, _ = _across(tmp_path)
+    q = [q for r in plan.runs for q in r.requests][2]
+    at = q.offset - 100 if where == "before" else q.offset + 100
+    f = root / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[at] ^= 0x40
+    f.write_bytes(bytes(data))
+    with pytest.raises(DigestError, match=r"do not match the digest file") as e:
+        planc.load(spec, verify="digest", digest=d)
+    assert e.value.code == "digest-mismatch"
+
+
+def test_bytes_loaded_and_read_again_that_differ_fail_the_load(tmp_path):
+    """A paired leaf's bytes before its last part are hashed from a second read of the file; the
+    bytes the load put on the device are compared with them, whichever comes first."""
+    _, plan, d, root, _ = _across(tmp_path)
+    d = dg.read_digest(str(d))
+    data = (root / "model.safetensors").read_bytes()
+    for loaded_first in (True, False):
+        v = dgc.Verifier(plan, d)
+        v.paired = True
+        rel = "model.safetensors"
+        lf = next(lf for st in v.states[rel].values() for lf in st.shared.values() if lf.split and lf.before)
+        a, b = lf.before[-1]
+        changed = bytearray(data[a:b])
+        changed[-1] ^= 1
+        if loaded_first:
+            v.publish(rel, lf, a, b, memoryview(bytes(changed)), a)
+            with pytest.raises(DigestError, match="read twice during the load .* differ") as e:
+                v.begin_paired(rel, lf)
+        else:
+            assert v.begin_paired(rel, lf) == data[lf.lo:lf.split]
+            with pytest.raises(DigestError, match="read twice during the load .* differ") as e:
+                v.publish(rel, lf, a, b, memoryview(bytes(changed)), a)
+        assert e.value.code == "digest-mismatch" and v.aborted
+    v = dgc.Verifier(plan, d)
+    v.paired = True
+    lf = next(lf for st in v.states[rel].values() for lf in st.shared.values() if lf.split and lf.before)
+    v.begin_paired(rel, lf)
+    with pytest.raises(DigestError, match="never compared"):
+        v.finish()
 
 
 @pytest.mark.parametrize("shard", [0, 1])

@@ -114,7 +114,7 @@ class DigestReader:
             v.record_paired(rel, head[0], head[1], digests[0], seconds)
             digests, seconds = digests[1:], 0.0
         if leaves:
-            v.record_leaves(rel, leaves, digests, seconds)
+            v.record_leaves(rel, leaves, digests, seconds, loop=True)
         exts = [st for st, *_ in leaves] + ([head[0]] if head is not None else [])
         if (spans[0][0] == 0 and spans[-1][1] == needed and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
                 and not any(st.fills and not st.claimed for st in exts)):

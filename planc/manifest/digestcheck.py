@@ -268,7 +268,7 @@ class Verifier:
         # reader that hashes whole reads in machine code (`planc.execute.digestread`), before any read
         self.paired = False
         self.verify_seconds = self.wait_seconds = 0.0
-        self._thread_stats: dict = {}  # reader thread -> [hashed bytes, seconds] of its whole-leaf hashing
+        self._thread_stats: dict = {}  # reader thread -> [hashed bytes, seconds, of those bytes hashed in the loop]
         self._lock = threading.Lock()
         self.states: dict = {}
         E, L = digest.extent_bytes, digest.leaf_bytes
@@ -404,21 +404,23 @@ class Verifier:
         return all(a[3] == b[2] for a, b in zip(leaves, leaves[1:])) and not any(
             st.fills and not st.claimed for st, *_ in leaves)
 
-    def record_leaves(self, rel: str, leaves: list, digests: list, seconds: float = 0.0) -> None:
-        """The digests of `whole_leaves`' leaves, hashed by the reader."""
+    def record_leaves(self, rel: str, leaves: list, digests: list, seconds: float = 0.0, loop: bool = False) -> None:
+        """The digests of `whole_leaves`' leaves, hashed by the reader (`loop`: in the read-and-hash loop)."""
         by: dict = {}
         for (st, j, l0, l1), d in zip(leaves, digests, strict=True):
             by.setdefault(id(st), (st, []))[1].append((j, d))
-        self._count(sum(l1 - l0 for *_, l0, l1 in leaves), seconds)
+        n = sum(l1 - l0 for *_, l0, l1 in leaves)
+        self._count(n, seconds, n if loop else 0)
         for st, got in by.values():
             self._record(rel, st, got)
 
-    def _count(self, hashed: int, seconds: float) -> None:
+    def _count(self, hashed: int, seconds: float, loop: int = 0) -> None:
         acc = self._thread_stats.get(threading.get_ident())
         if acc is None:  # each reader thread adds to its own counters: no lock taken per piece
-            acc = self._thread_stats.setdefault(threading.get_ident(), [0, 0.0])
+            acc = self._thread_stats.setdefault(threading.get_ident(), [0, 0.0, 0])
         acc[0] += hashed
         acc[1] += seconds
+        acc[2] += loop
 
     def settle(self, deferred: list) -> None:
         """The parts `feed` kept: each hashed once the earlier reads of its leaf are."""
@@ -527,13 +529,14 @@ class Verifier:
             raise err
 
     def record_paired(self, rel: str, st: _Extent, lf: _Leaf, digest: bytes, seconds: float = 0.0) -> None:
-        """The paired leaf's digest, hashed by the reader of its last part (after `begin_paired`)."""
+        """The paired leaf's digest, hashed in the read-and-hash loop by the reader of its last part
+        (after `begin_paired`)."""
         with lf.cond:
             if lf.done:
                 return
             lf.done, lf.cursor = True, lf.hi
             lf.cond.notify_all()
-        self._count(lf.hi - lf.split, seconds)
+        self._count(lf.hi - lf.split, seconds, lf.hi - lf.split)
         self._record(rel, st, [(lf.j, digest)])
 
     def _read_file(self, rel: str, lo: int, hi: int) -> bytes:
@@ -617,13 +620,15 @@ class Verifier:
     # -- after the last read
     def finish(self) -> dict:
         L = self.digest.leaf_bytes
-        for rel, exts in self.states.items():
+        for rel, exts in self.states.items():  # paired leaves: each loaded part compared with what was hashed
             for st in exts.values():
                 for lf in st.shared.values():
-                    if self.paired and lf.split is not None and lf.unmatched:
+                    if self.paired and lf.split is not None and lf.begun and lf.unmatched:
                         raise DigestError(f"{printable(os.path.join(self.root, rel))}: bytes [{lf.lo:,}, {lf.split:,}) "
                                           f"were hashed but never compared with the bytes loaded",
                                           code=Code.DIGEST_INCOMPLETE)
+        for rel, exts in self.states.items():
+            for st in exts.values():
                 if st.closed:
                     continue
                 if st.fills and not st.claimed:
@@ -660,6 +665,7 @@ class Verifier:
         return {"ok": True, "kind": "digest", "digest_file": self.digest.path, "extent_bytes": self.digest.extent_bytes,
                 "leaf_bytes": self.digest.leaf_bytes, "extents": n, "hashed_bytes": hashed, "hasher": self.hasher,
                 "simd": self.simd, "read": self.read if self.hasher == "native" else None,
+                "loop_bytes": sum(a[2] for a in per),
                 "fill_bytes": self.fill_bytes, "reread_bytes": self.reread_bytes, "prefix_bytes": self.prefix_bytes,
                 "verify_seconds": round(seconds, 6), "wait_seconds": round(self.wait_seconds, 6)}
 
