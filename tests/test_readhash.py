@@ -318,3 +318,42 @@ def test_a_prefix_is_only_for_a_first_span_at_the_request_s_start(native, data_f
             native.read(fd, np.zeros(4096, np.uint8), 0, 4096, 4096, 4096, False, [(8, 4096)], None, b"x" * 8)
     finally:
         os.close(fd)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lo=st.integers(0, 100_000), cuts=st.lists(st.integers(1, 400_000), min_size=1, max_size=3, unique=True),
+       before=st.integers(0, 5000), after=st.integers(0, 5000), mapped=st.booleans(), level=st.sampled_from(LEVELS))
+def test_a_leaf_hashed_across_reads_through_its_own_state(native, data_file, lo, cuts, before, after, mapped, level):
+    """A leaf's parts in consecutive reads, each with other leaves beside it: the first holds
+    the state, the middle ones continue and hold it, the last continues it and gives the digest."""
+    _runs(native, level)
+    f, data = data_file
+    bounds = [lo] + sorted(lo + c for c in cuts)
+    before = min(before, lo)
+    leaf = native.new_state()
+    import mmap
+
+    fd = os.open(f, os.O_RDONLY)
+    mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    src = np.frombuffer(mm, np.uint8)
+    try:
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            first, last = k == 0, k == len(bounds) - 2
+            at = a - (before if first else 0)  # the first read begins with another leaf
+            end = b + (after if last else 0)  # the last read ends with another
+            spans = ([(0, a - at)] if a > at else []) + [(a - at, b - at)] + ([(b - at, end - at)] if end > b else [])
+            i = 1 if a > at else 0
+            chained = {i: (leaf, not first, not last)}
+            buf = np.zeros(end - at, np.uint8)
+            if mapped:
+                d = native.copy_mapped(src.__array_interface__["data"][0] + at, buf, end - at, spans, level, 4096,
+                                       chained=chained)
+            else:
+                got, d = native.read(fd, buf, at, end - at, end - at, 4096, False, spans, level, chained=chained)
+            others = [xxhash.xxh3_128(data[at + x:at + y]).digest() for j, (x, y) in enumerate(spans) if j != i]
+            assert [x for j, x in enumerate(d) if j != i] == others
+            assert d[i] == (xxhash.xxh3_128(data[bounds[0]:bounds[-1]]).digest() if last else b"")
+    finally:
+        src = None
+        mm.close()
+        os.close(fd)

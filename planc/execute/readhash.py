@@ -149,11 +149,11 @@ class ReadHash:
         f = obj.planc_read_hash
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         f.argtypes = [vp, vp, vp, vp, ctypes.c_int, vp, i64, i64, i64, i64, ctypes.c_int, vp, vp, vp, i64, vp,
-                      ctypes.c_int, ctypes.c_char_p, i64]
+                      ctypes.c_int, ctypes.c_char_p, i64, vp]
         f.restype = i64
         self._fn = f  # a CDLL function: the interpreter's lock is released for the whole call
         m = obj.planc_map_hash
-        m.argtypes = [vp, vp, vp, vp, vp, vp, i64, i64, i64, vp, vp, vp, i64, vp, ctypes.c_int, ctypes.c_char_p, i64]
+        m.argtypes = [vp, vp, vp, vp, vp, vp, i64, i64, i64, vp, vp, vp, i64, vp, ctypes.c_int, ctypes.c_char_p, i64, vp]
         m.restype = i64
         self._map = m
         self.mapped = True  # copying out of a mapping works here (`_self_check` says otherwise)
@@ -199,39 +199,47 @@ class ReadHash:
         return LEVEL_NAMES[self.level(simd)]
 
     def read(self, fd: int, buf, offset: int, needed: int, cap: int, piece: int, direct: bool,
-             spans: list, simd: str | None = None, prefix: bytes = b"") -> tuple[int, list]:
+             spans: list, simd: str | None = None, prefix: bytes = b"", chained: dict | None = None) -> tuple[int, list]:
         """Read [offset, offset + needed) of `fd` into `buf` (a writable buffer of at least `cap`
         bytes), `piece` at a time, hashing each span `(lo, hi)` (relative to `offset`, sorted,
         disjoint, inside `needed`) as its bytes land. With `prefix`, the first span begins at 0
         and its leaf `len(prefix)` bytes before the request: its digest is that of `prefix` and
-        the span's bytes. Returns (bytes read, [16-byte digest per span]); bytes read below
+        the span's bytes. `chained`: span index -> (state, continues, holds) for spans of a leaf
+        hashed across several reads through a state of its own (`new_state`): `continues`, the
+        state holds the leaf's bytes before the span; `holds`, the leaf goes on after it (its
+        digest is then b""). Returns (bytes read, [16-byte digest per span]); bytes read below
         `needed` (the file ended) or -1 (a read failed) come with no digests: read the request
         again the usual way to learn why."""
-        n, lo, hi, states, out, addr = self._args(buf, needed, cap, spans, prefix)
+        n, lo, hi, states, out, addr, flags = self._args(buf, needed, cap, spans, prefix, chained)
         got = self._fn(*self._ptrs, fd, addr, offset, needed, cap, piece, int(direct), lo, hi, states, n, out,
-                       self.level(simd), prefix, len(prefix))
+                       self.level(simd), prefix, len(prefix), flags)
         if got < needed:
             return got, []
-        raw = out.raw
-        return got, [raw[16 * k:16 * k + 16] for k in range(n)]
+        return got, _digests(out.raw, n, chained)
 
     def copy_mapped(self, src: int, buf, needed: int, spans: list, simd: str | None = None,
-                    chunk: int | None = None, prefix: bytes = b"") -> list | None:
+                    chunk: int | None = None, prefix: bytes = b"", chained: dict | None = None) -> list | None:
         """Copy `needed` bytes from address `src` (inside a read-only shared mapping of a file) into
         `buf`, `chunk` at a time, each chunk's pages made present before and unmapped after, hashing
-        each span `(lo, hi)` (relative to `src`) from the same loads (`prefix` as in `read`).
+        each span `(lo, hi)` (relative to `src`) from the same loads (`prefix`, `chained` as in `read`).
         [16-byte digest per span], or
         None when a page could not be made present (the file is shorter than the mapping now; an
         error reading it in): read the request again the usual way to learn why."""
-        n, lo, hi, states, out, addr = self._args(buf, needed, needed, spans, prefix)
+        n, lo, hi, states, out, addr, flags = self._args(buf, needed, needed, spans, prefix, chained)
         got = self._map(*self._map_ptrs, src, addr, needed, chunk or CHUNK, mmap.PAGESIZE, lo, hi, states, n, out,
-                        self.level(simd), prefix, len(prefix))
+                        self.level(simd), prefix, len(prefix), flags)
         if got != needed:
             return None
-        raw = out.raw
-        return [raw[16 * k:16 * k + 16] for k in range(n)]
+        return _digests(out.raw, n, chained)
 
-    def _args(self, buf, needed: int, cap: int, spans: list, prefix: bytes = b""):
+    def new_state(self) -> "State":
+        """An xxh3-128 streaming state of the package's, for a leaf hashed across several reads."""
+        p = self._create()
+        if not p:
+            raise MemoryError("xxhash could not allocate a hash state")
+        return State(p, self._free)
+
+    def _args(self, buf, needed: int, cap: int, spans: list, prefix: bytes = b"", chained: dict | None = None):
         n = len(spans)
         if not isinstance(prefix, bytes) or (prefix and (not spans or spans[0][0] != 0)):
             raise ValueError("a prefix is bytes, for a first span that begins the request")
@@ -241,8 +249,35 @@ class ReadHash:
         if not mv.contiguous or mv.readonly or mv.nbytes < cap or needed > cap:
             raise ValueError(f"the read needs a writable contiguous buffer of {cap:,} bytes, got {mv.nbytes:,}")
         states = self._states(n)
+        flags = None
+        if chained:
+            states = (ctypes.c_void_p * max(n, 1))(*states[:max(n, 1)])
+            flags = (ctypes.c_int * max(n, 1))()
+            for i, (state, continues, holds) in chained.items():
+                if not 0 <= i < n:
+                    raise ValueError(f"no span {i} to chain")
+                states[i] = state.ptr
+                flags[i] = (1 if continues else 0) | (2 if holds else 0)
         out = ctypes.create_string_buffer(16 * max(n, 1))
-        return n, lo, hi, states, out, ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        return n, lo, hi, states, out, ctypes.addressof(ctypes.c_char.from_buffer(buf)), flags
+
+
+def _digests(raw: bytes, n: int, chained: dict | None) -> list:
+    return [b"" if chained and k in chained and chained[k][2] else raw[16 * k:16 * k + 16] for k in range(n)]
+
+
+class State:
+    """One xxh3-128 streaming state of the xxhash package's library (freed with the object)."""
+
+    __slots__ = ("ptr", "_free")
+
+    def __init__(self, ptr: int, free):
+        self.ptr, self._free = ptr, free
+
+    def __del__(self):
+        if self.ptr:
+            self._free(self.ptr)
+            self.ptr = None
 
 
 class _Pool:

@@ -294,8 +294,12 @@ typedef struct {
     int simd, begun;
     const unsigned char *pre; /* the first leaf's bytes before the request (its first span begins it) */
     i64 plen;
+    const int *flags; /* per span, or none: CONTINUES (its state holds the leaf's earlier bytes), HOLDS
+                         (the leaf goes on after the span: no digest); such spans take the package's state */
     leaf_state st;
 } leaves_t;
+
+enum { CONTINUES = 1, HOLDS = 2 };
 
 /* Hash what the first `got` bytes at `base` (the request's byte 0) hold of the leaves not yet
  * done; 0, or -1 when one of the package's functions failed. */
@@ -305,7 +309,8 @@ static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
         i64 li = L->li, a = L->lo[li], b = L->hi[li], upto = got < b ? got : b;
         const unsigned char *pre = li == 0 ? L->pre : 0;
         i64 plen = li == 0 ? L->plen : 0;
-        if (L->simd != SIMD_NONE && plen + b - a > MAX_SHORT) {
+        int flags = L->flags ? L->flags[li] : 0;
+        if (L->simd != SIMD_NONE && !flags && plen + b - a > MAX_SHORT) {
             if (!L->begun)
                 leaf_reset(&L->st);
             L->begun = 1;
@@ -316,7 +321,7 @@ static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
             canonical(L->out + 16 * li, leaf_digest(L->simd, &L->st, pre, plen, base + a, plen + b - a));
         } else {
             if (!L->begun) {
-                if (L->reset(L->states[li]) != 0)
+                if (!(flags & CONTINUES) && L->reset(L->states[li]) != 0)
                     return -1;
                 if (plen > 0 && L->update(L->states[li], pre, (size_t_)plen) != 0)
                     return -1;
@@ -328,7 +333,8 @@ static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
             L->hashed = upto;
             if (upto < b)
                 return 0;
-            canonical(L->out + 16 * li, L->digest(L->states[li]));
+            if (!(flags & HOLDS))
+                canonical(L->out + 16 * li, L->digest(L->states[li]));
         }
         L->begun = 0;
         L->li++;
@@ -343,7 +349,9 @@ static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
  * SIMD_NONE (at most planc_simd()), leaves longer than MAX_SHORT take the stripe path; the others
  * go through the package's functions, with `states[i]`. With `plen` above 0, the first leaf
  * begins `plen` bytes before the request (those bytes at `pre`) and its span at the request's
- * first byte: its digest is that of the `plen` bytes and its span's.
+ * first byte: its digest is that of the `plen` bytes and its span's. `flags` (or none): per span,
+ * CONTINUES (`states[i]` already holds the leaf's bytes before the span) and HOLDS (the leaf goes on
+ * after the span: `states[i]` keeps it, no digest); a flagged span takes the package's functions.
  * Returns the bytes read (at least `needed`), or the bytes read before the file ended (less than
  * `needed`: no digests), or -1 when a read failed: the caller reads the request again its own way,
  * which says why. With `direct`, a read that ends off a 4096-byte boundary ends the loop (O_DIRECT
@@ -351,10 +359,10 @@ static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
 i64 planc_read_hash(pread_fn pread, reset_fn reset, update_fn update, digest_fn digest, int fd,
                     unsigned char *base, i64 offset, i64 needed, i64 cap, i64 piece, int direct,
                     const i64 *lo, const i64 *hi, void *const *states, i64 nleaves, unsigned char *out,
-                    int simd, const unsigned char *pre, i64 plen)
+                    int simd, const unsigned char *pre, i64 plen, const int *flags)
 {
     i64 got = 0;
-    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, pre, plen, {{0}, 0}};
+    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, pre, plen, flags, {{0}, 0}};
     if (piece <= 0 || cap < needed || simd < SIMD_NONE || simd > SIMD_AVX512 || plen < 0 ||
         (plen > 0 && (nleaves < 1 || lo[0] != 0)))
         return -1;
@@ -440,15 +448,15 @@ static void stream_copy(int simd, unsigned char *dst, const unsigned char *src, 
  * unmapped again (MADV_DONTNEED: a shared file mapping's pages stay in the page cache): a reader
  * holds at most a chunk and two pages of the file mapped. `page` is the system's page size.
  * `simd` picks the stores and the stripe path (SIMD_NONE: SSE2 stores, the package's hash);
- * `pre` and `plen` as in planc_read_hash.
+ * `pre`, `plen` and `flags` as in planc_read_hash.
  * Returns `needed`, or -1 when a page could not be made present or a hash failed (the caller
  * reads the request again its own way, which says why). */
 i64 planc_map_hash(madvise_fn madvise, reset_fn reset, update_fn update, digest_fn digest,
                    const unsigned char *src, unsigned char *dst, i64 needed, i64 chunk, i64 page,
                    const i64 *lo, const i64 *hi, void *const *states, i64 nleaves, unsigned char *out,
-                   int simd, const unsigned char *pre, i64 plen)
+                   int simd, const unsigned char *pre, i64 plen, const int *flags)
 {
-    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, pre, plen, {{0}, 0}};
+    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, pre, plen, flags, {{0}, 0}};
     if (chunk <= 0 || chunk % 256 || page <= 0 || (page & (page - 1)) || simd < SIMD_NONE || simd > SIMD_AVX512 ||
         plen < 0 || (plen > 0 && (nleaves < 1 || lo[0] != 0)))
         return -1;
