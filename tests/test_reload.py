@@ -253,13 +253,17 @@ def _across(tmp_path):
     return spec, compile_spec(spec), _digest(root, tmp_path / "across.digest.json"), root, {"w": w}
 
 
-def test_the_loop_hashes_the_leaves_across_two_reads(tmp_path, models, hasher):
-    """The loop hashes a leaf across two reads with the read that holds its last part, its bytes
-    in the read before read again (`prefix_bytes`, as `coverage` predicts) and compared with
-    those loaded; every byte hashed once."""
+@pytest.mark.parametrize("way", ["paired", "chained"])
+def test_the_loop_hashes_the_leaves_across_two_reads(tmp_path, models, hasher, way, monkeypatch):
+    """The loop hashes a leaf across two reads either with the read that holds its last part, its
+    bytes in the read before read again (paired: `prefix_bytes`, as `coverage` predicts) and
+    compared with those loaded, or (chained: the bytes before its last part more than
+    PREFIX_MAX) into a state of its own, the read that begins it first; every byte hashed once."""
+    if way == "chained":
+        monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
     spec, plan, d, root, want = _across(tmp_path)
     cov = dgc.coverage(plan, EXTENT)
-    assert cov["prefix_bytes"] > 0 and cov["reread_bytes"] == 0
+    assert (cov["prefix_bytes"] > 0) == (way == "paired") and cov["reread_bytes"] == 0
     model = planc.load(spec, verify="digest", digest=d)
     models.append(model)
     assert_model(model, want)
@@ -269,17 +273,26 @@ def test_the_loop_hashes_the_leaves_across_two_reads(tmp_path, models, hasher):
     if hasher == "native":
         assert rep["prefix_bytes"] == cov["prefix_bytes"]
         assert rep["loop_bytes"] + rep["prefix_bytes"] >= size - EXTENT, rep  # all but the header's leaf
+        assert model.report["requests"]["issued"] == model.report["requests"]["predicted"]  # one a request
+        plain = planc.load(spec)  # the bytes read: as a plain load's (the plan's, to the file's end)
+        try:
+            assert model.report["bytes_read"]["measured"] == plain.report["bytes_read"]["measured"]
+        finally:
+            plain.free()
     else:
         assert rep["loop_bytes"] == rep["prefix_bytes"] == 0
 
 
+@pytest.mark.parametrize("way", ["paired", "chained"])
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_a_flipped_byte_before_a_read_s_first_byte_is_caught(tmp_path, models, where):
-    """A byte of a leaf that lies in the read before the one that hashes the leaf."""
+def test_a_flipped_byte_before_a_read_s_first_byte_is_caught(tmp_path, models, where, way, monkeypatch):
+    """A byte of a leaf that lies in the read before the one that hashes the leaf, or in it."""
     from planc.execute import readhash
 
     if readhash.load() is None:
         pytest.skip(readhash.why_not)
+    if way == "chained":
+        monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
     spec, plan, d, root, _ = _across(tmp_path)
     q = [q for r in plan.runs for q in r.requests][2]
     at = q.offset - 100 if where == "before" else q.offset + 100

@@ -55,6 +55,9 @@ class DigestReader:
                         and hasattr(reader, "read_mapped"))
         verifier.read = "mapped" if self._mapped else "pread"
         verifier.paired = self._native is not None  # a leaf across two reads hashed by the later one
+        if self._native is not None:  # a leaf across reads end to end: its parts into one state, in order
+            for lf in verifier.chain_leaves():
+                lf.hasher = self._native.new_state()
 
     def __getattr__(self, name):
         return getattr(self._reader, name)
@@ -84,44 +87,81 @@ class DigestReader:
         return n
 
     def _read_hashing(self, rel: str, offset: int, length: int, buf, needed: int, deferred: list) -> int | None:
-        """The read through the read-and-hash loop: the paired leaf whose last part begins it (its
-        bytes before the read given to the loop: `Verifier.begin_paired`) and its whole leaves
-        hashed as they land, the rest of its bytes (other parts of shared leaves, an extent's
-        fills) through `feed`; None when the read has neither or the loop stopped short (then read
+        """The read through the read-and-hash loop, its leaves hashed as they land: a paired leaf
+        whose last part begins it (its bytes before the read given to the loop:
+        `Verifier.begin_paired`), its whole leaves, and the parts of chained leaves at its ends
+        (their own states: the part that begins a leaf read and hashed first, so that the next read
+        can go on with it; the part that ends or continues one once the reads before have hashed
+        theirs). The rest of its bytes (other parts of shared leaves, an extent's fills) go
+        through `feed`. None when the read has none of these or the loop stopped short (then read
         it the usual way)."""
         v = self.verifier
-        head = v.paired_head(rel, offset, needed) if v.paired else None
+        head = v.paired_head(rel, offset, needed)
+        chead, ctail = v.chained_parts(rel, offset, needed) if head is None else (None, v.chained_parts(rel, offset, needed)[1])
         leaves = v.whole_leaves(rel, offset, needed)
-        if not leaves and head is None:
+        if not leaves and head is None and chead is None and ctail is None:
             return None
-        spans = [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves]
-        prefix = b""
+        direct = self._reader.files[rel].direct
+        limit = needed  # the bytes of the second call (all, without a chained tail)
+        if ctail is not None and (chead is None or ctail[1] is not chead[1]):
+            x0 = ctail[1].lo - offset
+            a = x0 // 4096 * 4096 if direct else x0  # O_DIRECT reads begin on a block
+            t0 = time.perf_counter()
+            done = self._read(rel, offset + a, length - a, buf[a:], needed - a, [(x0 - a, needed - a)],
+                              {0: (ctail[1].hasher, True, True)}, b"", count=False)
+            if done is None:
+                return None
+            v.chained(rel, ctail[0], ctail[1], offset + needed, b"", time.perf_counter() - t0, start=ctail[1].lo)
+            limit = min(needed, -(-x0 // 4096) * 4096) if direct else x0
+        spans, chained, prefix = [], {}, b""
         if head is not None:
             prefix = v.begin_paired(rel, head[1])
-            spans.insert(0, (0, head[1].hi - offset))
+            spans.append((0, head[1].hi - offset))
+        elif chead is not None:
+            lf = chead[1]
+            v.wait_chain(rel, lf, offset)
+            spans.append((0, min(lf.hi, offset + needed) - offset))
+            chained[0] = (lf.hasher, True, lf.hi > offset + needed)
+        spans += [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves]
         t0 = time.perf_counter()
-        done = None
-        if self._mapped:
-            done = self._reader.read_mapped(rel, offset, length, buf, needed, spans, self._native, self._simd, prefix)
-        if done is None:
-            done = self._reader.read_hashing(rel, offset, length, buf, needed, spans, self._native, readhash.PIECE,
-                                             self._simd, prefix)
-        if done is None:
-            return None
-        n, digests = done
+        digests = []
+        if limit > 0:  # (none: the tail was the whole read)
+            done = self._read(rel, offset, length, buf, limit, spans, chained, prefix, count=False)
+            if done is None:
+                return None
+            digests = done[1]
+        self._reader.counted(needed)
         seconds = time.perf_counter() - t0
         if head is not None:
             v.record_paired(rel, head[0], head[1], digests[0], seconds)
             digests, seconds = digests[1:], 0.0
+        elif chead is not None:
+            v.chained(rel, chead[0], chead[1], offset + spans[0][1], digests[0], seconds, start=offset)
+            digests, seconds = digests[1:], 0.0
         if leaves:
             v.record_leaves(rel, leaves, digests, seconds, loop=True)
-        exts = [st for st, *_ in leaves] + ([head[0]] if head is not None else [])
-        if (spans[0][0] == 0 and spans[-1][1] == needed and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        covered = spans + ([(ctail[1].lo - offset, needed)] if ctail is not None and chead is None or
+                           (ctail is not None and ctail[1] is not chead[1]) else [])
+        exts = [st for st, *_ in leaves] + [x[0] for x in (head, chead, ctail) if x is not None]
+        if (covered and covered[0][0] == 0 and covered[-1][1] == needed
+                and all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
                 and not any(st.fills and not st.claimed for st in exts)):
-            return n  # the read was its leaves: nothing else to hash (the common read)
-        v.feed(rel, offset, memoryview(buf)[:needed], deferred)  # hashed leaves: skipped
+            return needed  # the read was its leaves: nothing else to hash (the common read)
+        v.feed(rel, offset, memoryview(buf)[:needed], deferred)  # hashed leaves and parts: skipped
         v.settle(deferred)
-        return n
+        return needed
+
+    def _read(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, chained: dict, prefix: bytes,
+              count: bool):
+        """One call of the loop: (bytes read, digests), or None when it stopped short."""
+        done = None
+        if self._mapped:
+            done = self._reader.read_mapped(rel, offset, length, buf, needed, spans, self._native, self._simd, prefix,
+                                            chained=chained, count=count)
+        if done is None:
+            done = self._reader.read_hashing(rel, offset, length, buf, needed, spans, self._native, readhash.PIECE,
+                                             self._simd, prefix, chained=chained, count=count)
+        return done
 
     # -- hashing after the read (`after` hasher threads)
     def _read_then_hash(self, rel: str, offset: int, length: int, buf, needed: int) -> int | None:

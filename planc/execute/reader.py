@@ -250,24 +250,32 @@ class Reader:
         return end
 
     def read_hashing(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, native,
-                     piece: int, simd: str | None = None, prefix: bytes = b"") -> tuple[int, list] | None:
+                     piece: int, simd: str | None = None, prefix: bytes = b"", chained: dict | None = None,
+                     count: bool = True) -> tuple[int, list] | None:
         """`read_into` through the read-and-hash loop `native` (`planc.execute.readhash`): the
         bytes of each span `(lo, hi)` (relative to `offset`) hashed as they land. (bytes read, a
         16-byte xxh3-128 digest per span), or None when the loop stopped short (a failed or short
         read, O_DIRECT refused): nothing counted, and `read_into` reads the request again and
         says why. `simd`: the loop's level (`readhash.LEVELS`; None: the widest); `prefix`: the
-        first span's leaf's bytes before the read (`ReadHash.read`)."""
+        first span's leaf's bytes before the read, `chained` its leaves' own states (`ReadHash.read`);
+        `count`: False for a call that reads part of a request (the caller counts it: `counted`)."""
         f = self.files[rel]
-        got, digests = native.read(f.fd, buf, offset, needed, length, piece, f.direct, spans, simd, prefix)
+        got, digests = native.read(f.fd, buf, offset, needed, length, piece, f.direct, spans, simd, prefix, chained)
         if got < needed:
             return None
-        with self._lock:
-            self.requests += 1
-            self.bytes_read += got
+        if count:
+            self.counted(got)
         return got, digests
 
+    def counted(self, nbytes: int) -> None:
+        """One request of `nbytes` read (a request read in more than one call counts once)."""
+        with self._lock:
+            self.requests += 1
+            self.bytes_read += nbytes
+
     def read_mapped(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, native,
-                    simd: str | None = None, prefix: bytes = b"") -> tuple[int, list] | None:
+                    simd: str | None = None, prefix: bytes = b"", chained: dict | None = None,
+                    count: bool = True) -> tuple[int, list] | None:
         """`read_hashing` for a file read through the page cache, copying out of a read-only mapping
         of the whole file (`mapping`) instead of `pread`: each line of the request is loaded once,
         stored into the slot and hashed from the same loads (`ReadHash.copy_mapped`), the mapping's
@@ -281,13 +289,13 @@ class Reader:
         base, size = self.mapping(rel)
         if base is None or offset + needed > size:
             return None
-        digests = native.copy_mapped(base + offset, buf, needed, spans, simd, prefix=prefix)
+        digests = native.copy_mapped(base + offset, buf, needed, spans, simd, prefix=prefix, chained=chained)
         if digests is None:
             return None
         with self._lock:
-            self.requests += 1
-            self.bytes_read += needed
             self.mapped_bytes += needed
+        if count:
+            self.counted(needed)
         return needed, digests
 
     def mapping(self, rel: str) -> tuple[int | None, int]:

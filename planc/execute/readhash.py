@@ -167,6 +167,10 @@ class ReadHash:
         create.restype, create.argtypes = vp, []
         self._free.argtypes = [vp]
         self._create = create
+        fns = [ctypes.CFUNCTYPE(ctypes.c_int, vp)(self._ptrs[1]),
+               ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, ctypes.c_size_t)(self._ptrs[2]),
+               ctypes.CFUNCTYPE(_Digest, vp)(self._ptrs[3])]
+        self._state_fns = fns
         held = ctypes.PyDLL(xxh_name)  # hashes of a few hundred bytes: the interpreter's lock kept
         self._oneshot = held.XXH3_128bits
         self._oneshot.argtypes, self._oneshot.restype = [ctypes.c_char_p, ctypes.c_size_t], _Digest
@@ -237,7 +241,7 @@ class ReadHash:
         p = self._create()
         if not p:
             raise MemoryError("xxhash could not allocate a hash state")
-        return State(p, self._free)
+        return State(p, self._free, *self._state_fns)
 
     def _args(self, buf, needed: int, cap: int, spans: list, prefix: bytes = b"", chained: dict | None = None):
         n = len(spans)
@@ -267,12 +271,27 @@ def _digests(raw: bytes, n: int, chained: dict | None) -> list:
 
 
 class State:
-    """One xxh3-128 streaming state of the xxhash package's library (freed with the object)."""
+    """One xxh3-128 streaming state of the xxhash package's library (freed with the object), reset
+    when made; `update(bytes)` and `digest()` as an `xxhash.xxh3_128` object's, so that Python and
+    the loop can both feed it."""
 
-    __slots__ = ("ptr", "_free")
+    __slots__ = ("ptr", "_free", "_update", "_digest")
 
-    def __init__(self, ptr: int, free):
-        self.ptr, self._free = ptr, free
+    def __init__(self, ptr: int, free, reset, update, digest):
+        self.ptr, self._free, self._update, self._digest = ptr, free, update, digest
+        if reset(ptr) != 0:
+            raise MemoryError("xxhash could not reset a hash state")
+
+    def update(self, data) -> None:
+        import numpy as np
+
+        a = np.frombuffer(data, np.uint8)
+        if a.size and self._update(self.ptr, a.ctypes.data, a.size) != 0:
+            raise MemoryError("xxhash could not update a hash state")
+
+    def digest(self) -> bytes:
+        d = self._digest(self.ptr)
+        return d.high64.to_bytes(8, "big") + d.low64.to_bytes(8, "big")
 
     def __del__(self):
         if self.ptr:

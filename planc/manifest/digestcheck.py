@@ -72,7 +72,7 @@ class _Layout:
     its reads come in file order."""
 
     kinds: bytearray
-    shared: dict  # j -> (gaps: [(g0, g1)], ordered: bool, split: int | None, before: [(a, b)])
+    shared: dict  # j -> (gaps: [(g0, g1)], ordered: bool, split: int | None, before: [(a, b)], chain: bool)
 
 
 def _layout(pieces: list, size: int, E: int, L: int) -> dict:
@@ -122,7 +122,11 @@ def _layout(pieces: list, size: int, E: int, L: int) -> dict:
         sp = sorted(ps)
         m = sp[-1][0]  # paired: the last part begins a read, ends the leaf, and follows every other part
         paired = (ordered and sp[-1][1] == l1 and l0 < m <= l0 + PREFIX_MAX and all(b <= m for _, b in sp[:-1]))
-        lay.shared[j] = (gaps, ordered, m if paired else None, [p for p in sp[:-1]] if paired else [])
+        # chained: its parts end to end from its first byte to its last, each read's (a read's last
+        # part begins the leaf, a read's first ends it, any between is a whole read)
+        chain = (not paired and ordered and not gaps and len(sp) > 1
+                 and all(sp[i][1] == sp[i + 1][0] for i in range(len(sp) - 1)))
+        lay.shared[j] = (gaps, ordered, m if paired else None, [p for p in sp[:-1]] if paired else [], chain)
     for lay in out.values():
         for j, kind in enumerate(lay.kinds):
             if not kind:
@@ -150,13 +154,13 @@ def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
                 if kind == FILL:
                     fill += n
                 elif kind == SHARED:
-                    gaps, ordered, split, _ = lay.shared[j]
+                    gaps, ordered, split, _, _ = lay.shared[j]
                     if ordered:
                         fill += sum(b - a for a, b in gaps)
-                    if split is not None:
-                        prefix += split - (lo + j * L) - sum(b - a for a, b in gaps)
                     else:
                         reread += n
+                    if split is not None:
+                        prefix += split - (lo + j * L) - sum(b - a for a, b in gaps)
     return {"extent_bytes": E, "leaf_bytes": L, "extents": total, "extents_verified": touched,
             "extents_untouched": total - touched, "fill_bytes": fill, "reread_bytes": reread, "prefix_bytes": prefix}
 
@@ -165,10 +169,10 @@ class _Leaf:
     """A shared leaf's streaming state: bytes [lo, hi) of a file, fed in order at `cursor`."""
 
     __slots__ = ("j", "lo", "hi", "gaps", "reread", "cursor", "hasher", "done", "cond", "split", "before", "begun",
-                 "prefix", "loaded", "unmatched")
+                 "prefix", "loaded", "unmatched", "chain")
 
     def __init__(self, j: int, lo: int, hi: int, gaps: list, reread: bool, split: int | None = None,
-                 before: list = ()):
+                 before: list = (), chain: bool = False):
         self.j, self.lo, self.hi, self.gaps, self.reread = j, lo, hi, deque(gaps), reread
         self.cursor, self.hasher, self.done = lo, _xxh(), False
         self.cond = threading.Condition()
@@ -178,6 +182,7 @@ class _Leaf:
         self.prefix: bytes | None = None
         self.loaded: list = []  # (a, the bytes a read loaded at [a, b)), until compared
         self.unmatched = len(self.before)
+        self.chain = chain  # chained: with `Verifier.paired`, `hasher` is the loop's state (the reader's `chain_state`)
 
 
 class _Extent:
@@ -190,8 +195,8 @@ class _Extent:
         self.index, self.lo, self.hi, self.expect, self.kinds = index, lo, hi, expect, lay.kinds
         n = len(lay.kinds)
         self.digests, self.done, self.left = bytearray(16 * n), bytearray(n), n
-        self.shared = {j: _Leaf(j, lo + j * L, min(lo + (j + 1) * L, hi), gaps, not ordered, split, before)
-                       for j, (gaps, ordered, split, before) in lay.shared.items()}
+        self.shared = {j: _Leaf(j, lo + j * L, min(lo + (j + 1) * L, hi), gaps, not ordered, split, before, chain)
+                       for j, (gaps, ordered, split, before, chain) in lay.shared.items()}
         self.fills = [j for j, kind in enumerate(lay.kinds) if kind == FILL]
         self.claimed = self.closed = False
         self.lock = threading.Lock()
@@ -442,17 +447,7 @@ class Verifier:
             if lf.cursor < a and not lf.done:
                 if not wait:
                     return False
-                t0 = time.perf_counter()
-                while lf.cursor < a and not lf.done:
-                    if self.aborted:
-                        if isinstance(self.cause, DigestError):
-                            raise self.cause  # a mismatch found on another thread: its file and range
-                        raise DigestError("the load failed elsewhere while this read waited to be hashed",
-                                          code=Code.DIGEST_ABORTED)
-                    lf.cond.wait(self.WAIT)
-                    self._fill(rel, lf)
-                with self._lock:
-                    self.wait_seconds += time.perf_counter() - t0
+                self._wait_cursor(rel, lf, a)
             if lf.cursor < b and not lf.done:
                 lf.hasher.update(mv[lf.cursor - offset:b - offset])
                 with self._lock:
@@ -553,6 +548,72 @@ class Verifier:
         finally:
             os.close(fd)
         return b"".join(parts)
+
+    def _wait_cursor(self, rel: str, lf: _Leaf, a: int) -> None:
+        """Under `lf.cond`: wait until the leaf's cursor reaches `a` (an earlier read's part hashed)."""
+        t0 = time.perf_counter()
+        while lf.cursor < a and not lf.done:
+            if self.aborted:
+                if isinstance(self.cause, DigestError):
+                    raise self.cause  # a mismatch found on another thread: its file and range
+                raise DigestError("the load failed elsewhere while this read waited to be hashed",
+                                  code=Code.DIGEST_ABORTED)
+            lf.cond.wait(self.WAIT)
+            self._fill(rel, lf)
+        with self._lock:
+            self.wait_seconds += time.perf_counter() - t0
+
+    # -- chained leaves
+    def chain_leaves(self):
+        """Every chained leaf (for a reader that hashes them in the loop: `Verifier.paired`)."""
+        for exts in self.states.values():
+            for st in exts.values():
+                for lf in st.shared.values():
+                    if lf.chain:
+                        yield lf
+
+    def chained_parts(self, rel: str, offset: int, needed: int) -> tuple:
+        """(head, tail) of a read of [offset, offset + needed): head (extent, leaf) the chained leaf
+        it begins inside, tail the chained leaf that begins inside it and goes on after it; None
+        for either it lacks."""
+        exts = self.states.get(rel)
+        if not exts or needed <= 0:
+            return None, None
+        end = offset + needed
+        E, L = self.digest.extent_bytes, self.digest.leaf_bytes
+        out = []
+        for at in (offset, end - 1):
+            st = exts.get(at // E)
+            lf = st.shared.get((at - st.lo) // L) if st is not None else None
+            out.append((st, lf) if lf is not None and lf.chain and not lf.done else None)
+        head, tail = out
+        if head is not None and head[1].lo >= offset:
+            head = None  # begins with the read: the tail, or a whole leaf
+        if tail is not None and (tail[1].hi <= end or tail[1].lo < offset):
+            tail = None  # ends inside it (a whole leaf), or is the head, held
+        return head, tail
+
+    def wait_chain(self, rel: str, lf: _Leaf, at: int) -> None:
+        """Until the chained leaf's bytes before `at` are hashed (by the reads before)."""
+        with lf.cond:
+            if lf.cursor < at:
+                self._wait_cursor(rel, lf, at)
+            if lf.cursor != at:
+                raise DigestError(f"{printable(os.path.join(self.root, rel))}: bytes [{lf.lo:,}, {lf.hi:,}) were "
+                                  f"hashed out of order", code=Code.DIGEST_INCOMPLETE)
+
+    def chained(self, rel: str, st: _Extent, lf: _Leaf, upto: int, digest: bytes, seconds: float = 0.0,
+                start: int = 0) -> None:
+        """The loop hashed the chained leaf's bytes [start, upto) into its state: its cursor moves
+        on; `digest` (its last part) is the leaf's."""
+        with lf.cond:
+            lf.cursor = upto
+            if digest:
+                lf.done = True
+            lf.cond.notify_all()
+        self._count(upto - start, seconds, upto - start)
+        if digest:
+            self._record(rel, st, [(lf.j, digest)])
 
     def _fill(self, rel: str, lf: _Leaf) -> None:
         """Hash the bytes of a shared leaf no read covers once its cursor reaches them."""
