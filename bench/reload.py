@@ -55,7 +55,7 @@ def _args(argv=None):
                    "(default: planc.execute.readhash.PIECE)")
     p.add_argument("--simd", default="best", help="read-and-hash loop levels to compare, comma-separated: best, "
                    "package (the xxhash package's functions), scalar, avx2, avx512 (PLANC_DIGEST_HASH)")
-    p.add_argument("--read", default="mapped", help="how the loop reads a page-cached file, comma-separated to "
+    p.add_argument("--read", default="pread", help="how the loop reads a page-cached file, comma-separated to "
                    "compare: mapped (copied out of a mapping), pread (PLANC_DIGEST_READ)")
     p.add_argument("--map-chunk", default="", help="chunk sizes for --read mapped, comma-separated to compare "
                    "(bytes copied between making a mapping's pages present and unmapping them)")
@@ -165,7 +165,7 @@ def digest(args, out: Path) -> dict:
             extra = {"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}
             if k != "plain":
                 extra["settings"] = {"digest_hash": docs[k][3][1] if docs[k][4] == "native" else "python",
-                                     "digest_read": docs[k][3][2] if docs[k][4] == "native" else "mapped"}
+                                     "digest_read": docs[k][3][2] if docs[k][4] == "native" else "pread"}
             m = planc.load(plan, **extra)
             row = _row(m.report)
             m.free()

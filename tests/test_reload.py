@@ -50,7 +50,7 @@ def models():
         m.free()
 
 
-@pytest.fixture(params=["native", "native-package", "native-pread", "python", "after-read"])
+@pytest.fixture(params=["native", "native-package", "native-mapped", "python", "after-read"])
 def hasher(request, monkeypatch):
     """A digest-verified load's hashing: the reader's read-and-hash loop (at its widest level, or
     through the xxhash package's functions only; copying out of a mapping of the file, or reading
@@ -62,8 +62,8 @@ def hasher(request, monkeypatch):
     if native and readhash.load() is None:
         pytest.skip(readhash.why_not)
     monkeypatch.setenv("PLANC_DIGEST_HASH", {"native": "best", "native-package": "package",
-                                             "native-pread": "best"}.get(request.param, "python"))
-    monkeypatch.setenv("PLANC_DIGEST_READ", "pread" if request.param == "native-pread" else "mapped")
+                                             "native-mapped": "best"}.get(request.param, "python"))
+    monkeypatch.setenv("PLANC_DIGEST_READ", "mapped" if request.param == "native-mapped" else "pread")
     monkeypatch.setattr(digestread, "AFTER_READ", 3 if request.param == "after-read" else 0)
     return "native" if native else request.param
 

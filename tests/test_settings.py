@@ -30,11 +30,11 @@ def test_every_setting_is_documented():
 
 
 def test_the_digest_read_is_a_checked_setting(monkeypatch):
-    assert settings.digest_read() == "mapped"
-    monkeypatch.setenv("PLANC_DIGEST_READ", "pread")
     assert settings.digest_read() == "pread"
+    monkeypatch.setenv("PLANC_DIGEST_READ", "mapped")
+    assert settings.digest_read() == "mapped"
     monkeypatch.setenv("PLANC_DIGEST_READ", "mmap")
-    with pytest.raises(settings.SettingError, match="PLANC_DIGEST_READ: 'mmap' is not one of mapped, pread"):
+    with pytest.raises(settings.SettingError, match="PLANC_DIGEST_READ: 'mmap' is not one of pread, mapped"):
         settings.digest_read()
     with pytest.raises(settings.SettingError, match="setting 'digest_read'"):
         settings.Settings(digest_read="direct")

@@ -28,10 +28,10 @@ PIN_METHODS = ("register", "alloc")
 # How a digest-verified load hashes (PLANC_DIGEST_HASH): the read-and-hash loop at its widest level
 # or at one named (planc.execute.readhash.LEVELS), or Python's hasher on the reader's thread.
 DIGEST_HASHES = ("best", "avx512", "avx2", "scalar", "package", "python")
-# How the loop gets a digest-verified load's bytes (PLANC_DIGEST_READ): files read through the page
-# cache are copied out of a mapping of them, hashed from the same loads (`mapped`), or read with
-# `pread` piece by piece and hashed from the slot (`pread`); files read with O_DIRECT always the latter.
-DIGEST_READS = ("mapped", "pread")
+# How the loop gets a digest-verified load's bytes (PLANC_DIGEST_READ): read with `pread` piece by
+# piece and hashed from the slot (`pread`), or, for files read through the page cache, copied out of
+# a mapping of them and hashed from the same loads (`mapped`); files read with O_DIRECT always the former.
+DIGEST_READS = ("pread", "mapped")
 # The settings that take one of a few names, and the names (the first is the default).
 NAMED = {"pin": PIN_METHODS, "digest_hash": DIGEST_HASHES, "digest_read": DIGEST_READS}
 
@@ -77,7 +77,7 @@ class Settings:
     `register` or `alloc`. plan_cache (PLANC_PLAN_CACHE): the folder compiled plans are kept in
     (`planc.compiler.plancache`); None (`off`) for no plan cache. digest_hash (PLANC_DIGEST_HASH):
     how a digest-verified load hashes, one of DIGEST_HASHES, default `best`. digest_read
-    (PLANC_DIGEST_READ): how it reads the bytes it hashes, one of DIGEST_READS, default `mapped`."""
+    (PLANC_DIGEST_READ): how it reads the bytes it hashes, one of DIGEST_READS, default `pread`."""
 
     raw_launch: bool = True
     kernel_dir: Path = Path.home() / ".cache" / "planc" / "kernels"
@@ -88,7 +88,7 @@ class Settings:
     pin: str = "register"
     plan_cache: Path | None = None
     digest_hash: str = "best"
-    digest_read: str = "mapped"
+    digest_read: str = "pread"
 
     def __post_init__(self) -> None:
         # a Settings made directly (not through resolve) is checked too where a load would read a name
@@ -315,9 +315,10 @@ def digest_hash() -> str:
 
 def digest_read() -> str:
     """PLANC_DIGEST_READ: how a digest-verified load reads the bytes it hashes from files read
-    through the page cache: `mapped` (default: copied out of a mapping of the file into the ring
-    slot, each line hashed from the same loads, the mapping's pages unmapped again a chunk at a
-    time) or `pread` (read piece by piece into the slot and hashed there). Files read with O_DIRECT
-    are always read with `pread`. The digests are the same."""
+    through the page cache: `pread` (default: read piece by piece into the slot and hashed there)
+    or `mapped` (copied out of a mapping of the file into the ring slot, each line hashed from the
+    same loads, the mapping's pages unmapped again a chunk at a time: no faster in a load on the
+    H200, and a chunk of the file per reader thread in the RSS, docs/reload.md). Files read with
+    O_DIRECT are always read with `pread`. The digests are the same."""
     return _field("digest_read")
 

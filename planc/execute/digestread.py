@@ -2,9 +2,9 @@
 `planc.manifest.digestcheck.Verifier` on the reader's own thread as they land in the ring slot (or
 a host-path part's buffer), while they are in the cache: no second read, no second copy, no second
 pass over the slot. A read's whole leaves go through the read-and-hash loop (`native`:
-`planc.execute.readhash`, one call per request: from a file read through the page cache, each
-line copied out of a mapping of the file into the slot and hashed from the same loads; from one
-read with O_DIRECT, 256 KiB pieces read and hashed in the cache); without it, or for what it does
+`planc.execute.readhash`, one call per request: 256 KiB pieces read and hashed in the cache, or
+with PLANC_DIGEST_READ=mapped, from a file read through the page cache, each line copied out of a
+mapping of the file into the slot and hashed from the same loads); without it, or for what it does
 not hash, the reader hands its bytes over a piece at a time (`Verifier.piece_bytes`: the leaf, 16
 MiB by default; `Verifier.stream`) and the verifier hashes them in Python.
 
@@ -37,7 +37,7 @@ def _takes_sink(reader) -> bool:
 
 class DigestReader:
     def __init__(self, reader, verifier, native=None, after: int = 0, simd: str | None = None,
-                 mapped: bool = True):
+                 mapped: bool = False):
         self._reader, self.verifier = reader, verifier
         self._pieces = _takes_sink(reader)
         self._after = ThreadPoolExecutor(after, thread_name_prefix="planc-hash") if after > 0 else None
@@ -50,7 +50,7 @@ class DigestReader:
         if self._native is not None:
             verifier.hash_extent = self._native.digest
             verifier.simd = self._simd = self._native.level_name(simd)  # PLANC_DIGEST_HASH
-        # PLANC_DIGEST_READ: files read through the page cache copied out of a mapping of them
+        # PLANC_DIGEST_READ=mapped: files read through the page cache copied out of a mapping of them
         self._mapped = (mapped and self._native is not None and self._native.mapped
                         and hasattr(reader, "read_mapped"))
         verifier.read = "mapped" if self._mapped else "pread"
