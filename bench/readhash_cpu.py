@@ -5,7 +5,13 @@ request read and hashed one way per mode, the modes alternated round by round:
 - `plain`: one `preadv` per request (what a plain load's readers do);
 - `python`: `preadv` then xxh3-128 of the request from Python (the Python hasher, leaf-sized pieces);
 - `native`: the read-and-hash loop (`planc.execute.readhash`) at `--piece` bytes per read;
-- `native-nohash`: the same loop hashing nothing (its reads alone).
+- `native-nohash`: the same loop hashing nothing (its reads alone);
+- `mapped`: each request copied out of a read-only mapping of its file (pages made present and
+  unmapped 1 MiB at a time) with non-temporal stores, hashed from the same loads
+  (`ReadHash.copy_mapped`, PLANC_DIGEST_READ=mapped).
+
+`--dma` runs a cupy copy of pinned host memory to the GPU beside the modes (the copy engine's
+traffic a load adds: docs/reload.md), where cupy and a GPU are present.
 
     python3 bench/readhash_cpu.py DIR [--threads 16] [--piece 256KiB] [--rounds 3] [--json OUT]
 """
@@ -45,6 +51,10 @@ def run(mode: str, jobs: list, threads: int, piece: int) -> dict:
 
     rh = readhash.load()
     fds = {p: os.open(p, os.O_RDONLY) for p in {j[0] for j in jobs}}
+    import mmap
+
+    maps = {p: mmap.mmap(fd, 0, prot=mmap.PROT_READ) for p, fd in fds.items()} if mode == "mapped" else {}
+    bases = {p: np.frombuffer(m, np.uint8).__array_interface__["data"][0] for p, m in maps.items()}
     busy = [0.0] * threads
 
     def work(t):
@@ -60,6 +70,8 @@ def run(mode: str, jobs: list, threads: int, piece: int) -> dict:
                 h = xxhash.xxh3_128()
                 h.update(mv[:n])
                 h.digest()
+            elif mode == "mapped":
+                assert rh.copy_mapped(bases[path] + off, buf, n, [(0, n)]) is not None
             else:  # native, native-nohash, native-LEVEL (readhash.LEVELS)
                 level = mode.split("-", 1)[1] if "-" in mode and mode != "native-nohash" else None
                 got, _ = rh.read(fd, buf, off, n, n, piece, False, [] if mode == "native-nohash" else [(0, n)], level)
@@ -73,10 +85,40 @@ def run(mode: str, jobs: list, threads: int, piece: int) -> dict:
     for t in ts:
         t.join()
     wall = time.perf_counter() - t0
+    bases.clear()
+    for m in maps.values():
+        m.close()
     for fd in fds.values():
         os.close(fd)
     total = sum(j[2] for j in jobs)
     return {"gb_per_s": total / wall / 1e9, "wall_s": wall, "thread_s": sum(busy)}
+
+
+class _Dma:
+    """The copy engine reading pinned host memory until `stop()` (its GB/s)."""
+
+    def __init__(self, n: int = 1 << 30):
+        import cupy as cp
+
+        self.cp, self.n, self.done, self.moved = cp, n, threading.Event(), 0
+        self.host, self.dev = cp.cuda.alloc_pinned_memory(n), cp.cuda.alloc(n)
+        self.t0 = time.perf_counter()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        rt = self.cp.cuda.runtime
+        stream = self.cp.cuda.Stream(non_blocking=True)
+        with stream:
+            while not self.done.is_set():
+                rt.memcpyAsync(self.dev.ptr, self.host.ptr, self.n, rt.memcpyHostToDevice, stream.ptr)
+                stream.synchronize()
+                self.moved += self.n
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        return self.moved / (time.perf_counter() - self.t0) / 1e9
 
 
 def main(argv=None) -> int:
@@ -89,6 +131,8 @@ def main(argv=None) -> int:
                    help="plain, python, native (the loop at its widest level), native-nohash, native-LEVEL "
                         "(a level of planc.execute.readhash.LEVELS: package, scalar, avx2, avx512)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--dma", action="store_true", help="a cupy copy of 1 GiB of pinned memory to the GPU, over and "
+                   "over, beside the modes")
     a = p.parse_args(argv)
     jobs = _jobs(a.root)
     modes = a.modes.split(",")
@@ -97,13 +141,18 @@ def main(argv=None) -> int:
             while f.read(64 << 20):
                 pass
     rows = {m: [] for m in modes}
-    for rnd in range(a.rounds):
-        for m in (modes if rnd % 2 == 0 else modes[::-1]):
-            rows[m].append(run(m, jobs, a.threads, a.piece))
+    dma = _Dma() if a.dma else None
+    try:
+        for rnd in range(a.rounds):
+            for m in (modes if rnd % 2 == 0 else modes[::-1]):
+                rows[m].append(run(m, jobs, a.threads, a.piece))
+    finally:
+        dma_gbps = dma.stop() if dma else None
     med = {m: statistics.median(r["gb_per_s"] for r in v) for m, v in rows.items()}
-    doc = {"threads": a.threads, "piece_bytes": a.piece, "median_gb_per_s": med,
+    doc = {"threads": a.threads, "piece_bytes": a.piece, "dma_gb_per_s": dma_gbps, "median_gb_per_s": med,
            "over_plain": {m: med[m] / med["plain"] for m in med} if "plain" in med else None, "rounds": rows}
-    print(json.dumps({k: doc[k] for k in ("threads", "piece_bytes", "median_gb_per_s", "over_plain")}, indent=1))
+    print(json.dumps({k: doc[k] for k in ("threads", "piece_bytes", "dma_gb_per_s", "median_gb_per_s", "over_plain")},
+                     indent=1))
     if a.json:
         a.json.write_text(json.dumps(doc, indent=1))
     return 0
