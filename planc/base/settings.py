@@ -318,7 +318,7 @@ def digest_read() -> str:
     through the page cache: `pread` (default: read piece by piece into the slot and hashed there)
     or `mapped` (copied out of a mapping of the file into the ring slot, each line hashed from the
     same loads, the mapping's pages unmapped again a chunk at a time: no faster in a load on the
-    H200, and a chunk of the file per reader thread in the RSS, docs/reload.md). Files read with
+    H200, and two chunks of the file per reader thread in the RSS, docs/reload.md). Files read with
     O_DIRECT are always read with `pread`. The digests are the same."""
     return _field("digest_read")
 

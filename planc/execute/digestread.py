@@ -101,18 +101,20 @@ class DigestReader:
         leaves = v.whole_leaves(rel, offset, needed)
         if not leaves and head is None and chead is None and ctail is None:
             return None
-        direct = self._reader.files[rel].direct
-        limit = needed  # the bytes of the second call (all, without a chained tail)
-        if ctail is not None and (chead is None or ctail[1] is not chead[1]):
+        limit, cap = needed, length  # the second call's bytes and its reads' end (all, without a tail read first)
+        tail_first = ctail is not None and (chead is None or ctail[1] is not chead[1])
+        if tail_first and not self._reader.files[rel].direct:
+            # the part that begins a chained leaf, read and hashed first; the second call then reads
+            # up to its first byte and no further (its bytes are loaded once, as they were hashed)
             x0 = ctail[1].lo - offset
-            a = x0 // 4096 * 4096 if direct else x0  # O_DIRECT reads begin on a block
             t0 = time.perf_counter()
-            done = self._read(rel, offset + a, length - a, buf[a:], needed - a, [(x0 - a, needed - a)],
+            done = self._read(rel, offset + x0, length - x0, buf[x0:], needed - x0, [(0, needed - x0)],
                               {0: (ctail[1].hasher, True, True)}, b"", count=False)
             if done is None:
                 return None
             v.chained(rel, ctail[0], ctail[1], offset + needed, b"", time.perf_counter() - t0, start=ctail[1].lo)
-            limit = min(needed, -(-x0 // 4096) * 4096) if direct else x0
+            limit = cap = x0
+            tail_first = False
         spans, chained, prefix = [], {}, b""
         if head is not None:
             prefix = v.begin_paired(rel, head[1])
@@ -123,12 +125,22 @@ class DigestReader:
             spans.append((0, min(lf.hi, offset + needed) - offset))
             chained[0] = (lf.hasher, True, lf.hi > offset + needed)
         spans += [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves]
+        if tail_first:  # O_DIRECT: in the one call, after the rest (its reads begin on a block)
+            spans.append((ctail[1].lo - offset, needed))
+            chained[len(spans) - 1] = (ctail[1].hasher, True, True)
         t0 = time.perf_counter()
         digests = []
         if limit > 0:  # (none: the tail was the whole read)
-            done = self._read(rel, offset, length, buf, limit, spans, chained, prefix, count=False)
+            done = self._read(rel, offset, cap, buf, limit, spans, chained, prefix, count=False)
             if done is None:
-                return None
+                if limit == needed:
+                    return None  # read it again the usual way, which says why it stopped
+                # the tail is read and hashed: the bytes before it the usual way (an error says why)
+                self._reader.read_into(rel, offset, limit, buf, limit)
+                self._reader.counted(needed - limit, requests=0)
+                v.feed(rel, offset, memoryview(buf)[:limit], deferred)
+                v.settle(deferred)
+                return needed
             digests = done[1]
         self._reader.counted(needed)
         seconds = time.perf_counter() - t0
@@ -138,10 +150,12 @@ class DigestReader:
         elif chead is not None:
             v.chained(rel, chead[0], chead[1], offset + spans[0][1], digests[0], seconds, start=offset)
             digests, seconds = digests[1:], 0.0
+        if tail_first:
+            v.chained(rel, ctail[0], ctail[1], offset + needed, b"", 0.0, start=ctail[1].lo)
+            digests = digests[:-1]
         if leaves:
             v.record_leaves(rel, leaves, digests, seconds, loop=True)
-        covered = spans + ([(ctail[1].lo - offset, needed)] if ctail is not None and chead is None or
-                           (ctail is not None and ctail[1] is not chead[1]) else [])
+        covered = spans + ([(ctail[1].lo - offset, needed)] if limit < needed else [])
         exts = [st for st, *_ in leaves] + [x[0] for x in (head, chead, ctail) if x is not None]
         if (covered and covered[0][0] == 0 and covered[-1][1] == needed
                 and all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
@@ -153,14 +167,24 @@ class DigestReader:
 
     def _read(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, chained: dict, prefix: bytes,
               count: bool):
-        """One call of the loop: (bytes read, digests), or None when it stopped short."""
+        """One call of the loop: (bytes read, digests), or None when it stopped short (the chained
+        leaves' states then as they were before it: a call that stops part way has fed some)."""
+        states = [c[0] for c in chained.values()]
+        for st in states:
+            st.save()
         done = None
         if self._mapped:
             done = self._reader.read_mapped(rel, offset, length, buf, needed, spans, self._native, self._simd, prefix,
                                             chained=chained, count=count)
+            if done is None:
+                for st in states:
+                    st.restore()
         if done is None:
             done = self._reader.read_hashing(rel, offset, length, buf, needed, spans, self._native, readhash.PIECE,
                                              self._simd, prefix, chained=chained, count=count)
+            if done is None:
+                for st in states:
+                    st.restore()
         return done
 
     # -- hashing after the read (`after` hasher threads)

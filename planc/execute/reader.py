@@ -267,10 +267,10 @@ class Reader:
             self.counted(got)
         return got, digests
 
-    def counted(self, nbytes: int) -> None:
+    def counted(self, nbytes: int, requests: int = 1) -> None:
         """One request of `nbytes` read (a request read in more than one call counts once)."""
         with self._lock:
-            self.requests += 1
+            self.requests += requests
             self.bytes_read += nbytes
 
     def read_mapped(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, native,
@@ -279,8 +279,8 @@ class Reader:
         """`read_hashing` for a file read through the page cache, copying out of a read-only mapping
         of the whole file (`mapping`) instead of `pread`: each line of the request is loaded once,
         stored into the slot and hashed from the same loads (`ReadHash.copy_mapped`), the mapping's
-        pages made present a chunk at a time and unmapped again after it, so a reader holds at most
-        a chunk and two pages of the file mapped (the RSS counts them). None for a file read with
+        pages made present a chunk at a time and unmapped again after the next, so a reader holds at
+        most two chunks and two pages of the file mapped (the RSS counts them). None for a file read with
         O_DIRECT, a request past the file's end as mapped, or a page that could not be made present:
         then it is read the other ways, which say why."""
         f = self.files[rel]

@@ -167,9 +167,11 @@ class ReadHash:
         create.restype, create.argtypes = vp, []
         self._free.argtypes = [vp]
         self._create = create
+        copy = xxh.XXH3_copyState
+        copy.restype, copy.argtypes = None, [vp, vp]
         fns = [ctypes.CFUNCTYPE(ctypes.c_int, vp)(self._ptrs[1]),
                ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, ctypes.c_size_t)(self._ptrs[2]),
-               ctypes.CFUNCTYPE(_Digest, vp)(self._ptrs[3])]
+               ctypes.CFUNCTYPE(_Digest, vp)(self._ptrs[3]), copy]
         self._state_fns = fns
         held = ctypes.PyDLL(xxh_name)  # hashes of a few hundred bytes: the interpreter's lock kept
         self._oneshot = held.XXH3_128bits
@@ -224,7 +226,7 @@ class ReadHash:
     def copy_mapped(self, src: int, buf, needed: int, spans: list, simd: str | None = None,
                     chunk: int | None = None, prefix: bytes = b"", chained: dict | None = None) -> list | None:
         """Copy `needed` bytes from address `src` (inside a read-only shared mapping of a file) into
-        `buf`, `chunk` at a time, each chunk's pages made present before and unmapped after, hashing
+        `buf`, `chunk` at a time, each chunk's pages made present before it and unmapped after the next, hashing
         each span `(lo, hi)` (relative to `src`) from the same loads (`prefix`, `chained` as in `read`).
         [16-byte digest per span], or
         None when a page could not be made present (the file is shorter than the mapping now; an
@@ -241,7 +243,7 @@ class ReadHash:
         p = self._create()
         if not p:
             raise MemoryError("xxhash could not allocate a hash state")
-        return State(p, self._free, *self._state_fns)
+        return State(p, self._free, *self._state_fns, new=self.new_state)
 
     def _args(self, buf, needed: int, cap: int, spans: list, prefix: bytes = b"", chained: dict | None = None):
         n = len(spans)
@@ -275,12 +277,24 @@ class State:
     when made; `update(bytes)` and `digest()` as an `xxhash.xxh3_128` object's, so that Python and
     the loop can both feed it."""
 
-    __slots__ = ("ptr", "_free", "_update", "_digest")
+    __slots__ = ("ptr", "_free", "_update", "_digest", "_copy", "_saved", "_new")
 
-    def __init__(self, ptr: int, free, reset, update, digest):
-        self.ptr, self._free, self._update, self._digest = ptr, free, update, digest
+    def __init__(self, ptr: int, free, reset, update, digest, copy, new=None):
+        self.ptr, self._free, self._update, self._digest, self._copy = ptr, free, update, digest, copy
+        self._saved, self._new = None, new
         if reset(ptr) != 0:
             raise MemoryError("xxhash could not reset a hash state")
+
+    def save(self) -> None:
+        """Keep the state as it is now, for `restore` (a call of the loop that may stop part way)."""
+        if self._saved is None:
+            self._saved = self._new()
+        self._copy(self._saved.ptr, self.ptr)
+
+    def restore(self) -> None:
+        """Back to the state `save` kept: the bytes fed since are as if never fed."""
+        if self._saved is not None:
+            self._copy(self.ptr, self._saved.ptr)
 
     def update(self, data) -> None:
         import numpy as np

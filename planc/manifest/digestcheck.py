@@ -354,7 +354,9 @@ class Verifier:
                         if max(a, l0) < lf.split:  # a part before the last: its bytes kept to compare
                             self.publish(rel, lf, max(a, l0), min(b, l1, lf.split), mv, offset)
                             continue
-                        self.begin_paired(rel, lf)  # the last part: the bytes before it first
+                        if lf.done:
+                            continue  # hashed whole by the loop with its last part
+                        self.begin_paired(rel, lf, want=False)  # the last part: the bytes before it first
                     if not lf.reread and not self._feed_shared(rel, st, lf, max(a, l0), min(b, l1), mv, offset,
                                                                 wait=deferred is None):
                         deferred.append((rel, st, lf, max(a, l0), min(b, l1), mv, offset))
@@ -478,12 +480,15 @@ class Verifier:
             return None
         return st, lf
 
-    def begin_paired(self, rel: str, lf: _Leaf) -> bytes:
+    def begin_paired(self, rel: str, lf: _Leaf, want: bool = True) -> bytes:
         """The paired leaf's bytes before its last part, read from the file (once), compared with
         those the earlier reads loaded (`publish`) and hashed into its streaming state, whose cursor
-        then stands at the last part; returned (for a reader that hashes the leaf itself)."""
+        then stands at the last part; returned when `want` (for a reader that hashes the leaf
+        itself: read again if they were already compared and let go)."""
         with lf.cond:
             if lf.begun:
+                if not want:
+                    return b""
                 return lf.prefix if lf.prefix is not None else self._read_file(rel, lf.lo, lf.split)
             data = self._read_file(rel, lf.lo, lf.split)
             for a, got in lf.loaded:

@@ -445,8 +445,8 @@ static void stream_copy(int simd, unsigned char *dst, const unsigned char *src, 
  * and hash the spans [lo[i], hi[i]) as in planc_read_hash, from the chunk's lines while they are in
  * the cache. Before a chunk is copied its pages are made present (`madvise` MADV_POPULATE_READ: a
  * page the file no longer has is an error here, not a fault in the copy), and after it they are
- * unmapped again (MADV_DONTNEED: a shared file mapping's pages stay in the page cache): a reader
- * holds at most a chunk and two pages of the file mapped. `page` is the system's page size.
+ * unmapped again once the next chunk is hashed (MADV_DONTNEED: a shared file mapping's pages stay in
+ * the page cache): a reader holds at most two chunks and two pages of the file mapped. `page` is the system's page size.
  * `simd` picks the stores and the stripe path (SIMD_NONE: SSE2 stores, the package's hash);
  * `pre`, `plen` and `flags` as in planc_read_hash.
  * Returns `needed`, or -1 when a page could not be made present or a hash failed (the caller
@@ -461,6 +461,7 @@ i64 planc_map_hash(madvise_fn madvise, reset_fn reset, update_fn update, digest_
         plen < 0 || (plen > 0 && (nleaves < 1 || lo[0] != 0)))
         return -1;
     i64 done = 0, rc = needed;
+    unsigned long pa = 0, pb = 0; /* the previous chunk's pages, unmapped after the next chunk's hash */
     while (done < needed) {
         i64 end = done + chunk < needed ? done + chunk : needed;
         unsigned long a = (unsigned long)(src + done) & ~(unsigned long)(page - 1);
@@ -470,14 +471,21 @@ i64 planc_map_hash(madvise_fn madvise, reset_fn reset, update_fn update, digest_
             break;
         }
         stream_copy(simd, dst + done, src + done, end - done);
+        /* a stripe across the two chunks, and a leaf's last stripe, take bytes of the previous
+         * chunk too: its pages stay mapped until this chunk is hashed */
         int bad = feed_leaves(&L, src, end);
-        madvise((void *)a, (size_t_)(b - a), MADV_DONTNEED_);
+        if (pb > pa && a > pa)
+            madvise((void *)pa, (size_t_)((a < pb ? a : pb) - pa), MADV_DONTNEED_);
+        pa = a;
+        pb = b;
         if (bad != 0) {
             rc = -1;
             break;
         }
         done = end;
     }
+    if (pb > pa)
+        madvise((void *)pa, (size_t_)(pb - pa), MADV_DONTNEED_);
     _mm_sfence(); /* the streamed lines are in memory before the caller hands the slot to the copy engine */
     if (rc == needed && L.li < nleaves)
         rc = -1;
