@@ -722,3 +722,98 @@ def test_the_digest_hasher_setting_chooses_the_hasher(tmp_path, models, monkeypa
     assert model.report["digest"]["hasher"] == "python" and model.report["digest"]["simd"] is None
     with pytest.raises(Exception, match="digest_hash"):
         planc.load(sa, verify="digest", digest=d, settings={"digest_hash": "fastest"})
+
+
+def test_a_chained_leaf_s_first_part_is_loaded_as_it_was_hashed(tmp_path, models, monkeypatch):
+    """The file changes right after the read that begins a chained leaf hashed its part: the load
+    must put on the device the bytes it hashed (the next call of that read stops at the part's
+    first byte), so it passes and the model is the file as it was."""
+    from planc.execute import readhash
+
+    if readhash.load() is None:
+        pytest.skip(readhash.why_not)
+    monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
+    monkeypatch.setenv("PLANC_DIGEST_READ", "pread")
+    spec, plan, d, root, want = _across(tmp_path)
+    f = root / "model.safetensors"
+    orig, hit = dgc.Verifier.chained, []
+
+    def chained(self, rel, st, lf, upto, digest, seconds=0.0, start=0):
+        orig(self, rel, st, lf, upto, digest, seconds, start)
+        if start == lf.lo and not hit:
+            hit.append(lf.lo)
+            with open(f, "r+b") as fh:
+                fh.seek(lf.lo + 8)
+                b = fh.read(1)
+                fh.seek(lf.lo + 8)
+                fh.write(bytes([b[0] ^ 0x40]))
+
+    monkeypatch.setattr(dgc.Verifier, "chained", chained)
+    model = planc.load(spec, verify="digest", digest=d)
+    models.append(model)
+    assert hit and model.report["digest"]["ok"]
+    assert_model(model, want)
+
+
+def test_a_mapped_call_that_stops_part_way_leaves_the_chained_state_as_it_was(tmp_path, models, monkeypatch):
+    """Making a chunk's pages present fails once, part way through a call that continues a
+    chained leaf: the call is read again with pread from the state as it was, and the load passes."""
+    import ctypes
+
+    from planc.execute import readhash
+
+    rh = readhash.load()
+    if rh is None:
+        pytest.skip(readhash.why_not)
+    monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
+    monkeypatch.setenv("PLANC_DIGEST_READ", "mapped")
+    monkeypatch.setattr(readhash, "CHUNK", 4096)
+    spec, plan, d, root, want = _across(tmp_path)
+    real = ctypes.CDLL(None).madvise
+    real.argtypes, real.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    state = {"arm": False, "n": 0, "failed": 0}
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    def madvise(a, n, advice):
+        if advice == 22 and state["arm"]:  # MADV_POPULATE_READ
+            state["n"] += 1
+            if state["n"] == 3 and not state["failed"]:
+                state["failed"] = 1
+                return -1
+        return real(a, n, advice)
+
+    monkeypatch.setattr(rh, "_map_ptrs", [ctypes.cast(madvise, ctypes.c_void_p).value] + rh._map_ptrs[1:])
+    copy = readhash.ReadHash.copy_mapped
+
+    def copy_mapped(self, *a, chained=None, **k):
+        state["arm"], state["n"] = bool(chained and any(c for _, c, _ in chained.values())), 0
+        try:
+            return copy(self, *a, chained=chained, **k)
+        finally:
+            state["arm"] = False
+
+    monkeypatch.setattr(readhash.ReadHash, "copy_mapped", copy_mapped)
+    model = planc.load(spec, verify="digest", digest=d)
+    models.append(model)
+    assert state["failed"] and model.report["digest"]["ok"]
+    assert_model(model, want)
+
+
+def test_a_paired_leaf_s_bytes_before_its_last_part_are_read_once(tmp_path, models, monkeypatch):
+    from planc.execute import readhash
+
+    if readhash.load() is None:
+        pytest.skip(readhash.why_not)
+    spec, plan, d, root, want = _across(tmp_path)
+    orig, calls = dgc.Verifier._read_file, []
+
+    def read_file(self, rel, lo, hi):
+        calls.append((lo, hi))
+        return orig(self, rel, lo, hi)
+
+    monkeypatch.setattr(dgc.Verifier, "_read_file", read_file)
+    model = planc.load(spec, verify="digest", digest=d)
+    models.append(model)
+    rep = model.report["digest"]
+    assert len(calls) == len(set(calls)) > 1
+    assert sum(hi - lo for lo, hi in calls) == rep["prefix_bytes"] + rep["fill_bytes"]
