@@ -237,7 +237,7 @@ def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models, hashe
         assert f["sha256"] == hashlib.sha256((tmp_path / "a" / "dense" / f["path"]).read_bytes()).hexdigest()
 
 
-def _across(tmp_path):
+def _across(tmp_path, **io):
     """One file: a header of about 8 KiB, one float32 tensor of 400,000 bytes; requests of a
     leaf's size from the tensor's page, so that every leaf but the first lies across two reads.
     Returns (spec, plan, digest file, checkpoint folder, want)."""
@@ -249,7 +249,7 @@ def _across(tmp_path):
     root.mkdir()
     w = np.random.default_rng(3).standard_normal(100_000).astype(np.float32)
     save_file({"w": w}, str(root / "model.safetensors"), metadata={"pad": "x" * 6000})
-    spec = spec_file(tmp_path, root, [{"match": "*"}], io=dict(SMALL_IO, slot="64KiB"), name="across.yaml")
+    spec = spec_file(tmp_path, root, [{"match": "*"}], io=dict(SMALL_IO, slot="64KiB", **io), name="across.yaml")
     return spec, compile_spec(spec), _digest(root, tmp_path / "across.digest.json"), root, {"w": w}
 
 
@@ -817,3 +817,29 @@ def test_a_paired_leaf_s_bytes_before_its_last_part_are_read_once(tmp_path, mode
     rep = model.report["digest"]
     assert len(calls) == len(set(calls)) > 1
     assert sum(hi - lo for lo, hi in calls) == rep["prefix_bytes"] + rep["fill_bytes"]
+
+
+def test_with_o_direct_a_chained_leaf_s_first_part_is_hashed_in_the_read_s_one_call(tmp_path, models, monkeypatch):
+    """Reads with O_DIRECT begin on a block, so the part that begins a chained leaf is the last
+    span of the read's one call, not a read of its own; every byte hashed once, the model exact."""
+    from planc.execute import readhash
+
+    if readhash.load() is None:
+        pytest.skip(readhash.why_not)
+    monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
+    monkeypatch.setenv("PLANC_DIGEST_READ", "pread")
+    spec, plan, d, root, want = _across(tmp_path, direct="on")
+    try:
+        model = planc.load(spec, verify="digest", digest=d)
+    except ReadError as e:
+        if e.code == "direct-refused":
+            pytest.skip("this file system refuses O_DIRECT")
+        raise
+    models.append(model)
+    assert_model(model, want)
+    assert all(m["direct"] for m in model.report["files"].values())
+    rep = model.report["digest"]
+    size = (root / "model.safetensors").stat().st_size
+    assert rep["hashed_bytes"] + rep["fill_bytes"] == size
+    assert rep["loop_bytes"] >= size - EXTENT, rep
+    assert model.report["requests"]["issued"] == model.report["requests"]["predicted"]

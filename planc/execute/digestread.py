@@ -97,13 +97,15 @@ class DigestReader:
         it the usual way)."""
         v = self.verifier
         head = v.paired_head(rel, offset, needed)
-        chead, ctail = v.chained_parts(rel, offset, needed) if head is None else (None, v.chained_parts(rel, offset, needed)[1])
+        chead, ctail = v.chained_parts(rel, offset, needed)  # never one leaf: ctail begins inside the read
+        if head is not None:
+            chead = None
         leaves = v.whole_leaves(rel, offset, needed)
         if not leaves and head is None and chead is None and ctail is None:
             return None
         limit, cap = needed, length  # the second call's bytes and its reads' end (all, without a tail read first)
-        tail_first = ctail is not None and (chead is None or ctail[1] is not chead[1])
-        if tail_first and not self._reader.files[rel].direct:
+        tail_last = ctail is not None and self._reader.files[rel].direct
+        if ctail is not None and not tail_last:
             # the part that begins a chained leaf, read and hashed first; the second call then reads
             # up to its first byte and no further (its bytes are loaded once, as they were hashed)
             x0 = ctail[1].lo - offset
@@ -114,7 +116,6 @@ class DigestReader:
                 return None
             v.chained(rel, ctail[0], ctail[1], offset + needed, b"", time.perf_counter() - t0, start=ctail[1].lo)
             limit = cap = x0
-            tail_first = False
         spans, chained, prefix = [], {}, b""
         if head is not None:
             prefix = v.begin_paired(rel, head[1])
@@ -125,7 +126,7 @@ class DigestReader:
             spans.append((0, min(lf.hi, offset + needed) - offset))
             chained[0] = (lf.hasher, True, lf.hi > offset + needed)
         spans += [(l0 - offset, l1 - offset) for _, _, l0, l1 in leaves]
-        if tail_first:  # O_DIRECT: in the one call, after the rest (its reads begin on a block)
+        if tail_last:  # O_DIRECT: in the one call, after the rest (its reads begin on a block)
             spans.append((ctail[1].lo - offset, needed))
             chained[len(spans) - 1] = (ctail[1].hasher, True, True)
         t0 = time.perf_counter()
@@ -150,7 +151,7 @@ class DigestReader:
         elif chead is not None:
             v.chained(rel, chead[0], chead[1], offset + spans[0][1], digests[0], seconds, start=offset)
             digests, seconds = digests[1:], 0.0
-        if tail_first:
+        if tail_last:
             v.chained(rel, ctail[0], ctail[1], offset + needed, b"", 0.0, start=ctail[1].lo)
             digests = digests[:-1]
         if leaves:

@@ -540,19 +540,7 @@ class Verifier:
         self._record(rel, st, [(lf.j, digest)])
 
     def _read_file(self, rel: str, lo: int, hi: int) -> bytes:
-        path = os.path.join(self.root, rel)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            parts, at = [], lo
-            while at < hi:
-                data = os.pread(fd, hi - at, at)
-                if not data:
-                    raise DigestError(f"{printable(path)}: ended at {at:,} bytes while hashing it", code=Code.DIGEST_READ)
-                parts.append(data)
-                at += len(data)
-        finally:
-            os.close(fd)
-        return b"".join(parts)
+        return b"".join(self._chunks(rel, lo, hi))
 
     def _wait_cursor(self, rel: str, lf: _Leaf, a: int) -> None:
         """Under `lf.cond`: wait until the leaf's cursor reaches `a` (an earlier read's part hashed)."""
@@ -647,6 +635,12 @@ class Verifier:
         self._record(rel, st, got)
 
     def _hash_file(self, rel: str, hasher, lo: int, hi: int) -> int:
+        for data in self._chunks(rel, lo, hi):
+            hasher.update(data)
+        return hi - lo
+
+    def _chunks(self, rel: str, lo: int, hi: int):
+        """Bytes [lo, hi) of `rel` read from the file, FILL_CHUNK at a time (a file that ends first: DigestError)."""
         path = os.path.join(self.root, rel)
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -655,11 +649,10 @@ class Verifier:
                 data = os.pread(fd, min(FILL_CHUNK, hi - at), at)
                 if not data:
                     raise DigestError(f"{printable(path)}: ended at {at:,} bytes while hashing it", code=Code.DIGEST_READ)
-                hasher.update(data)
+                yield data
                 at += len(data)
         finally:
             os.close(fd)
-        return hi - lo
 
     def _record(self, rel: str, st: _Extent, got: list) -> None:
         """Leaf digests of `st`; the extent compared once its last leaf is in."""
