@@ -407,3 +407,20 @@ def gguf_llama_want(path) -> dict:
             want = unpermute_rows(want, n_head)
         out[name] = (t.name, np.ascontiguousarray(want, np.float32))
     return out
+
+
+def llamacpp_want(path, dtype="float32") -> dict:
+    """{name: the `gguf` package's dequantization of each tensor of a GGUF, as `dtype`}."""
+    import gguf
+    import ml_dtypes
+
+    r = gguf.GGUFReader(path)
+    out = {}
+    for t in r.tensors:
+        data = np.asarray(t.data)
+        if t.tensor_type.name in ("F32", "F16", "BF16"):
+            v = data.astype(np.float32)
+        else:
+            v = gguf.quants.dequantize(data, t.tensor_type)
+        out[t.name] = v.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype))
+    return out

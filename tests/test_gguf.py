@@ -128,7 +128,7 @@ def test_hostile_exits_2_with_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad.gguf" in r.stderr
 
 
-QTYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K"]
+QTYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 
 
 def _blocks(tmp_path, qtype, rows=2, cols=256):

@@ -34,7 +34,7 @@ from planc.tools.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]
 
-QTYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K"]
+QTYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 ROWS, COLS = 300, 4096  # 1.2 M elements: more than one grid-stride step
 
 
@@ -91,6 +91,35 @@ def test_shipped_llama_spec_on_the_gpu(tmp_path, quant):
         assert sum(len(r.kernels) for r in plan.runs) < sum(1 for p in plan.parts if p.op == "gguf")  # shared
         for name, (gguf_name, want) in gguf_llama_want(res.path).items():
             assert model[name].to_host().tobytes() == want.astype(ml_dtypes.bfloat16).tobytes(), gguf_name
+    finally:
+        for m in models:
+            m.free()
+
+
+def _llamacpp_files():
+    """The committed llama.cpp-made Q4_K_M file, and any llama.cpp-made files in $PLANC_LLAMACPP_DIR."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = [os.path.join(here, "data", "llamacpp-Q4_K_M.gguf")]
+    extra = os.environ.get("PLANC_LLAMACPP_DIR")
+    if extra and os.path.isdir(extra):
+        files += sorted(os.path.join(extra, f) for f in os.listdir(extra) if f.endswith(".gguf"))
+    return files
+
+
+@pytest.mark.parametrize("path", _llamacpp_files(), ids=os.path.basename)
+def test_llamacpp_files_dequantized_on_the_gpu(tmp_path, path):
+    """A file made by llama.cpp's `llama-quantize`, every tensor dequantized to float32 on the GPU
+    (the shipped kernels), each value bit for bit as `gguf.quants.dequantize` makes it; requests,
+    copies and kernels as planned, `--verify` passing."""
+    from execute_support import llamacpp_want, load_checked, spec_file
+
+    spec = spec_file(tmp_path, path, [{"match": "*", "dtype": "float32"}], host="1GiB", name="lc.yaml")
+    models = []
+    try:
+        plan, model = load_checked(spec, models)
+        for name, w in llamacpp_want(path).items():
+            got = model[name].to_host()
+            assert got.tobytes() == w.tobytes(), (os.path.basename(path), name)
     finally:
         for m in models:
             m.free()

@@ -1,5 +1,5 @@
-"""GGUF quantized tensors in plans, under the CUDA simulator: a rule's float dtype dequantizes Q8_0,
-Q4_0, Q4_K and Q6_K blocks (on the device, or `on: host`) bit-exact to `gguf.quants.dequantize`;
+"""GGUF quantized tensors in plans, under the CUDA simulator: a rule's float dtype dequantizes the
+blocks of every type planc takes (on the device, or `on: host`) bit-exact to `gguf.quants.dequantize`;
 `keep` loads the stored blocks (U8 rows, the GGML type on the part); the plan file holds the op to
 its types and sizes (edited plans refused); a tensor-parallel rank reads whole blocks of its slice."""
 
@@ -14,7 +14,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from execute_support import SMALL_IO, load_checked, spec_file  # noqa: E402
+from execute_support import SMALL_IO, llamacpp_want, load_checked, spec_file  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.base.errors import BindError, PlanFormatError  # noqa: E402
 from planc.execute import execute  # noqa: E402
@@ -22,7 +22,7 @@ from planc.manifest.ggml_types import BY_NAME  # noqa: E402
 from planc.plan.codec import decode, encode  # noqa: E402
 from planc.tools.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
 
-TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 NP = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float16": np.float16}
 SHAPE = (4, 512)  # 4 rows of 2 (K-quants) or 16 blocks
 
@@ -151,7 +151,7 @@ def test_a_tensor_parallel_rank_reads_its_rows_of_blocks(ckpt, dim):
 
 
 def test_refusals_name_the_rule_and_tensor(tmp_path):
-    _write(tmp_path / "m.gguf", [("t", "Q4_K", (2, 512)), ("u", "Q5_K", (2, 256))])
+    _write(tmp_path / "m.gguf", [("t", "Q4_K", (2, 512)), ("u", "IQ2_XXS", (2, 256))])
     cases = [
         ([{"match": "t", "dtype": "float32", "transpose": True}, {"match": "u", "dtype": "keep"}], "bad-transpose"),
         ([{"match": "t", "dtype": "keep"}, {"match": "u", "dtype": "float32"}], "gguf-dequantize"),
@@ -300,7 +300,7 @@ def test_the_plans_gguf_kernels_are_warmed_on_a_whole_block(ckpt):
                                   io=SMALL_IO, name="warm.yaml"))
     dev = Loading(seam.device())
     warm_kernels(plan, dev).join()
-    block = {"Q8_0": 32, "Q4_0": 32, "Q4_K": 256, "Q6_K": 256}
+    block = {q: BY_NAME[q].block for q in TYPES}
     got = {name: args[-1] for name, _, _, args in dev.launches}
     assert got == {f"gguf_{q}_BF16": block[q] for q in TYPES}
 
@@ -427,3 +427,39 @@ def test_unpermuted_heads_across_slots_pass_the_plan_checks(tmp_path, strided):
                 assert model[t.name].to_host().tobytes() == np.ascontiguousarray(want).tobytes(), t.name
         finally:
             model.free()
+
+
+LLAMACPP_Q4_K_M = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "llamacpp-Q4_K_M.gguf")
+
+
+def test_a_llamacpp_q4_k_m_file_with_its_fallbacks_loads_as_float32(tmp_path):
+    """A Q4_K_M file made by llama.cpp's own `llama-quantize` (4 layers of hidden 320 from an F32
+    Llama written as its converter writes one): rows of 320 are not whole K-quant blocks, so llama.cpp
+    stored them as Q5_0 (for Q4_K) and Q8_0 (for Q6_K) beside the Q4_K and Q6_K of the 256-wide rows.
+    With `dtype: float32` on every tensor (dequantized on the host here: the simulated kernels would
+    take a minute over its 1.5 M values), each value bit for bit as `gguf.quants.dequantize` makes it."""
+    from planc.manifest import read_manifest
+
+    types = {t.dtype for t in read_manifest(LLAMACPP_Q4_K_M).tensors}
+    assert types == {"F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"}
+    spec = spec_file(tmp_path, LLAMACPP_Q4_K_M, [{"match": "*", "dtype": "float32", "on": "host"}],
+                     io={"workers": 4, "slot": "1MiB", "slots": 4, "run": "4MiB"}, name="lc.yaml")
+    models = []
+    plan, model = load_checked(spec, models)
+    want = llamacpp_want(LLAMACPP_Q4_K_M)
+    assert sorted(model.keys()) == sorted(want)
+    for name, w in want.items():
+        got = model[name].to_host()
+        assert got.shape == w.shape and got.tobytes() == w.tobytes(), name
+    del models
+
+
+def test_synth_falls_back_as_llamacpp_does_on_narrow_rows(tmp_path):
+    """synth's Q4_K_M on rows of 320 picks the types llama.cpp's quantizer picked for the file above."""
+    from planc.manifest import read_manifest
+    from planc.tools.synth_gguf import GGUFDims, write_gguf
+
+    res = write_gguf(tmp_path, quant="Q4_K_M", dims=GGUFDims(320, 5, 1, 256, 128), layers=4)
+    got = {t.name: t.dtype for t in read_manifest(res.path).tensors}
+    real = {t.name: t.dtype for t in read_manifest(LLAMACPP_Q4_K_M).tensors}
+    assert {n: t for n, t in got.items() if n in real} == real

@@ -1,10 +1,13 @@
-"""Numba CUDA kernels that dequantize GGUF blocks: Q8_0, Q4_0, Q4_K and Q6_K -> F32, F16 or BF16.
+"""Numba CUDA kernels that dequantize GGUF blocks -> F32, F16 or BF16: every type of
+`planc.execute.signatures.GGUF_DEQUANTIZABLE` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+Q6_K, IQ4_NL, IQ4_XS).
 
 Each kernel reads a tensor's stored bytes (uint8, whole blocks in order) and writes one element per
 step of a grid-stride loop over the output, as bits (uint32 for F32, uint16 for F16 and BF16). The
 values are those of `planc.execute.gguf_dequant` (and so of the `gguf` package's numpy): float32 products
 rounded once each, then rounded to the output type by the bit operations the other kernels use
-(`planc.execute.kernels`). Q4_K subtracts two products; on the GPU both go through
+(`planc.execute.kernels`). Q2_K, Q4_K and Q5_K subtract two products, Q4_1 and Q5_1 add the
+block's minimum to one; on the GPU those products go through
 `libdevice.fmul_rn`, which the compiler may not fuse into a multiply-add (NVVM contracts a plain
 `a * b - c` by default, which would round once instead of twice). The simulator has no fused
 multiply-add (and its libdevice calls return NaN), so there the products are plain: `kernels(target)`
@@ -24,6 +27,10 @@ from numba.cuda import libdevice
 from planc.execute.kernels import CACHE, _ops, _scalar_ops
 from planc.base.simulation import GPU, SIM
 from planc.execute.signatures import GGUF_DEQUANTIZABLE
+
+# IQ4_NL's and IQ4_XS's 16 non-linear levels (llama.cpp's kvalues_iq4nl; `gguf_dequant.IQ4_LEVELS`,
+# which a test holds equal): a tuple, which numba indexes as a constant array
+_IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 def _mul_rn_py(a, b):  # the GPU's: a product rounded once, never fused into a multiply-add
@@ -73,13 +80,69 @@ def _value_fns(jit, f16_to_f32, mul_rn_py) -> dict:
         return np.float32(d * np.float32(q - 8))
 
     @jit
-    def q4_k(src, i):
-        base = (i // 256) * 144
-        j = i % 256
+    def nibble(src, at, j):
+        """Element j of 32 stored as 16 bytes at src[at]: low nibbles first, then high."""
+        b = np.int64(src[at + (j % 16)])
+        return ((b >> 4) if j >= 16 else b) & 0xF
+
+    @jit
+    def q4_1(src, i):
+        base = (i // 32) * 20
         d = half(src, base)
-        dmin = half(src, base + 2)
-        s = j // 32
-        sb = base + 4
+        m = half(src, base + 2)
+        return np.float32(mul_rn(d, np.float32(nibble(src, base + 4, i % 32))) + m)
+
+    @jit
+    def q5_bit(src, at, j):
+        """Bit j of the little-endian 32-bit word at src[at]."""
+        return (np.int64(src[at + j // 8]) >> (j % 8)) & 1
+
+    @jit
+    def q5_0(src, i):
+        base = (i // 32) * 22
+        j = i % 32
+        d = half(src, base)
+        q = (nibble(src, base + 6, j) | (q5_bit(src, base + 2, j) << 4)) - 16
+        return np.float32(d * np.float32(q))
+
+    @jit
+    def q5_1(src, i):
+        base = (i // 32) * 24
+        j = i % 32
+        d = half(src, base)
+        m = half(src, base + 2)
+        q = nibble(src, base + 8, j) | (q5_bit(src, base + 4, j) << 4)
+        return np.float32(mul_rn(d, np.float32(q)) + m)
+
+    @jit
+    def q2_k(src, i):
+        base = (i // 256) * 84
+        j = i % 256
+        sc = np.int64(src[base + j // 16])
+        d = half(src, base + 80)
+        dmin = half(src, base + 82)
+        q = (np.int64(src[base + 16 + (j // 128) * 32 + j % 32]) >> (2 * ((j // 32) % 4))) & 3
+        dl = np.float32(d * np.float32(sc & 0xF))
+        ml = mul_rn(dmin, np.float32(sc >> 4))
+        return np.float32(mul_rn(dl, np.float32(q)) - ml)
+
+    @jit
+    def q3_k(src, i):
+        base = (i // 256) * 110
+        j = i % 256
+        g = j // 16
+        lo = (np.int64(src[base + 96 + g % 8]) >> (4 * (g // 8))) & 0xF
+        hi = (np.int64(src[base + 104 + g % 4]) >> (2 * (g // 4))) & 3
+        sc = (lo | (hi << 4)) - 32
+        ql = (np.int64(src[base + 32 + (j // 128) * 32 + j % 32]) >> (2 * ((j // 32) % 4))) & 3
+        qh = ((np.int64(src[base + j % 32]) >> (j // 32)) & 1) ^ 1  # the high bit set means no offset
+        d = half(src, base + 108)
+        dl = np.float32(d * np.float32(sc))
+        return np.float32(dl * np.float32(ql - (qh << 2)))
+
+    @jit
+    def k_scale(src, sb, s):
+        """The 6-bit scale and minimum of sub-block s of a Q4_K / Q5_K block's 12 scale bytes at src[sb]."""
         if s < 4:
             sc = np.int64(src[sb + s]) & 63
             m = np.int64(src[sb + 4 + s]) & 63
@@ -87,11 +150,35 @@ def _value_fns(jit, f16_to_f32, mul_rn_py) -> dict:
             md = np.int64(src[sb + 8 + s - 4])
             sc = (md & 0xF) | ((np.int64(src[sb + s - 4]) >> 2) & 0x30)
             m = (md >> 4) | ((np.int64(src[sb + s]) >> 2) & 0x30)
+        return sc, m
+
+    @jit
+    def q4_k(src, i):
+        base = (i // 256) * 144
+        j = i % 256
+        d = half(src, base)
+        dmin = half(src, base + 2)
+        s = j // 32
+        sc, m = k_scale(src, base + 4, s)
         b = np.int64(src[base + 16 + (s // 2) * 32 + j % 32])
         q = (b >> (4 * (s % 2))) & 0xF
         ds = np.float32(d * np.float32(sc))
         dm = mul_rn(dmin, np.float32(m))
         return np.float32(mul_rn(ds, np.float32(q)) - dm)
+
+    @jit
+    def q5_k(src, i):
+        base = (i // 256) * 176
+        j = i % 256
+        d = half(src, base)
+        dmin = half(src, base + 2)
+        s = j // 32
+        sc, m = k_scale(src, base + 4, s)
+        lo = (np.int64(src[base + 48 + (s // 2) * 32 + j % 32]) >> (4 * (s % 2))) & 0xF
+        hi = (np.int64(src[base + 16 + j % 32]) >> s) & 1
+        ds = np.float32(d * np.float32(sc))
+        dm = mul_rn(dmin, np.float32(m))
+        return np.float32(mul_rn(ds, np.float32(lo | (hi << 4))) - dm)
 
     @jit
     def q6_k(src, i):
@@ -108,7 +195,28 @@ def _value_fns(jit, f16_to_f32, mul_rn_py) -> dict:
         ds = np.float32(d * np.float32(sc))
         return np.float32(ds * np.float32(q))
 
-    return {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_K": q4_k, "Q6_K": q6_k}
+    levels = _IQ4_LEVELS
+
+    @jit
+    def iq4_nl(src, i):
+        base = (i // 32) * 18
+        d = half(src, base)
+        return np.float32(d * np.float32(levels[nibble(src, base + 2, i % 32)]))
+
+    @jit
+    def iq4_xs(src, i):
+        base = (i // 256) * 136
+        j = i % 256
+        s = j // 32
+        d = half(src, base)
+        sh = np.int64(src[base + 2]) | (np.int64(src[base + 3]) << 8)
+        lo = (np.int64(src[base + 4 + s // 2]) >> (4 * (s % 2))) & 0xF
+        sc = (lo | (((sh >> (2 * s)) & 3) << 4)) - 32
+        dl = np.float32(d * np.float32(sc))
+        return np.float32(dl * np.float32(levels[nibble(src, base + 8 + s * 16, j % 32)]))
+
+    return {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1, "Q2_K": q2_k, "Q3_K": q3_k,
+            "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "IQ4_NL": iq4_nl, "IQ4_XS": iq4_xs}
 
 
 def _kernel(value, out_bits):

@@ -55,7 +55,7 @@ CONVERT_KERNEL = {
 TRANSPOSE_SIZES = (1, 2, 4, 8)
 # GGML block types the device dequantizes: `planc.manifest.ggml_types.DEQUANTIZABLE` (a test holds
 # them equal; spelled here because importing planc.manifest brings in the safetensors reader).
-GGUF_DEQUANTIZABLE = ("Q4_0", "Q4_K", "Q6_K", "Q8_0")
+GGUF_DEQUANTIZABLE = ("IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
 SCATTER_WIDTHS = (1, 2, 4, 8)
 
 

@@ -159,7 +159,7 @@ def schema():
 @app.command()
 def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoint into.", readable=False),
           family: str = typer.Option("dense", help="dense | moe | fp8 | mxfp4 | nvfp4 | gguf"),
-          quant: str = typer.Option("Q8_0", help="gguf: Q8_0, Q4_K_M, Q4_0, Q4_K, Q6_K, F16, BF16 or F32."),
+          quant: str = typer.Option("Q8_0", help="gguf: Q8_0, Q4_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, F16, BF16 or F32."),
           size: Optional[str] = typer.Option(None, help="Approximate size, e.g. 2GiB (default: tiny)."),
           shards: int = typer.Option(1, help="Number of shard files."),
           sparse: bool = typer.Option(False, help="Header plus a hole: size-only work, no disk."),

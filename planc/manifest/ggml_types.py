@@ -45,7 +45,8 @@ GGML_TYPES: dict[int, GGMLType] = {i: GGMLType(i, n, b, s) for i, n, b, s in _TA
 BY_NAME: dict[str, GGMLType] = {t.name: t for t in GGML_TYPES.values()}
 QUANTIZED = frozenset(t.name for t in GGML_TYPES.values() if t.quantized)
 # The quantized types planc dequantizes (host and device), bit-exact to the gguf package's numpy.
-DEQUANTIZABLE = frozenset({"Q8_0", "Q4_0", "Q4_K", "Q6_K"})
+DEQUANTIZABLE = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                           "IQ4_NL", "IQ4_XS"})
 
 
 def quant_type(name: str) -> GGMLType | None:
