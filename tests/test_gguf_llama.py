@@ -164,5 +164,7 @@ def test_the_config_from_planc_header_read_is_transformers_keys(tmp_path, state)
                    "rope_theta": 500000.0, "num_attention_heads": 4, "num_key_value_heads": 2,
                    "rms_norm_eps": float(np.float32(1e-6)), "vocab_size": 300}
     assert transformers_config({"general.architecture": "llama"}, [])["tie_word_embeddings"] is True
-    with pytest.raises(ValueError):
-        transformers_config({"general.architecture": "qwen2"}, [])
+    with pytest.raises(ValueError, match="phi3"):
+        transformers_config({"general.architecture": "phi3"}, [])
+    with pytest.raises(ValueError, match="qwen2"):  # a header of another architecture than the one asked for
+        transformers_config({"general.architecture": "qwen2"}, [], arch="llama")

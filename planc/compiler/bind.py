@@ -15,8 +15,10 @@ Mixtral experts: `match: model.layers.{L}.block_sparse_moe.experts.{E}.{W}.weigh
 `stack: {into: model.layers.{L}.mlp.experts.gate_up_proj, over: E}`, `fuse: {over: W, order: [w1, w3]}`
 gives [E, 2I, H] from w1, w3 [I, H]: expert e's w1 at e * 2IH * itemsize, its w3 right after
 (IH * itemsize further on). Every part is still one contiguous range of the output. A fuse along
-a later dim (`fuse.dim`) is placed the same way only when the dims before it are all 1; otherwise
-the parts' rows interleave and the rule is refused (`fuse-interleaved`).
+a later dim (`fuse.dim`) is placed the same way when the dims before it are all 1. A fuse along dim 1
+of 3-D stacked experts [E, n, k] (llama.cpp's `ffn_gate_exps` and `ffn_up_exps` into transformers 5's
+`gate_up_proj`) interleaves: each expert of each source is a part of its own (`_interleaved`); any
+other fuse whose rows would interleave is refused (`fuse-interleaved`).
 
 `rename` gives a single tensor another name, from the placeholders of `match`.
 """
@@ -426,9 +428,12 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP, sca
     if r.unpermute:
         raise BindError(f"rules[{i}] unpermutes {name}, a fuse or stack; unpermute single tensors",
                         code=Code.BAD_UNPERMUTE)
+    if r.fuse and not r.stack and r.fuse.dim == 1 and len(first.shape) == 3 and first.shape[0] > 1:
+        return _interleaved(i, name, ts, r, tp)
     if _ggml(first) is not None:
         raise BindError(f"rules[{i}] groups {name}: {first.name} is a GGUF {first.dtype} tensor; quantized GGUF "
-                        f"tensors load one by one (no fuse or stack)", code=Code.GGUF_GROUP)
+                        f"tensors load one by one, or fuse along dim 1 of stacked experts [E, n, k] (no stack)",
+                        code=Code.GGUF_GROUP)
     target = _target(first, r, i)
     op = _op(first, r, i, target)
     _allowed(first, r, i, op, target, scales[first.name] if r.dequantize else None)
@@ -501,6 +506,47 @@ def _group(i: int, name: str, members: list, r: Rule, scales: dict, tp: _TP, sca
     shape = (len(blocks), *inner) if r.stack else inner
     pack = "stack" if r.stack else "fuse"
     return Placement(name, target, shape, op, r.on, pack, i, tuple(parts), block)
+
+
+def _interleaved(i: int, name: str, ts: list, r: Rule, tp: _TP) -> Placement:
+    """A fuse along dim 1 of stacked experts [E, n_k, ...] (llama.cpp's `ffn_gate_exps` and
+    `ffn_up_exps` into transformers 5's `gate_up_proj` [E, n_0 + n_1, ...]): expert e's slice of each
+    source in `fuse.order`, one after the other, then expert e + 1's. Each (expert, source) is one part,
+    a one-row gather of the source's dim 0 (`Rows(e, 1, 1)`, one contiguous read), placed at its byte
+    offset: the rows interleave, every part is still one contiguous range of the output. GGUF sources
+    are dequantized part by part (each expert's rows are whole blocks), each of its own GGML type."""
+    first = ts[0]
+    what = f"rules[{i}] fuses {name} along dim 1 of the stacked {first.name} {list(first.shape)}"
+    if r.dequantize or r.transpose:
+        raise BindError(f"{what}: an interleaved fuse copies, converts or dequantizes GGUF blocks; it takes no "
+                        f"{'dequantize' if r.dequantize else 'transpose'}", code=Code.FUSE_INTERLEAVED)
+    if r.unpermute:
+        raise BindError(f"rules[{i}] unpermutes {name}, a fuse or stack; unpermute single tensors",
+                        code=Code.BAD_UNPERMUTE)
+    if r.split != "replicate" and tp.world > 1:
+        raise BindError(f"{what}: an interleaved fuse is not split across ranks (split: replicate)",
+                        code=Code.SPLIT_FUSE)
+    target = _target(first, r, i)
+    op = _op(first, r, i, target)
+    for t in ts:
+        if _target(t, r, i) != target or _op(t, r, i, target) != op or (_ggml(t) is None) != (_ggml(first) is None):
+            raise BindError(f"{what}: {t.name} is {t.dtype}, which loads as another op or dtype than {first.name} "
+                            f"({first.dtype})", code=Code.GROUP_MISMATCH)
+        if len(t.shape) != 3 or t.shape[0] != first.shape[0] or t.shape[2] != first.shape[2]:
+            raise BindError(f"rules[{i}] groups {name}: {t.name} has shape {list(t.shape)}, incompatible with "
+                            f"{first.name} {list(first.shape)} (the same experts and last dim)",
+                            code=Code.GROUP_MISMATCH)
+        _allowed(t, r, i, op, target, None)
+    out_type = DTYPES[target]
+    outs = [out_type.nbytes(t.shape[1] * t.shape[2]) for t in ts]
+    parts, off = [], 0
+    for e in range(first.shape[0]):
+        for t, out in zip(ts, outs):
+            parts.append(_tuple_new(Part, (t, None, off, out, Rows(e, 1, 1), None, 0, None)))
+            off += out
+    shape = (first.shape[0], sum(t.shape[1] for t in ts), first.shape[2])
+    qt = _ggml(first)
+    return Placement(name, target, shape, op, r.on, "fuse", i, tuple(parts), 0, qt.name if qt is not None else "")
 
 
 def _fused_shape(shapes: list, dim: int) -> tuple[int, ...]:
