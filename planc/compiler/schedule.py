@@ -36,6 +36,7 @@ from operator import itemgetter
 from ..plan import costs as costmodel
 from ..base import fp4
 from ..base.dtypes import DTYPES
+from ..base.formats import kernel_format
 from .graph import Graph
 from ..plan.records import Copy, Costs, HostPart, Kernel, Part, Request, Run, Tensor
 from ..spec.model import DIRECT_ALIGN, IO
@@ -349,23 +350,24 @@ def _merged(kernels: list, ggml: dict | None = None) -> tuple[Kernel, ...]:
 
 def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kernel:
     w = n.inputs[0]
-    if scale is not None and fp4.format_of(w.dtype, n.inputs[1].dtype):
+    fmt = kernel_format(n.op, w.dtype, n.inputs[1].dtype if len(n.inputs) >= 2 else None)
+    if fmt in fp4.FORMATS:
         # An FP4 dequantization: rows and cols of the dequantized matrices (before a transpose),
         # numel the values of all of them.
-        batch, rows, cols = fp4.geometry(fp4.format_of(w.dtype, n.inputs[1].dtype), w.shape)
+        batch, rows, cols = fp4.geometry(fmt, w.shape)
         return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, batch * rows * cols,
-                                   rows, cols, n.block, ()))
-    if n.op == "gguf":  # U8 rows of GGUF blocks: numel counts the values the kernel writes
+                                   rows, cols, n.block, (), fmt))
+    if fmt == "gguf":  # U8 rows of GGUF blocks: numel counts the values the kernel writes
         rows, cols = w.shape
         return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst,
-                                   n.out_bytes // _ITEMSIZE[n.out_dtype], rows, cols, n.block, ()))
+                                   n.out_bytes // _ITEMSIZE[n.out_dtype], rows, cols, n.block, (), fmt))
     shape = w.shape
     rows, cols = shape if len(shape) == 2 else (0, 0)
     numel = 1
     for d in shape:
         numel *= d
     return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block,
-                               ()))
+                               (), fmt))
 
 
 def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:

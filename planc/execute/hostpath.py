@@ -12,9 +12,8 @@ import time
 
 import numpy as np
 
-from . import fp4ref
 from .events import HostPartDone
-from .refconv import convert_host, dequantize_fp8_host, transpose_host
+from .formats import FORMATS, of_part
 
 
 class HostPath:
@@ -68,29 +67,11 @@ class HostPath:
 
 def gguf_host(p, raw: np.ndarray) -> np.ndarray:
     """A gguf part's blocks (U8 rows) dequantized on the host, as the bytes of its output."""
-    from .gguf_dequant import dequantize
-    from ..manifest.ggml_types import quant_type
-
-    qt = quant_type(p.ggml)
-    rows, row = p.inputs[0].shape
-    return dequantize(raw, p.ggml, (rows, row // qt.block_bytes * qt.block), p.out_dtype).reshape(-1).view(np.uint8)
+    return FORMATS["gguf"].host(p, [raw])
 
 
 def _host_transform(p, bufs: list) -> np.ndarray:
-    w = p.inputs[0]
-    if p.op == "convert":
-        return convert_host(bufs[0], w.dtype, p.out_dtype)
-    if p.op == "gguf":
-        return gguf_host(p, bufs[0])
-    if p.op in ("dequantize", "dequantize_t") and fp4ref.is_fp4(p):
-        return fp4ref.host_dequantize(p, bufs)
-    if p.op == "dequantize":
-        rows, cols = w.shape
-        return dequantize_fp8_host(bufs[0], bufs[1], w.dtype, p.out_dtype, rows, cols, p.block)
-    if p.op == "transpose":
-        rows, cols = w.shape
-        src = bufs[0] if w.dtype == p.out_dtype else convert_host(bufs[0], w.dtype, p.out_dtype)
-        from ..base.dtypes import DTYPES
-
-        return transpose_host(src, rows, cols, DTYPES[p.out_dtype].bits // 8)
-    return bufs[0]
+    """A host-path part's output bytes: its format's host reference (`planc.execute.formats`), or
+    its bytes as read (a copy)."""
+    fmt = of_part(p)
+    return bufs[0] if fmt is None else fmt.host(p, bufs)

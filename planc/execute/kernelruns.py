@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from ..base import fp4
 from ..plan.records import DEQUANTIZE_OPS
 from . import dispatch, seam
 from .events import KernelsLaunched
+from .formats import FORMATS
 
 
 class KernelRuns:
@@ -107,69 +107,13 @@ class KernelRuns:
         self.observer(KernelsLaunched(r.index, len(r.kernels), len(r.parts) - len(r.host_parts), start=t0))
 
     def _kernel(self, r, k) -> None:
-        from ..base.dtypes import DTYPES
-
-        s_size, d_size = DTYPES[k.src_dtype].bits // 8, DTYPES[k.dst_dtype].bits // 8
-        numel = k.numel
-        if k.op == "gguf":
-            self._gguf(r, k, d_size)
-            return
-        src = self.regions.dst(k.src_space, r, k.src_offset, max(1, numel * max(1, s_size)))
-        dst = self.regions.arena[k.dst_offset:k.dst_offset + numel * d_size]
-        if k.op == "convert":
-            dispatch.convert(src, dst, k.src_dtype, k.dst_dtype, numel, stream=self.kstream, dev=self.dev)
-        elif k.op in DEQUANTIZE_OPS and k.src_dtype == fp4.WEIGHT_DTYPE:
-            self._fp4(r, k, src, dst)
-        elif k.op == "dequantize":
-            rows, cols, b = k.rows, k.cols, k.block
-            n_scale = -(-rows // b) * -(-cols // b)
-            scale = self.regions.dst("landing", r, k.scale_offset, n_scale * 4)
-            dispatch.dequantize_fp8(src, scale, dst, k.src_dtype, k.dst_dtype, rows, cols, b, stream=self.kstream,
-                                    dev=self.dev)
-        else:  # transpose (the codec admits no other op)
-            dispatch.transpose2d(src, dst, k.rows, k.cols, s_size, stream=self.kstream, dev=self.dev)
-
-
-    def _gguf(self, r, k, d_size: int) -> None:
-        """GGUF blocks (U8 rows, `k.rows` x `k.cols` bytes, in the landing region) dequantized to the
-        part's dtype: its GGML type is the part's `ggml`."""
-        from ..base.dtypes import DTYPES
-        from .gguf_dispatch import dequantize_gguf
-
-        src = self.regions.dst(k.src_space, r, k.src_offset, k.rows * k.cols)
-        dst = self.regions.arena[k.dst_offset:k.dst_offset + k.numel * d_size]
-        out = dst.view(np.uint32 if DTYPES[k.dst_dtype].itemsize == 4 else np.uint16)
-        dequantize_gguf(src, out, self.plan.parts[k.part].ggml, k.dst_dtype, k.numel, stream=self.kstream,
-                        dev=self.dev)
-
-    def _fp4(self, r, k, src, dst) -> None:
-        """An MXFP4 or NVFP4 dequantization: its weight, block scales (and NVFP4's per-tensor scale,
-        just after them) in the landing region."""
-        from . import fp4_dispatch
-
-        fmt = fp4_format(self.plan, k)
-        n_scale = k.numel // k.block
-        scale = self.regions.dst("landing", r, k.scale_offset, n_scale)
-        scale2 = (self.regions.dst("landing", r, fp4.scale2_offset(k.scale_offset, n_scale), 4)
-                  if fmt == "nvfp4" else None)
-        fp4_dispatch.dequantize_fp4(src, scale, scale2, dst, fmt, k.dst_dtype, k.numel // (k.rows * k.cols), k.rows,
-                                    k.cols, k.op == "dequantize_t", stream=self.kstream, dev=self.dev)
-
-
-def fp4_format(plan, k) -> str | None:
-    """The FP4 format of kernel k's part (by its inputs' dtypes), or None."""
-    p = plan.parts[k.part]
-    return fp4.format_of(p.inputs[0].dtype, p.inputs[1].dtype) if len(p.inputs) >= 2 else None
+        """Kernel record k of run r, launched by its format's class (`planc.execute.formats`)."""
+        FORMATS[k.format].launch(self, r, k)
 
 
 def reads_landing(r) -> bool:
     """Whether run r's kernels read its landing region (sources or FP8 scales placed there)."""
     return any(k.src_space != "arena" or k.op in DEQUANTIZE_OPS for k in r.kernels)
-
-
-def gguf_type(plan, k) -> str:
-    """The GGML type of GGUF kernel k's part."""
-    return plan.parts[k.part].ggml
 
 
 def warm_kernels(plan, dev=None):
@@ -186,16 +130,12 @@ def warm_kernels(plan, dev=None):
     need = set()
     for r in plan.runs:
         for k in r.kernels:
-            fmt = fp4_format(plan, k) if k.op in DEQUANTIZE_OPS else None
-            if k.op == "gguf":
-                need.add(("gguf", gguf_type(plan, k), k.dst_dtype))
-                continue
-            need.add((f"fp4:{fmt}", k.op == "dequantize_t", k.dst_dtype) if fmt else (k.op, k.src_dtype, k.dst_dtype))
+            need.add((k.format, FORMATS[k.format].warm_key(plan, k)))
         for q in r.requests:
             if q.scatter:
-                need.add(("scatter", q.width, None))
+                need.add(("scatter", (q.width,)))
     if plan.layout.zero:
-        need.add(("zero", None, None))
+        need.add(("zero", ()))
     if not need:
         return None
     import contextvars
@@ -211,38 +151,19 @@ def warm_kernels(plan, dev=None):
 
 
 def _warm(dev, idx: int, need) -> None:
-    from ..base.dtypes import DTYPES
-
     try:
         dev.select(idx)
         stream = dev.stream()
         buf = dev.device_bytes(256)  # a whole block of every GGUF type (Q6_K: 210 bytes)
         out = dev.device_bytes(1024)  # its 256 values in F32
-        for op, a, b in need:
-            if op == "convert":
-                dispatch.convert(buf, out if DTYPES[a].bits != DTYPES[b].bits else buf, a, b, 1, stream=stream, dev=dev)
-            elif op == "dequantize":
-                dispatch.dequantize_fp8(buf[:8], buf[8:16], out, a, b, 1, 1, 128, stream=stream, dev=dev)
-            elif op == "transpose":
-                dispatch.transpose2d(buf, out, 1, 1, DTYPES[a].bits // 8, stream=stream, dev=dev)
-            elif op.startswith("fp4:"):
-                from . import fp4_dispatch
-
-                fmt = op[4:]
-                fp4_dispatch.dequantize_fp4(buf[:16], buf[16:20], buf[32:36], out, fmt, b, 1, 1, fp4.BLOCK[fmt], a,
-                                            stream=stream, dev=dev)
-            elif op == "scatter":
+        for fmt, key in need:
+            if fmt == "scatter":
                 table = dev.to_device(np.zeros((1, 3), np.int64))
-                dispatch.scatter(buf, out, table, 0, 1, a, stream, 1, dev=dev)
-            elif op == "zero":
+                dispatch.scatter(buf, out, table, 0, 1, key[0], stream, 1, dev=dev)
+            elif fmt == "zero":
                 dispatch.zero(out, [(0, 1)], stream, dev=dev)
-            elif op == "gguf":
-                from ..manifest.ggml_types import quant_type
-                from .gguf_dispatch import dequantize_gguf
-
-                values = quant_type(a).block
-                dequantize_gguf(buf, out.view(np.uint32 if b == "F32" else np.uint16), a, b, values, stream=stream,
-                                dev=dev)
+            else:
+                FORMATS[fmt].warm(dev, key, buf, out, stream)
         stream.synchronize()
     except Exception:  # noqa: BLE001 - warming is an optimization; the real launch reports errors
         pass

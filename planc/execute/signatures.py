@@ -25,7 +25,6 @@ import hashlib
 from pathlib import Path
 
 from planc.base.dtypes import FLOAT_CONVERTIBLE
-from planc.base.fp4 import FORMATS as FP4_FORMATS
 
 # Compute capabilities PTX is built for. The driver JIT-compiles PTX for any device of the same or
 # a later capability, so the lowest one covers every newer GPU; later ones are built for codegen
@@ -103,13 +102,11 @@ def fp4_launch(fmt: str, out_dtype: str, transpose: bool) -> tuple[str, tuple]:
 
 def launches() -> list[tuple[str, tuple]]:
     """Every (kernel name, signature) the executor launches, each once, in a stable order."""
-    out = [convert_launch(a, b) for a in sorted(FLOAT_CONVERTIBLE) for b in sorted(FLOAT_CONVERTIBLE)]
-    out += [dequant_launch(d) for d in sorted(FLOAT_CONVERTIBLE)]
-    out += [transpose_launch(s) for s in TRANSPOSE_SIZES]
+    from .formats import FORMATS  # each format's own launches (the formats import this module)
+
+    out = [x for f in FORMATS.values() for x in f.launches()]
     out += [scatter_launch(w) for w in SCATTER_WIDTHS]
     out.append(zero_launch())
-    out += [gguf_launch(t, d) for t in sorted(GGUF_DEQUANTIZABLE) for d in sorted(FLOAT_CONVERTIBLE)]
-    out += [fp4_launch(f, d, t) for f in FP4_FORMATS for d in sorted(FLOAT_CONVERTIBLE) for t in (False, True)]
     seen, unique = set(), []
     for x in out:
         if x not in seen:

@@ -18,6 +18,7 @@ import math
 
 from .admission import admit, run_host_bytes
 from ..base.dtypes import DTYPES, op_problem
+from ..base.formats import FORMATS, kernel_format
 from ..base.errors import PlanFormatError, printable
 from . import costs as costmodel
 from .costs import STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
@@ -67,7 +68,7 @@ from ..base.device import DIRECT_ALIGN, check_device
 from ..base.codes import Code
 from ..manifest.ggml_types import DEQUANTIZABLE, QUANTIZED, quant_type
 
-FORMAT = 5
+FORMAT = 6
 _GGML = ("", *sorted(QUANTIZED))  # a part's `ggml`: a GGML block type, or none
 
 # The field order of each array record, as the file states it.
@@ -712,8 +713,9 @@ class _Checker:
         if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
                 and (x[6] is None or _nat(x[6])) and x[11] <= MAX_BLOCK and type(x[1]) is str and type(x[2]) is str \
                 and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
-                and x[2] in DTYPES and x[3] in DTYPES and type(x[12]) is list and not x[12]:
-            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more = x
+                and x[2] in DTYPES and x[3] in DTYPES and type(x[12]) is list and not x[12] and type(x[13]) is str \
+                and x[13] in FORMATS:
+            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt = x
             more = ()
         else:  # the field-by-field check, which names what is wrong
             _list(x, at(), n_k)
@@ -729,6 +731,13 @@ class _Checker:
             block = _int(x[11], at(".block"), 0, MAX_BLOCK)
             more = tuple(_int(v, at(f".more[{m}]"), 0, _MAX)
                          for m, v in enumerate(_list(x[12], at(".more"))))
+            fmt = _one_of(x[13], at(".format"), FORMATS)
+        if pid in in_run:  # the format the part's op and inputs decide (a part outside the run is named below)
+            p0 = parts[pid]
+            want = kernel_format(op, p0.inputs[0].dtype, p0.inputs[1].dtype if len(p0.inputs) >= 2 else None)
+            if fmt != want:
+                raise _bad(at(".format"), f"is {_shown(fmt)}, but a {op} of part {pid}'s {p0.inputs[0].dtype} "
+                                          f"input is a {want} kernel")
         if more and op not in ("convert", "gguf"):
             raise _bad(at(".more"), f"only conversions and GGUF dequantizations of several parts share a kernel, not a {op}")
         if len(set(more)) != len(more) or pid in more:
@@ -736,12 +745,11 @@ class _Checker:
         if op == "gguf":
             self._gguf_kernel(pid, more, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows,
                               cols, block, limits)
-            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more))
-        if op in DEQUANTIZE_OPS and pid in in_run and len(parts[pid].inputs) >= 2 and fp4.format_of(
-                parts[pid].inputs[0].dtype, parts[pid].inputs[1].dtype):
+            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt))
+        if fmt in fp4.FORMATS and pid in in_run:
             self._fp4_kernel(parts[pid], at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
                              limits)
-            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, ()))
+            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, (), fmt))
         want_numel, want_dst = 0, dst
         for q in (pid, *more):
             if q not in in_run:
@@ -776,7 +784,7 @@ class _Checker:
             raise _bad(at(".scale_offset"), f"a {op} reads no scale")
         if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
             raise _bad(at(), "only a same-size conversion runs in place in the arena")
-        return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more))
+        return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt))
 
     def _gguf_semantics(self, n: Part, at: str) -> None:
         """GGUF blocks: read as U8 rows of whole blocks of the part's GGML type; kept (`copy`, U8 out,

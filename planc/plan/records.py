@@ -267,8 +267,12 @@ class Request(NamedTuple):
 
 
 class Kernel(NamedTuple):
+    """One launch: a part's values (and those of `more`, end to end) from their source bytes to the
+    arena. `format` names the kernel family (`planc.base.formats`: float, transpose, fp8, mxfp4,
+    nvfp4, gguf): the executor launches it through that format's class (`planc.execute.formats`)."""
+
     part: int
-    op: str  # convert | dequantize | transpose
+    op: str  # convert | dequantize | transpose | dequantize_t | gguf
     src_dtype: str
     dst_dtype: str
     src_space: str
@@ -280,6 +284,7 @@ class Kernel(NamedTuple):
     cols: int
     block: int
     more: tuple[int, ...] = ()  # further parts converted by the same launch, their bytes following part's
+    format: str = ""  # the kernel's format (`planc.base.formats.FORMATS`), which its part's op and dtypes decide
 
     @property
     def parts(self) -> tuple[int, ...]:
