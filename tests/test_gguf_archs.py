@@ -193,3 +193,8 @@ def test_an_interleaved_fuse_that_cannot_be_is_refused(tmp_path):
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(PlancError, match="incompatible"):
         compile_spec(bad)
+
+
+def test_a_gemma3_file_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="gemma3 stores its RMSNorm weights plus 1"):
+        transformers_config({"general.architecture": "gemma3"}, [])

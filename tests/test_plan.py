@@ -550,3 +550,20 @@ def test_the_package_states_the_plan_format_it_reads():
     from planc.plan.check import FORMAT
 
     assert planc.PLAN_FORMAT == FORMAT
+
+
+def test_a_kernel_record_of_another_format_is_refused(tmp_path):
+    """Each kernel record names its format (`planc.base.formats`); one the part's op and dtypes do not
+    decide, or one no class serves, is refused with the field named."""
+    from planc.plan.codec import decode
+
+    path = write_st(tmp_path / "m.safetensors", {"x": np.ones(2048, np.float32)})
+    assert path
+    plan = compile_doc(tmp_path, [{"match": "*", "dtype": "bfloat16"}],
+                       io={"slot": 8192, "slots": 1, "run": "1MiB", "merge_gap": 0})
+    doc = json.loads(encode(plan))
+    assert doc["runs"][0][2][0][13] == "float"
+    for bad, why in (("fp8", "is a float kernel"), ("q4", "must be one of float, transpose")):
+        doc["runs"][0][2][0][13] = bad
+        with pytest.raises(PlanFormatError, match=r"runs\[0\]\.kernels\[0\]\.format.*" + why):
+            decode(json.dumps(doc))
