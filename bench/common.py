@@ -68,3 +68,14 @@ def warm_file(path: Path) -> None:
     with open(path, "rb", buffering=0) as h:
         while h.read(64 << 20):
             pass
+
+
+def weights_differ(a: dict, b: dict, torch) -> list[str]:
+    """The names of state dict `a` whose tensor in `b` is missing, of another shape or dtype, or of
+    other bits (bfloat16 compared as int16: NaNs and signed zeros too), sorted."""
+
+    def bits(t):
+        return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+    return sorted(k for k in a if k not in b or a[k].shape != b[k].shape or a[k].dtype != b[k].dtype
+                  or not torch.equal(bits(a[k]), bits(b[k].to(a[k].device))))

@@ -224,12 +224,7 @@ def handoff(data: Path, preset: str, repeat: int) -> dict:
                 del m
     a_mod, (b_mod, res) = kept["transformers"][0], kept["planc"]
     a, b = a_mod.state_dict(), b_mod.state_dict()
-
-    def bits(t):
-        return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-
-    differ = sorted(k for k in a if k not in b or a[k].shape != b[k].shape or a[k].dtype != b[k].dtype
-                    or not torch.equal(bits(a[k]), bits(b[k].to(a[k].device))))
+    differ = _c.weights_differ(a, b, torch)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, a_mod.config.vocab_size, (2, 64), generator=g).to(next(a_mod.parameters()).device)
     with torch.no_grad():

@@ -34,7 +34,17 @@ ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
 
+import importlib.util  # noqa: E402
+
 import yaml  # noqa: E402
+
+
+def _common():
+    """bench/common.py, loaded by file (its folder is off the import path)."""
+    spec = importlib.util.spec_from_file_location("bench_common", HERE / "common.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 SPEC = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3-moe",
         "gemma3": "gemma3"}
@@ -80,12 +90,7 @@ def one(data: Path, arch: str, quant: str) -> dict:
     ad, bd = auto.to_diff_dict(), config.to_diff_dict()
     differ_config = {k: (ad.get(k), bd.get(k)) for k in set(ad) | set(bd) if ad.get(k) != bd.get(k) and k not in skip}
     a, b = a_mod.state_dict(), b_mod.state_dict()
-
-    def bits(t):
-        return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-
-    differ = sorted(k for k in a if k not in b or a[k].shape != b[k].shape or a[k].dtype != b[k].dtype
-                    or not torch.equal(bits(a[k]), bits(b[k].to(a[k].device))))
+    differ = _common().weights_differ(a, b, torch)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, a_mod.config.vocab_size, (2, 32), generator=g).cuda()
     a_mod.eval()

@@ -307,3 +307,14 @@ def test_raw_launch_off_goes_through_numba(monkeypatch):
 
     monkeypatch.setenv("PLANC_RAW_LAUNCH", "0")
     assert not launch.enabled()
+
+
+def test_the_shipped_launches_are_the_formats_own():
+    """Each kernel format's class lists its launches (`planc.execute.formats`); with the scatter and the
+    zero-fill they are every launch the PTX is built for, each once (two same-width copies are one launch)."""
+    from planc.execute.formats import FORMATS
+
+    own = [x for f in FORMATS.values() for x in f.launches()]
+    rest = [signatures.scatter_launch(w) for w in signatures.SCATTER_WIDTHS] + [signatures.zero_launch()]
+    shipped = signatures.launches()
+    assert len(shipped) == len(set(shipped)) and set(own + rest) == set(shipped)

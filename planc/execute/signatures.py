@@ -25,6 +25,7 @@ import hashlib
 from pathlib import Path
 
 from planc.base.dtypes import FLOAT_CONVERTIBLE
+from planc.base.fp4 import FORMATS as FP4_FORMATS
 
 # Compute capabilities PTX is built for. The driver JIT-compiles PTX for any device of the same or
 # a later capability, so the lowest one covers every newer GPU; later ones are built for codegen
@@ -102,9 +103,11 @@ def fp4_launch(fmt: str, out_dtype: str, transpose: bool) -> tuple[str, tuple]:
 
 def launches() -> list[tuple[str, tuple]]:
     """Every (kernel name, signature) the executor launches, each once, in a stable order."""
-    from .formats import FORMATS  # each format's own launches (the formats import this module)
-
-    out = [x for f in FORMATS.values() for x in f.launches()]
+    out = [convert_launch(a, b) for a in sorted(FLOAT_CONVERTIBLE) for b in sorted(FLOAT_CONVERTIBLE)]
+    out += [transpose_launch(s) for s in TRANSPOSE_SIZES]
+    out += [dequant_launch(d) for d in sorted(FLOAT_CONVERTIBLE)]
+    out += [fp4_launch(f, d, t) for f in FP4_FORMATS for d in sorted(FLOAT_CONVERTIBLE) for t in (False, True)]
+    out += [gguf_launch(t, d) for t in sorted(GGUF_DEQUANTIZABLE) for d in sorted(FLOAT_CONVERTIBLE)]
     out += [scatter_launch(w) for w in SCATTER_WIDTHS]
     out.append(zero_launch())
     seen, unique = set(), []
