@@ -1,11 +1,11 @@
-"""The architectures planc maps from GGUF into transformers modules (Mistral, Qwen2, Qwen3, Qwen3-MoE,
+"""The architectures planc maps from GGUF into transformers modules (Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3,
 beside Llama in test_gguf_llama.py): each written as llama.cpp's converter writes it
 (`planc.tools.gguf_model`), its names held equal to the `gguf` package's TensorNameMap (which
 transformers' GGUF loading inverts), the config from planc's header read equal to what transformers'
 loader makes of the keys (its GGUF_CONFIG_MAPPING and defaults for the model type), and the shipped
 spec's load equal bit for bit to what transformers' GGUF load makes of every tensor in bfloat16:
 `gguf.quants.dequantize` in float32, Llama's q/k rows permuted back, Qwen3-MoE's gate and up experts
-concatenated along dim 1, one round to nearest even. The same models against transformers itself, on
+concatenated along dim 1, Gemma's norms less one, one round to nearest even. The same models against transformers itself, on
 the GPU: bench/gguf_archs.py."""
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from planc.manifest.gguf_names import ARCHS, arch_of, transformers_config, trans
 from planc.tools.gguf_model import config_of, random_state, write_from_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = {"mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3-moe"}
+SPECS = {"mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3-moe", "gemma3": "gemma3"}
 GGUF_ARCH = {"mistral": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
-             "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "llama": gguf.MODEL_ARCH.LLAMA}
+             "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3}
 
 
 def _config(arch: str, device: bool = False) -> dict:
@@ -83,6 +83,8 @@ def _transformers_values(path, arch: str, cfg: dict) -> dict:
         if kind in ("ffn_gate_exps", "ffn_up_exps"):
             out.setdefault(hf, {})[kind] = w
             continue
+        if ARCHS[arch].norm_shift and "norm.weight" in t.name:  # its Gemma2TensorProcessor: weights - 1
+            w = w - 1
         out[hf] = w
     for k, v in list(out.items()):
         if isinstance(v, dict):
@@ -119,6 +121,7 @@ WANT = {
     "qwen3": {"model_type": "qwen3"},
     "qwen3moe": {"model_type": "qwen3_moe", "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
                  "norm_topk_prob": True},
+    "gemma3": {"model_type": "gemma3_text", "head_dim": 256, "sliding_window": 512, "tie_word_embeddings": True},
 }
 
 
@@ -135,7 +138,8 @@ def test_the_config_from_the_header_is_transformers(tmp_path, arch):
 
 @pytest.mark.parametrize("arch,on,quant", [("mistral", "host", "Q8_0"), ("qwen2", "host", "Q4_0"),
                                            ("qwen3", "host", "Q8_0"), ("qwen3moe", "host", "Q8_0"),
-                                           ("qwen3moe", "device", "Q4_0"), ("qwen2", "device", "Q8_0")])
+                                           ("qwen3moe", "device", "Q4_0"), ("qwen2", "device", "Q8_0"),
+                                           ("gemma3", "host", "Q8_0"), ("gemma3", "device", "Q4_0")])
 def test_the_shipped_spec_loads_it_as_transformers_does(tmp_path, arch, on, quant):
     path, state, cfg = _write(tmp_path, arch, quant, device=on == "device")
     want = _transformers_values(path, arch, cfg)
@@ -195,6 +199,22 @@ def test_an_interleaved_fuse_that_cannot_be_is_refused(tmp_path):
         compile_spec(bad)
 
 
-def test_a_gemma3_file_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="gemma3 stores its RMSNorm weights plus 1"):
-        transformers_config({"general.architecture": "gemma3"}, [])
+def test_gemma3_norms_are_stored_plus_one_and_loaded_minus_one(tmp_path):
+    """llama.cpp's converter stores each Gemma RMSNorm weight plus one; the shipped spec's `add: -1`
+    takes it off on the device, in float32 before the rounding: every norm's loaded value is
+    bfloat16(stored - 1), and the other weights carry no add."""
+    path, state, cfg = _write(tmp_path, "gemma3", "Q8_0", device=True)
+    stored = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    w = np.asarray(stored["blk.0.attn_norm.weight"].data, dtype=np.float32)
+    assert np.array_equal(w, state["model.layers.0.input_layernorm.weight"] + np.float32(1))
+    models = []
+    try:
+        plan, model = load_checked(_spec(tmp_path, "gemma3", path), models)
+        adds = {p.tensor: p.add for p in plan.parts}
+        assert {t for t, a in adds.items() if a} == {t for t in state if t.endswith("norm.weight")}
+        assert set(adds.values()) == {0.0, -1.0}
+        got = model["model.layers.0.input_layernorm.weight"].to_host().tobytes()
+        assert got == (w - np.float32(1)).astype(ml_dtypes.bfloat16).tobytes()
+    finally:
+        for m in models:
+            m.free()

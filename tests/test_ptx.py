@@ -128,15 +128,18 @@ def test_the_table_is_every_launch_the_dispatchers_make():
 
     dev = RecordingDevice(default_device(), forward=False)
     kernels = type("Dispatch", (), {n: staticmethod(partial(getattr(dispatch, n), dev=dev))
-                                    for n in ("convert", "dequantize_fp8", "transpose2d", "scatter", "zero")})
+                                    for n in ("convert", "convert_add", "dequantize_fp8", "transpose2d", "scatter",
+                                              "zero")})
 
     buf = cuda.device_array(4096, dtype=np.uint8)
     out = cuda.device_array(4096, dtype=np.uint8)
     for a in sorted(FLOAT_CONVERTIBLE):  # every convert the compiler emits (bind: F32 / F16 / BF16 only)
         for b in sorted(FLOAT_CONVERTIBLE):
             kernels.convert(buf, out, a, b, 16)
+            kernels.convert_add(buf, out, a, b, 16, -1.0)  # a rule's `add`
             if DTYPES[a].bits == DTYPES[b].bits:
                 kernels.convert(buf, buf, a, b, 16)  # in place
+                kernels.convert_add(buf, buf, a, b, 16, -1.0)
     for f in sorted(FP8_DEQUANTIZABLE):  # dequantize: an FP8 source into a float target
         for b in sorted(FLOAT_CONVERTIBLE):
             kernels.dequantize_fp8(buf[:64], buf[64:128], out, f, b, 8, 8, 8)

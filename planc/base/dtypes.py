@@ -103,18 +103,21 @@ def dtype(name: str) -> DType:
 #   gguf          any      U8 (GGUF blocks, the part's  F32, F16, BF16   (planc.execute.gguf_dequant; the
 #                          `ggml` type: Q8_0 ... Q6_K)                    block type checked by plancheck)
 
-def op_problem(op: str, path: str, src: str, dst: str, scale: str | None = None) -> str | None:
-    """Why a part of `op` on `path` cannot take `src` to `dst` (its scale input's dtype `scale`), or
-    None when the table above allows it. The words fit after "a <op> part on the <path> path ..."."""
+def op_problem(op: str, path: str, src: str, dst: str, scale: str | None = None, add: bool = False) -> str | None:
+    """Why a part of `op` on `path` cannot take `src` to `dst` (its scale input's dtype `scale`; `add`:
+    it adds a constant to each value), or None when the table above allows it. The words fit after
+    "a <op> part on the <path> path ..."."""
     from . import fp4
 
     floats = "F32, F16 or BF16"
+    if add and op != "convert":
+        return "adds no constant: only a convert of F32, F16 or BF16 does"
     if op == "copy":
         return None if src == dst else f"keeps its dtype ({src}), it cannot give {dst}"
     if op == "convert":
         if src not in FLOAT_CONVERTIBLE:
             return f"converts {floats} only, not {src}"
-        if dst not in FLOAT_CONVERTIBLE or dst == src:
+        if dst not in FLOAT_CONVERTIBLE or (dst == src and not add):
             return f"converts {src} to another of {floats}, not to {dst}"
         return None
     if op == "transpose":

@@ -71,6 +71,7 @@ class Placement:
     parts: tuple[Part, ...]
     block: int = 0  # dequantize block edge
     ggml: str = ""  # a GGUF tensor's GGML block type (its parts read U8 rows of whole blocks)
+    add: float = 0.0  # a constant added to every value by the convert (a rule's `add`)
 
     @property
     def nbytes(self) -> int:
@@ -202,6 +203,10 @@ def _brief(shape) -> str:
 
 
 def _target(t: TensorEntry, r: Rule, i: int) -> str:
+    if r.add and t.dtype not in FLOAT_CONVERTIBLE:
+        kind = f"a GGUF {t.dtype} tensor" if t.dtype not in DTYPES else f"stored as {t.dtype}"
+        raise BindError(f"rules[{i}] adds {r.add:g} to {t.name}, {kind}; add takes tensors stored as F32, F16 or "
+                        f"BF16 (narrow the rule with source_dtype)", code=Code.BAD_ADD)
     if t.dtype not in DTYPES and quant_type(t.dtype) is not None:
         return _gguf_target(t, r, i)
     if r.dequantize and r.dequantize.fp4:
@@ -249,7 +254,7 @@ def _op(t: TensorEntry, r: Rule, i: int, target: str) -> str:
             raise BindError(f"rules[{i}] transposes {t.name}, a {t.dtype} tensor of packed sub-byte elements; only "
                             f"tensors of whole-byte elements transpose", code=Code.BAD_TRANSPOSE)
         return "transpose"
-    return "copy" if target == t.dtype else "convert"
+    return "copy" if target == t.dtype and not r.add else "convert"
 
 
 def _allowed(t: TensorEntry, r: Rule, i: int, op: str, target: str, scale: TensorEntry | None) -> None:
@@ -259,14 +264,14 @@ def _allowed(t: TensorEntry, r: Rule, i: int, op: str, target: str, scale: Tenso
     path = "host" if r.on == "host" else "direct"
     sdt = scale.dtype if scale is not None else None
     src = t.dtype if t.dtype in DTYPES else "U8"  # GGUF blocks are read as U8 rows
-    why = op_problem(op, path, src, target, sdt)
+    why = op_problem(op, path, src, target, sdt, bool(r.add))
     if why:
         raise BindError(f"rules[{i}] loads {t.name} ({t.dtype}) as {target} by a {op} on the "
                         f"{'host' if path == 'host' else 'device'}, but a {op} {why}", code=Code.BAD_OP_DTYPE)
-    _ALLOWED.add((op, r.on, t.dtype, target, sdt))
+    _ALLOWED.add((op, r.on, t.dtype, target, sdt, bool(r.add)))
 
 
-_ALLOWED: set = set()  # (op, on, source dtype, target, scale dtype) that `op_problem` allows
+_ALLOWED: set = set()  # (op, on, source dtype, target, scale dtype, adds) that `op_problem` allows
 
 
 def _out_shape(t: TensorEntry, op: str, r: Rule | None = None) -> tuple[int, ...]:
@@ -350,7 +355,7 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, s
     op = _op(t, r, i, target)
     shape = _out_shape(t, op, r)
     scale = scales[t.name] if r.dequantize else None
-    if (op, r.on, t.dtype, target, scale and scale.dtype) not in _ALLOWED:
+    if (op, r.on, t.dtype, target, scale and scale.dtype, bool(r.add)) not in _ALLOWED:
         _allowed(t, r, i, op, target, scale)
     block = _block(r)
     sl, ssl = None, None
@@ -370,7 +375,7 @@ def _single(t: TensorEntry, r: Rule, i: int, scales: dict, tp: _TP, name: str, s
         out, zero = DTYPES[target].nbytes(math.prod(shape)), 0
     return Placement(name, target, shape, op, r.on, "none", i,
                      (Part(t, scale, 0, out - zero, sl, ssl, zero, scales2.get(t.name)),), block,
-                     qt.name if qt is not None else "")
+                     qt.name if qt is not None else "", r.add or 0.0)
 
 
 def _split(shape: tuple, d: int, world: int, rank: int, pad: bool, op: str, target: str, i: int, name: str):

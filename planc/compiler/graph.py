@@ -105,7 +105,7 @@ def _part_node(pid: int, pl: Placement, k: int, part: BoundPart, inputs: tuple[I
     else:
         path, reason, landing, host = "direct", _reason("landing", pl.op), in_bytes, 0
     return _tuple_new(Part, (pid, pl.name, k, pl.op, path, reason, inputs, part.offset_bytes, part.out_bytes,
-                             pl.dtype, landing, host, pl.block, part.zero_bytes, pl.ggml and src.dtype, -1))
+                             pl.dtype, landing, host, pl.block, part.zero_bytes, pl.ggml and src.dtype, pl.add, -1))
 
 
 # Notes and reasons repeat across tens of thousands of steps and parts: one string each.

@@ -333,8 +333,8 @@ def _merged(kernels: list, ggml: dict | None = None) -> tuple[Kernel, ...]:
     last_i = None
     for _, _, i in conv:
         k, last = kernels[i], out.get(last_i)
-        if last is None or (k.op, k.src_dtype, k.dst_dtype, k.src_space) != (last.op, last.src_dtype, last.dst_dtype,
-                                                                            last.src_space):
+        if last is None or (k.op, k.src_dtype, k.dst_dtype, k.src_space, k.add) != (
+                last.op, last.src_dtype, last.dst_dtype, last.src_space, last.add):
             out[i], last_i = k, i
         elif (k.op == "convert" and k.src_offset == last.src_offset + DTYPES[k.src_dtype].nbytes(last.numel)
                 and k.dst_offset == last.dst_offset + DTYPES[k.dst_dtype].nbytes(last.numel)):
@@ -356,18 +356,18 @@ def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kerne
         # numel the values of all of them.
         batch, rows, cols = fp4.geometry(fmt, w.shape)
         return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, batch * rows * cols,
-                                   rows, cols, n.block, (), fmt))
+                                   rows, cols, n.block, (), fmt, 0.0))
     if fmt == "gguf":  # U8 rows of GGUF blocks: numel counts the values the kernel writes
         rows, cols = w.shape
         return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst,
-                                   n.out_bytes // _ITEMSIZE[n.out_dtype], rows, cols, n.block, (), fmt))
+                                   n.out_bytes // _ITEMSIZE[n.out_dtype], rows, cols, n.block, (), fmt, 0.0))
     shape = w.shape
     rows, cols = shape if len(shape) == 2 else (0, 0)
     numel = 1
     for d in shape:
         numel *= d
     return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block,
-                               (), fmt))
+                               (), fmt, n.add))
 
 
 def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:

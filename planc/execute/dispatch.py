@@ -7,7 +7,8 @@ chooses (`dev.grid`, `planc.execute.geometry`); on a GPU it runs the machine cod
 the package. The kernels' source is `planc.execute.kernels` and `planc.execute.scatter`; this module
 imports neither, nor numba.
 
-* `convert`: F32 / F16 / BF16 to each other (BF16 <-> F16 may run in place);
+* `convert`: F32 / F16 / BF16 to each other (BF16 <-> F16 may run in place); `convert_add` adds a
+  constant to each value on the way;
 * `dequantize_fp8`: FP8 (E4M3 / E5M2) times one float32 scale per block, rounded once;
 * `transpose2d`: [rows, cols] -> [cols, rows] of 1-, 2-, 4- or 8-byte elements;
 * `scatter`: one staged request's segments to their arena places (the table from `scatter_table`);
@@ -26,7 +27,7 @@ from ..base.dtypes import FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE
 from . import seam
 from .geometry import cdiv
 from .refconv import fp8_table
-from .signatures import CONVERT_KERNEL
+from .signatures import CONVERT_KERNEL, add_launch
 
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -147,6 +148,30 @@ def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0
         _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
     name = "copy" if src_dtype == dst_dtype else CONVERT_KERNEL[(src_dtype, dst_dtype)]
     launch_map(name, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream, dev)
+
+
+def convert_add(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, add: float, stream=0,
+                dev=None) -> None:
+    """`convert` that adds the float32 `add` to each value before the rounding to `dst_dtype`
+    (`planc.execute.refconv.convert_host(..., add)` gives the same bits); in place when both element
+    sizes are equal and the arrays start at the same address."""
+    for name in (src_dtype, dst_dtype):
+        if name not in FLOAT_CONVERTIBLE:
+            raise ValueError(f"not a convertible float dtype: {name!r}")
+    if numel < 0:
+        raise ValueError(f"negative element count {numel}")
+    if numel == 0:
+        return
+    s_size, d_size = _ITEMSIZE[src_dtype], _ITEMSIZE[dst_dtype]
+    src, ps = _bytes(src_u8, numel * s_size, "source", s_size)
+    dst, pd = _bytes(dst_u8, numel * d_size, "destination", d_size)
+    if not (ps == pd and s_size == d_size):
+        _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
+    bits = int(np.array([add], dtype=np.float32).view(np.uint32)[0])
+    name, _ = add_launch(src_dtype, dst_dtype)
+    dev = _dev(dev)
+    blocks, threads = dev.grid.map(numel)
+    dev.launch(name, blocks, threads, stream, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, bits)
 
 
 def dequantize_fp8(w_u8, scale_u8, out_u8, fp8_dtype: str, out_dtype: str, rows: int, cols: int,

@@ -190,6 +190,28 @@ def _map_kernel(fn):
     return kernel
 
 
+def _add_kernel(to_f32, out_bits):
+    """dst[i] = out_bits(float32(src[i]) + add) for i < n, grid-stride: `add` comes as its float32 bits
+    (an integer argument); the sum is rounded once, then once more to the output type. A NaN stays
+    the NaN it was, made quiet (`planc.execute.refconv.add_f32`, whose bits these are)."""
+
+    @cuda.jit(cache=CACHE)
+    def kernel(src, dst, n, add_bits):
+        a = np.uint32(add_bits).view(np.float32)
+        i = cuda.grid(1)
+        s = cuda.gridsize(1)
+        while i < n:
+            b = np.int64(to_f32(np.int64(src[i]))) & 0xFFFFFFFF
+            if (b & 0x7FFFFFFF) > 0x7F800000:
+                r = b | 0x400000
+            else:
+                r = np.int64((np.uint32(b).view(np.float32) + a).view(np.uint32))
+            dst[i] = out_bits(r)
+            i += s
+
+    return kernel
+
+
 def _dequant_kernel(fn):
     """out[r, c] = fn(bits(float32(table[w[r, c]] * scale[r // B, c // B]))), 2-D grid-stride.
 
@@ -319,6 +341,10 @@ _k_f16_to_f32 = _map_kernel(_ops.f16_to_f32)
 _k_bf16_to_f16 = _map_kernel(_ops.bf16_to_f16)
 _k_f16_to_bf16 = _map_kernel(_ops.f16_to_bf16)
 
+_TO_F32 = {"F32": _ops.identity, "F16": _ops.f16_to_f32, "BF16": _ops.bf16_to_f32}
+_FROM_F32 = {"F32": _ops.identity, "F16": _ops.f32_to_f16, "BF16": _ops.f32_to_bf16}
+_k_add = {(a, b): _add_kernel(_TO_F32[a], _FROM_F32[b]) for a in _TO_F32 for b in _FROM_F32}
+
 _k_dequant = {
     "BF16": _dequant_kernel(_ops.f32_to_bf16),
     "F16": _dequant_kernel(_ops.f32_to_f16),
@@ -344,4 +370,5 @@ KERNELS = {
     "f16_to_bf16": _k_f16_to_bf16,
     **{f"dequant_{d}": k for d, k in _k_dequant.items()},
     **{f"transpose_{s}": k for s, k in _k_transpose.items()},
+    **{f"add_{a.lower()}_{b.lower()}": k for (a, b), k in _k_add.items()},
 }

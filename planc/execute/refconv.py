@@ -49,13 +49,20 @@ def fp8_table(fp8_dtype: str) -> np.ndarray:
     return np.arange(256, dtype=np.uint8).view(_FP8_NUMPY[fp8_dtype]).astype(np.float32)
 
 
-def convert_host(src_bytes: np.ndarray, src_dtype: str, dst_dtype: str) -> np.ndarray:
-    """Convert raw bytes of `src_dtype` floats to raw bytes of `dst_dtype` floats (F32/F16/BF16)."""
+def convert_host(src_bytes: np.ndarray, src_dtype: str, dst_dtype: str, add: float = 0.0) -> np.ndarray:
+    """Convert raw bytes of `src_dtype` floats to raw bytes of `dst_dtype` floats (F32/F16/BF16),
+    adding `add` to each value in float32 before the one rounding (`add_f32`) when it is not 0."""
     src = _as_u8(src_bytes)
     s_np, d_np = _float_numpy(src_dtype), _float_numpy(dst_dtype)
     if src.size % s_np.itemsize:
         raise ValueError(f"{src.size} bytes is not a whole number of {src_dtype} elements")
     x = src.view(s_np)
+    if add:
+        out = np.empty(x.size, dtype=d_np)
+        for a in range(0, x.size, CONVERT_CHUNK):
+            f32 = convert_host(x[a:a + CONVERT_CHUNK].view(np.uint8), src_dtype, "F32").view(np.uint32)
+            out[a:a + CONVERT_CHUNK] = convert_host(add_f32(f32, add).view(np.uint8), "F32", dst_dtype).view(d_np)
+        return out.view(np.uint8)
     if src_dtype == dst_dtype:
         return src.copy()
     # Chunk by chunk, so that the float32 intermediate stays small: the host path's cost model counts
@@ -65,6 +72,15 @@ def convert_host(src_bytes: np.ndarray, src_dtype: str, dst_dtype: str) -> np.nd
         for a in range(0, x.size, CONVERT_CHUNK):
             out[a:a + CONVERT_CHUNK] = x[a:a + CONVERT_CHUNK].astype(np.float32).astype(d_np)
     return out.view(np.uint8)
+
+
+def add_f32(bits: np.ndarray, add: float) -> np.ndarray:
+    """float32 values (as uint32 bits) plus the float32 `add`, rounded once; a NaN stays the NaN it
+    was, made quiet (the device kernels' rule, so that the bits agree on every machine)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (bits.view(np.float32) + np.float32(add)).view(np.uint32)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, bits | np.uint32(0x400000), y).astype(np.uint32, copy=False)
 
 
 def dequantize_fp8_host(

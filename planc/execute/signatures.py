@@ -5,7 +5,8 @@ with the package (`planc/execute/ptx`). A launch whose (name, signature) has no 
 by numba at load time, which costs 0.5-1 s and about 100 MB of host memory; so this table is the
 complete, explicit set of launches, derived from the dtype tables the compiler itself uses:
 
-* convert: every ordered pair of `FLOAT_CONVERTIBLE` dtypes (a pair of equal dtypes copies);
+* convert: every ordered pair of `FLOAT_CONVERTIBLE` dtypes (a pair of equal dtypes copies), and
+  the same pairs adding a constant to each value (`add_{src}_{dst}`, a rule's `add`);
 * dequantize: every `FLOAT_CONVERTIBLE` target (each `FP8_DEQUANTIZABLE` source uses the same
   kernel: only its 256-entry decode table differs);
 * transpose: elements of 1, 2, 4 and 8 bytes (every whole-byte dtype in `planc.base.dtypes`);
@@ -70,6 +71,12 @@ def convert_launch(src: str, dst: str) -> tuple[str, tuple]:
     return name, (arr(_UINT[s]), arr(_UINT[d]), INT)
 
 
+def add_launch(src: str, dst: str) -> tuple[str, tuple]:
+    """(name, signature) of the conversion of `src` to `dst` that adds a float32 constant (its bits an
+    integer argument) to each value (`planc.execute.kernels._add_kernel`)."""
+    return f"add_{src.lower()}_{dst.lower()}", (arr(_UINT[_ITEMSIZE[src]]), arr(_UINT[_ITEMSIZE[dst]]), INT, INT)
+
+
 def dequant_launch(out_dtype: str) -> tuple[str, tuple]:
     """(name, signature) of the FP8 dequantization into `out_dtype` (the FP8 kind is in the table)."""
     return f"dequant_{out_dtype}", (arr(_UINT[1]), arr(F32), arr(F32), arr(_UINT[_ITEMSIZE[out_dtype]]),
@@ -104,6 +111,7 @@ def fp4_launch(fmt: str, out_dtype: str, transpose: bool) -> tuple[str, tuple]:
 def launches() -> list[tuple[str, tuple]]:
     """Every (kernel name, signature) the executor launches, each once, in a stable order."""
     out = [convert_launch(a, b) for a in sorted(FLOAT_CONVERTIBLE) for b in sorted(FLOAT_CONVERTIBLE)]
+    out += [add_launch(a, b) for a in sorted(FLOAT_CONVERTIBLE) for b in sorted(FLOAT_CONVERTIBLE)]
     out += [transpose_launch(s) for s in TRANSPOSE_SIZES]
     out += [dequant_launch(d) for d in sorted(FLOAT_CONVERTIBLE)]
     out += [fp4_launch(f, d, t) for f in FP4_FORMATS for d in sorted(FLOAT_CONVERTIBLE) for t in (False, True)]

@@ -75,7 +75,7 @@ def _verify_part(root: str, p, arena, chunk: int) -> tuple[bool, int]:
             n = min(step, w.nbytes - off)
             ref = _read(root, w, off, n)
             if op == "convert":
-                ref = convert_host(ref, w.dtype, p.out_dtype)
+                ref = convert_host(ref, w.dtype, p.out_dtype, p.add)
             if not np.array_equal(ref, _device(arena, dst + off // s_size * d_size, len(ref))):
                 return False, off
         return True, p.out_bytes

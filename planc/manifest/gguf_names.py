@@ -1,9 +1,8 @@
 """GGUF tensor names -> transformers' names, per architecture; the config; the q/k row order llama.cpp
 gives Llama attention.
 
-`ARCHS`: the architectures planc knows (llama, mistral, qwen2, qwen3, qwen3moe map into transformers
-modules; gemma3's table is here, but a load needs a step that undoes its stored norms, which plans
-do not have yet: `arch_of` refuses it), each an `Arch`: its name table, config table, and how llama.cpp stored its values
+`ARCHS`: the architectures planc maps into transformers modules (llama, mistral, qwen2, qwen3,
+qwen3moe, gemma3), each an `Arch`: its name table, config table, and how llama.cpp stored its values
 (Llama's permuted q/k rows, Gemma's norms plus one, Qwen3-MoE's experts in two stacked tensors that
 transformers fuses). `arch_of(metadata)` picks one from a file's header as transformers does.
 
@@ -133,9 +132,6 @@ def arch_of(metadata: dict) -> Arch:
         return ARCHS["mistral"]
     for a in ARCHS.values():
         if a.gguf == gguf:
-            if a.norm_shift:
-                raise ValueError(f"a GGUF {gguf} stores its RMSNorm weights plus {a.norm_shift:g}; planc's plans have no "
-                                 f"step that takes it off again yet, so it is not mapped into transformers")
             return a
     raise ValueError(f"no tables for a GGUF of architecture {gguf[:40]!r} (known: "
                      f"{', '.join(sorted({a.gguf for a in ARCHS.values()}))})")

@@ -1,6 +1,6 @@
 """Checking a decoded plan document: every field the executor will trust, before it is allocated.
 
-Input: the JSON document of a plan file (format 2, see `planc/plan/codec.py` and docs/plan.md); output: an
+Input: the JSON document of a plan file (format 7, see `planc/plan/codec.py` and docs/plan.md); output: an
 `ir.Plan`, or a `PlanFormatError` naming the field path. Checked: types and ranges of every field;
 ids and order; every read inside its file's fingerprinted size; every copy inside its slot and its
 region; every kernel's ranges; every tensor inside the arena, tensors disjoint; each part's sizes
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 
 from .admission import admit, run_host_bytes
 from ..base.dtypes import DTYPES, op_problem
@@ -68,7 +69,7 @@ from ..base.device import DIRECT_ALIGN, check_device
 from ..base.codes import Code
 from ..manifest.ggml_types import DEQUANTIZABLE, QUANTIZED, quant_type
 
-FORMAT = 6
+FORMAT = 7
 _GGML = ("", *sorted(QUANTIZED))  # a part's `ggml`: a GGML block type, or none
 
 # The field order of each array record, as the file states it.
@@ -185,6 +186,19 @@ def _strings(v, path: str) -> tuple[str, ...]:
 
 _STRS = {str}
 _PLAN_REFUSALS = (Code.HOST_BUDGET.value, Code.DEVICE_BUDGET.value)
+
+
+def _addend(v, path: str) -> float:
+    """A part's or kernel's `add`: a finite float that float32 holds exactly (what a kernel adds)."""
+    if type(v) is not float or not math.isfinite(v):
+        raise _bad(path, f"must be a finite number, got {_shown(v)}")
+    try:
+        held = struct.unpack("<f", struct.pack("<f", v))[0]
+    except OverflowError:
+        held = None
+    if held != v:
+        raise _bad(path, f"{_shown(v)} is not a float32 value")
+    return v
 
 
 def _one_of(v, path: str, allowed) -> str:
@@ -403,12 +417,13 @@ class _Checker:
         n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
         out, labels, semantics = [], set(), set()
         for pid, p in enumerate(_list(v, "parts")):
-            if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:13], p[14]) and p[0] < n_t \
+            if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:13], p[15]) and p[0] < n_t \
                     and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
                     and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 3 \
                     and type(p[8]) is str and p[8] in DTYPES and p[11] <= MAX_BLOCK and type(p[13]) is str \
-                    and p[13] in _GGML:
-                ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, ggml, dst = p
+                    and p[13] in _GGML and type(p[14]) is float and p[14] == 0.0:
+                ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, ggml, add, \
+                    dst = p
             else:  # the field-by-field check, which names what is wrong
                 _list(p, f"parts[{pid}]", n_f)
                 ti = _int(p[0], f"parts[{pid}].tensor_index", 0, n_t - 1)
@@ -427,7 +442,8 @@ class _Checker:
                 block = _int(p[11], f"parts[{pid}].block", 0, MAX_BLOCK)
                 zero = _int(p[12], f"parts[{pid}].zero_bytes", 0, _MAX)
                 ggml = _one_of(p[13], f"parts[{pid}].ggml", _GGML)
-                dst = _int(p[14], f"parts[{pid}].dst_offset", 0, _MAX)
+                add = _addend(p[14], f"parts[{pid}].add")
+                dst = _int(p[15], f"parts[{pid}].dst_offset", 0, _MAX)
             t, reason = tensors[ti], reasons[ri]
             name = t.name
             inputs = (self._input(raw_inputs[0], pid, 0, n_in, files),) if len(raw_inputs) == 1 else \
@@ -446,12 +462,13 @@ class _Checker:
                 raise _bad(f"parts[{pid}].index", f"part {_shown(f'{name}#{index}')} is listed twice")
             labels.add(label)
             part = new(Part, (pid, name, index, op, path, reason, inputs, off, out_bytes, out_dtype, landing, host,
-                              block, zero, ggml, dst))
+                              block, zero, ggml, add, dst))
             # Whether a part's sizes follow from its op depends on these fields only; parts that share
             # them (the experts of a layer, the layers of a model) are checked once.
             w = inputs[0]
             sc = tuple((x.role, x.dtype, x.shape, x.nbytes) for x in inputs[1:]) or None
-            key = (op, path, out_dtype, out_bytes, landing, host, block, ggml, w.role, w.dtype, w.shape, w.nbytes, sc)
+            key = (op, path, out_dtype, out_bytes, landing, host, block, ggml, add, w.role, w.dtype, w.shape, w.nbytes,
+                   sc)
             if key not in semantics:
                 self._part_semantics(part, f"parts[{pid}]")
                 semantics.add(key)
@@ -508,7 +525,8 @@ class _Checker:
     def _part_semantics(self, n: Part, at: str) -> None:
         """The sizes the executor allocates and converts by must follow from the part's inputs."""
         w = n.inputs[0]
-        why = op_problem(n.op, n.path, w.dtype, n.out_dtype, n.inputs[1].dtype if len(n.inputs) >= 2 else None)
+        why = op_problem(n.op, n.path, w.dtype, n.out_dtype, n.inputs[1].dtype if len(n.inputs) >= 2 else None,
+                         n.add != 0.0)
         if why:  # the table the compiler chooses ops by: nothing else has a kernel or a host routine
             raise _bad(f"{at}.out_dtype", f"a {n.op} on the {n.path} path {why}")
         if n.ggml or n.op == "gguf":
@@ -714,8 +732,8 @@ class _Checker:
                 and (x[6] is None or _nat(x[6])) and x[11] <= MAX_BLOCK and type(x[1]) is str and type(x[2]) is str \
                 and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
                 and x[2] in DTYPES and x[3] in DTYPES and type(x[12]) is list and not x[12] and type(x[13]) is str \
-                and x[13] in FORMATS:
-            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt = x
+                and x[13] in FORMATS and type(x[14]) is float and x[14] == 0.0:
+            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt, add = x
             more = ()
         else:  # the field-by-field check, which names what is wrong
             _list(x, at(), n_k)
@@ -732,12 +750,15 @@ class _Checker:
             more = tuple(_int(v, at(f".more[{m}]"), 0, _MAX)
                          for m, v in enumerate(_list(x[12], at(".more"))))
             fmt = _one_of(x[13], at(".format"), FORMATS)
+            add = _addend(x[14], at(".add"))
         if pid in in_run:  # the format the part's op and inputs decide (a part outside the run is named below)
             p0 = parts[pid]
             want = kernel_format(op, p0.inputs[0].dtype, p0.inputs[1].dtype if len(p0.inputs) >= 2 else None)
             if fmt != want:
                 raise _bad(at(".format"), f"is {_shown(fmt)}, but a {op} of part {pid}'s {p0.inputs[0].dtype} "
                                           f"input is a {want} kernel")
+        if add and op != "convert":
+            raise _bad(at(".add"), f"only a convert adds a constant, not a {op}")
         if more and op not in ("convert", "gguf"):
             raise _bad(at(".more"), f"only conversions and GGUF dequantizations of several parts share a kernel, not a {op}")
         if len(set(more)) != len(more) or pid in more:
@@ -745,11 +766,13 @@ class _Checker:
         if op == "gguf":
             self._gguf_kernel(pid, more, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows,
                               cols, block, limits)
-            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt))
+            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
+                                add))
         if fmt in fp4.FORMATS and pid in in_run:
             self._fp4_kernel(parts[pid], at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
                              limits)
-            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, (), fmt))
+            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, (), fmt,
+                                add))
         want_numel, want_dst = 0, dst
         for q in (pid, *more):
             if q not in in_run:
@@ -758,9 +781,10 @@ class _Checker:
             if p.path != "direct":
                 raise _bad(at(".part"), f"part {q} takes the host path; its work is not a device kernel")
             w = p.inputs[0]
-            if op != p.op or src_dtype != w.dtype or dst_dtype != p.out_dtype or want_dst != p.dst_offset:
+            if op != p.op or src_dtype != w.dtype or dst_dtype != p.out_dtype or want_dst != p.dst_offset \
+                    or add != p.add:
                 raise _bad(at(), f"does not match part {q} ({p.op} {w.dtype} -> {p.out_dtype} at arena "
-                               f"{p.dst_offset:,})")
+                               f"{p.dst_offset:,}" + (f", adding {p.add:g}" if p.add else "") + ")")
             if (op != "convert" and (rows, cols) != tuple(w.shape)) or block != p.block:
                 raise _bad(at(), f"shape does not match part {q}'s input {list(w.shape)}")
             want_numel += math.prod(w.shape)
@@ -784,7 +808,8 @@ class _Checker:
             raise _bad(at(".scale_offset"), f"a {op} reads no scale")
         if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
             raise _bad(at(), "only a same-size conversion runs in place in the arena")
-        return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt))
+        return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
+                            add))
 
     def _gguf_semantics(self, n: Part, at: str) -> None:
         """GGUF blocks: read as U8 rows of whole blocks of the part's GGML type; kept (`copy`, U8 out,

@@ -190,6 +190,9 @@ class Part(NamedTuple):
     # The GGML type of a GGUF tensor's quantized blocks ("Q4_K", ...), read as U8 rows of whole blocks:
     # dequantized by a `gguf` part, kept as stored by a `copy` part; "" for every other part.
     ggml: str = ""
+    # A constant added to every value of a `convert` part, in float32 before the one rounding to
+    # out_dtype (llama.cpp stores Gemma's RMSNorm weights plus one: `add: -1` takes it off); 0.0 else.
+    add: float = 0.0
     dst_offset: int = -1  # in the arena (set by the schedule)
 
     @property
@@ -285,6 +288,7 @@ class Kernel(NamedTuple):
     block: int
     more: tuple[int, ...] = ()  # further parts converted by the same launch, their bytes following part's
     format: str = ""  # the kernel's format (`planc.base.formats.FORMATS`), which its part's op and dtypes decide
+    add: float = 0.0  # its parts' `add` (a launch converts parts of one add only)
 
     @property
     def parts(self) -> tuple[int, ...]:

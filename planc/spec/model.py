@@ -11,6 +11,8 @@ placeholders: `{L}` matches one dotted name component (`[^.]+`) and captures it,
 from __future__ import annotations
 
 import errno
+import math
+import struct
 import fnmatch
 import os
 import re
@@ -230,6 +232,24 @@ class TensorParallel(_Model):
         return min(self.ranks_per_node or self.size, self.size)
 
 
+def _addend(v):
+    """A rule's `add`: a finite number that float32 holds exactly (the kernels add it as a float32)."""
+    if v is None:
+        return None
+    if type(v) not in (int, float):
+        raise ValueError(f"add takes a number (such as -1), got {type(v).__name__} {str(v)[:40]!r}")
+    try:
+        f = float(v)
+        held = struct.unpack("<f", struct.pack("<f", f))[0]
+    except (OverflowError, struct.error):
+        raise ValueError(f"add {str(v)[:40]} is outside float32's range") from None
+    if not math.isfinite(f):
+        raise ValueError(f"add must be a finite number, got {f}")
+    if held != f:
+        raise ValueError(f"add {str(v)[:40]} is not a float32 value (float32 holds {held!r}); write that")
+    return f
+
+
 class Rule(_Model):
     match: str
     """Glob on tensor names, with optional `{X}` placeholders (one dotted component each)."""
@@ -259,6 +279,11 @@ class Rule(_Model):
     """GGUF Llama attention weights (`blk.N.attn_q.weight`, `blk.N.attn_k.weight`): undo llama.cpp's
     row permutation of each head (heads from the file's `llama.attention.head_count` / `head_count_kv`),
     as a row gather: one strided read per head and half (docs/gguf.md)."""
+    add: Annotated[float | None, BeforeValidator(_addend)] = None
+    """A constant added to every value of F32 / F16 / BF16 tensors, in float32 before the one rounding to
+    `dtype` (on the device or the host): llama.cpp stores Gemma's RMSNorm weights plus one, which
+    `add: -1` takes off. A number that float32 holds exactly; single tensors only (no `fuse`, `stack`,
+    `transpose`, `dequantize` or `unpermute`); not on GGUF block-quantized tensors."""
     split: Split | Literal["replicate"] = "replicate"
     """Tensor parallel: `{dim: 0}` (column parallel), `{dim: 1}` (row parallel) or `replicate` (every rank loads it)."""
 
@@ -280,8 +305,11 @@ class Rule(_Model):
                 raise ValueError("a fuse inside a stack takes no `into`: the stack's `into` names the tensor")
             if self.fuse.over == self.stack.over:
                 raise ValueError(f"fuse.over and stack.over must be different placeholders (both {self.fuse.over!r})")
+        if self.add is not None and (self.fuse or self.stack or self.dequantize or self.transpose or self.unpermute):
+            raise ValueError("add is for single tensors stored as F32, F16 or BF16: not with fuse, stack, dequantize, "
+                             "transpose or unpermute")
         if self.skip and (self.fuse or self.stack or self.dequantize or self.transpose or self.dtype != "keep"
-                          or self.rename):
+                          or self.rename or self.add is not None):
             raise ValueError("a skip rule takes no other action")
         if self.rename is not None and (self.fuse or self.stack):
             raise ValueError("rename is for single tensors; fuse and stack name their tensor with `into`")
