@@ -1,6 +1,6 @@
 """Each GGUF architecture planc maps, against transformers' own GGUF load, on the GPU.
 
-    python3 bench/gguf_archs.py DATA OUT [--archs llama,mistral,qwen2,qwen3,qwen3moe] [--quant Q8_0]
+    python3 bench/gguf_archs.py DATA OUT [--archs llama,mistral,qwen2,qwen3,qwen3moe,gemma3] [--quant Q8_0]
 
 For each architecture: a model with random weights (`planc.tools.gguf_model.random_state`, small
 dims transformers' loader accepts: Qwen3's head dim 128 and Qwen3-MoE's expert width 768, which it
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("data", type=Path)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--archs", default="llama,mistral,qwen2,qwen3,qwen3moe")
+    ap.add_argument("--archs", default="llama,mistral,qwen2,qwen3,qwen3moe,gemma3")
     ap.add_argument("--quant", default="Q8_0")
     a = ap.parse_args(argv)
     a.data.mkdir(parents=True, exist_ok=True)
