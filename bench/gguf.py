@@ -87,8 +87,8 @@ def checkpoint(data: Path, quant: str, size: int) -> Path:
 def specs(path: Path, *, host: str = "8GiB", on: str = "device", variants: dict | None = None,
           flat: bool = False) -> dict[str, Path]:
     """The shipped spec on `path` (dequant; `on: host` added to its rules if asked), the same file
-    kept as stored (copy), for each of `variants` (name -> io settings) the dequant spec with
-    those io settings (`dequant_NAME`), and with `flat` the dequant spec without `unpermute`
+    kept as stored (copy), for each of `variants` (name -> io settings) the dequant and copy specs
+    with those io settings (`dequant_NAME`, `copy_NAME`), and with `flat` the dequant spec without `unpermute`
     (`dequant_flat`: q and k rows left in the file's order, each request's bytes one plain copy: what
     the row permutation's 2-D copies cost)."""
     doc = yaml.safe_load(SPEC.read_text())
@@ -97,7 +97,8 @@ def specs(path: Path, *, host: str = "8GiB", on: str = "device", variants: dict 
     rules = [dict(r, on="host") if on == "host" and "dtype" in r else r for r in doc["rules"]]
     out = {}
     kinds = [("dequant", rules, {}), ("copy", [{"match": "*", "dtype": "keep"}], {})]
-    kinds += [(f"dequant_{name}", rules, io) for name, io in (variants or {}).items()]
+    for name, io in (variants or {}).items():  # each variant's dequant against its own plain copy
+        kinds += [(f"dequant_{name}", rules, io), (f"copy_{name}", kinds[1][1], io)]
     if flat:
         kinds.append(("dequant_flat", [{k: v for k, v in r.items() if k != "unpermute"} for r in rules], {}))
     for kind, rules, io in kinds:
@@ -140,8 +141,10 @@ def loads(quant: str, path: Path, repeat: int, on: str = "device", variants: dic
             "ratio_target_met": med["dequant"] >= 0.8 * med["copy"],
             "host_growth_over_predicted_max": growth,
             "host_target_met": all(g <= 1.05 for g in growth.values()),
-            "variants": {k: {"GBps": round(v, 2), "ratio": round(v / med["copy"], 3)} for k, v in med.items()
-                         if k.startswith("dequant_")}, "runs": runs}
+            "variants": {k[8:]: {"GBps": round(v, 2), "copy_GBps": round(med.get(f"copy_{k[8:]}", med["copy"]), 2),
+                                 "ratio": round(v / med.get(f"copy_{k[8:]}", med["copy"]), 3)}
+                         for k, v in med.items() if k.startswith("dequant_")},  # flat: against the plain copy
+            "runs": runs}
 
 
 def _sync(torch) -> None:

@@ -132,7 +132,8 @@ def test_the_config_from_the_header_is_transformers(tmp_path, arch):
     got = transformers_config(dict(man.shards[0].metadata), [t.name for t in man.tensors])
     want = {"tie_word_embeddings": False, "max_position_embeddings": 512, "num_hidden_layers": 2,
             "intermediate_size": 96, "hidden_size": 64, "rope_theta": 500000.0, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "rms_norm_eps": float(np.float32(1e-6)), "vocab_size": 300, **WANT[arch]}
+            "num_key_value_heads": 2, "rms_norm_eps": float(np.float32(1e-6)), "vocab_size": 300,
+            "bos_token_id": 1, "eos_token_id": 2, "unk_token_id": 0, **WANT[arch]}
     assert got == want
 
 

@@ -162,7 +162,11 @@ def test_the_config_from_planc_header_read_is_transformers_keys(tmp_path, state)
     assert got == {"model_type": "llama", "tie_word_embeddings": False, "max_position_embeddings": 512,
                    "num_hidden_layers": 2, "intermediate_size": 96, "hidden_size": 64, "head_dim": 16,
                    "rope_theta": 500000.0, "num_attention_heads": 4, "num_key_value_heads": 2,
-                   "rms_norm_eps": float(np.float32(1e-6)), "vocab_size": 300}
+                   "rms_norm_eps": float(np.float32(1e-6)), "vocab_size": 300, "bos_token_id": 1,
+                   "eos_token_id": 2, "unk_token_id": 0}
+    # a special id that is not an integer is left to the config class's default
+    odd = {**dict(man.shards[0].metadata), "tokenizer.ggml.bos_token_id": "[2 x UINT32]"}
+    assert "bos_token_id" not in transformers_config(odd, [t.name for t in man.tensors])
     assert transformers_config({"general.architecture": "llama"}, [])["tie_word_embeddings"] is True
     with pytest.raises(ValueError, match="phi3"):
         transformers_config({"general.architecture": "phi3"}, [])

@@ -171,7 +171,9 @@ def _materialize(module, device) -> tuple[list[str], list[str]]:
 def _rebuild(sub, names: list[str], device) -> bool:
     """Re-run the submodule's own initialisation for its meta buffers `names`; True when they are real.
 
-    In order: (1) a module with a `config` and no parameters of its own (transformers' rotary
+    In order: (0) a 0-d buffer `X` whose module holds its value as the number `scalar_X`
+    (transformers' scaled embeddings, Gemma's `embed_scale`) is made from that number; (1) a module
+    with a `config` and no parameters of its own (transformers' rotary
     embeddings) is built again from that config on `device`, and its buffers taken; (2) the rope
     recipe `inv_freq, attention_scaling = rope_init_fn(config, device)` (transformers 4.4x);
     (3) a module with no parameters and no persistent buffers of its own gets its buffers
@@ -181,6 +183,13 @@ def _rebuild(sub, names: list[str], device) -> bool:
     torch = import_torch()
     own_params = any(True for _ in sub.parameters(recurse=False))
     persistent = [b for b in sub._buffers if b not in sub._non_persistent_buffers_set]
+    scalars = {b: getattr(sub, f"scalar_{b}", None) for b in names}
+    if all(type(v) in (int, float) and sub._buffers[b].dim() == 0 for b, v in scalars.items()):
+        # A 0-d buffer whose value the module keeps as a number too (transformers' scaled embeddings:
+        # `embed_scale` beside `scalar_embed_scale`), in the dtype its init gave it.
+        for b, v in scalars.items():
+            sub._buffers[b] = torch.tensor(v, dtype=sub._buffers[b].dtype, device=device)
+        return True
     if own_params:
         return False
     config = getattr(sub, "config", None)

@@ -96,6 +96,12 @@ GEMMA3_CONFIG = {**_COMMON_CONFIG, "attention.key_length": ("head_dim", int),
                  "attention.sliding_window": ("sliding_window", int)}
 
 
+# The tokenizer's special ids transformers' GGUF loader puts into the config (its "tokenizer" table),
+# for every architecture.
+TOKEN_IDS = {"tokenizer.ggml.bos_token_id": "bos_token_id", "tokenizer.ggml.eos_token_id": "eos_token_id",
+             "tokenizer.ggml.unknown_token_id": "unk_token_id", "tokenizer.ggml.padding_token_id": "pad_token_id"}
+
+
 @dataclass(frozen=True)
 class Arch:
     """What planc knows of one GGUF architecture: its names, config and stored-value conventions."""
@@ -168,8 +174,9 @@ def transformers_name(gguf_name: str, arch: str = "llama") -> str | None:
 def transformers_config(metadata: dict, tensor_names, arch: str | None = None) -> dict:
     """The transformers config (as keyword arguments of the model type's config class) of a GGUF file,
     from the header planc read (`Manifest.shards[0].metadata`, values as text): the keys transformers'
-    GGUF loader reads, with their values as it reads them, its defaults for the model type, and
-    `tie_word_embeddings` when the file has no `output.weight`. The same config as
+    GGUF loader reads, with their values as it reads them (the tokenizer's bos / eos / unknown /
+    padding ids too), its defaults for the model type, and `tie_word_embeddings` when the file has
+    no `output.weight`. The same config as
     `AutoConfig.from_pretrained(dir, gguf_file=...)` without parsing the header again in Python (its
     tokenizer arrays are what takes that one seconds). `arch`: the ARCHS key (None: from the header);
     a header of another architecture is refused."""
@@ -183,6 +190,10 @@ def transformers_config(metadata: dict, tensor_names, arch: str | None = None) -
         v = metadata.get(f"{a.gguf}.{key}")
         if v is not None:
             out[name] = kind(v)
+    for key, name in TOKEN_IDS.items():
+        v = metadata.get(key)
+        if v is not None and re.fullmatch(r"[0-9]{1,10}", str(v)):
+            out[name] = int(str(v))
     return out
 
 
