@@ -124,6 +124,25 @@ def _check_apart(pa: int, a_bytes: int, pb: int, b_bytes: int, what: str) -> Non
         raise ValueError(f"{what}: source and destination overlap")
 
 
+def _convert_views(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int):
+    """(source, destination) of a conversion of `numel` floats, checked for dtype, size, alignment and
+    overlap (the same memory only in place: equal element sizes, the same address), viewed with the
+    kernels' element types; None for nothing to launch."""
+    for name in (src_dtype, dst_dtype):
+        if name not in FLOAT_CONVERTIBLE:
+            raise ValueError(f"not a convertible float dtype: {name!r}")
+    if numel < 0:
+        raise ValueError(f"negative element count {numel}")
+    if numel == 0:
+        return None
+    s_size, d_size = _ITEMSIZE[src_dtype], _ITEMSIZE[dst_dtype]
+    src, ps = _bytes(src_u8, numel * s_size, "source", s_size)
+    dst, pd = _bytes(dst_u8, numel * d_size, "destination", d_size)
+    if not (ps == pd and s_size == d_size):
+        _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
+    return src.view(_UINT[s_size]), dst.view(_UINT[d_size]), ps == pd
+
+
 def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0, dev=None) -> None:
     """Convert `numel` floats between F32, F16 and BF16 (safetensors spellings).
 
@@ -131,23 +150,11 @@ def convert(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, stream=0
     to their element size. They may be the same memory only when both element sizes are equal
     and they start at the same address (BF16 <-> F16 in place; identical dtypes do nothing).
     """
-    for name in (src_dtype, dst_dtype):
-        if name not in FLOAT_CONVERTIBLE:
-            raise ValueError(f"not a convertible float dtype: {name!r}")
-    if numel < 0:
-        raise ValueError(f"negative element count {numel}")
-    if numel == 0:
+    views = _convert_views(src_u8, dst_u8, src_dtype, dst_dtype, numel)
+    if views is None or (views[2] and src_dtype == dst_dtype):
         return
-    s_size, d_size = _ITEMSIZE[src_dtype], _ITEMSIZE[dst_dtype]
-    src, ps = _bytes(src_u8, numel * s_size, "source", s_size)
-    dst, pd = _bytes(dst_u8, numel * d_size, "destination", d_size)
-    if ps == pd and s_size == d_size:
-        if src_dtype == dst_dtype:
-            return
-    else:
-        _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
     name = "copy" if src_dtype == dst_dtype else CONVERT_KERNEL[(src_dtype, dst_dtype)]
-    launch_map(name, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, stream, dev)
+    launch_map(name, views[0], views[1], numel, stream, dev)
 
 
 def convert_add(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, add: float, stream=0,
@@ -155,23 +162,14 @@ def convert_add(src_u8, dst_u8, src_dtype: str, dst_dtype: str, numel: int, add:
     """`convert` that adds the float32 `add` to each value before the rounding to `dst_dtype`
     (`planc.execute.refconv.convert_host(..., add)` gives the same bits); in place when both element
     sizes are equal and the arrays start at the same address."""
-    for name in (src_dtype, dst_dtype):
-        if name not in FLOAT_CONVERTIBLE:
-            raise ValueError(f"not a convertible float dtype: {name!r}")
-    if numel < 0:
-        raise ValueError(f"negative element count {numel}")
-    if numel == 0:
+    views = _convert_views(src_u8, dst_u8, src_dtype, dst_dtype, numel)
+    if views is None:
         return
-    s_size, d_size = _ITEMSIZE[src_dtype], _ITEMSIZE[dst_dtype]
-    src, ps = _bytes(src_u8, numel * s_size, "source", s_size)
-    dst, pd = _bytes(dst_u8, numel * d_size, "destination", d_size)
-    if not (ps == pd and s_size == d_size):
-        _check_apart(ps, numel * s_size, pd, numel * d_size, "convert")
     bits = int(np.array([add], dtype=np.float32).view(np.uint32)[0])
     name, _ = add_launch(src_dtype, dst_dtype)
     dev = _dev(dev)
     blocks, threads = dev.grid.map(numel)
-    dev.launch(name, blocks, threads, stream, src.view(_UINT[s_size]), dst.view(_UINT[d_size]), numel, bits)
+    dev.launch(name, blocks, threads, stream, views[0], views[1], numel, bits)
 
 
 def dequantize_fp8(w_u8, scale_u8, out_u8, fp8_dtype: str, out_dtype: str, rows: int, cols: int,
