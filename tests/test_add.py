@@ -161,3 +161,26 @@ def test_a_plan_that_adds_on_a_copy_is_refused(tmp_path):
     copy[14] = -1.0
     with pytest.raises(PlanFormatError, match=r"parts\[\d\]\.out_dtype: a copy .*adds no constant"):
         decode(json.dumps(doc))
+
+
+@pytest.mark.parametrize("on", ["device", "host"])
+def test_each_rank_adds_to_its_own_slice(tmp_path, on):
+    import ml_dtypes
+    import yaml
+
+    from planc.execute import execute
+
+    x = np.random.default_rng(4).standard_normal((8, 64)).astype(np.float32)
+    ck, _ = handmade(tmp_path, {"w.norm.weight": x})
+    spec = spec_file(tmp_path, ck, [{"match": "*", "add": -1, "dtype": "bfloat16", "on": on, "split": {"dim": 1}}],
+                     io=SMALL_IO)
+    doc = yaml.safe_load(spec.read_text())
+    doc["tensor_parallel"] = {"size": 2}
+    spec.write_text(yaml.safe_dump(doc))
+    for rank in range(2):
+        model = execute(compile_spec(spec, rank=rank), verify=True)
+        try:
+            want = (x[:, rank * 32:(rank + 1) * 32] - np.float32(1)).astype(ml_dtypes.bfloat16).tobytes()
+            assert model["w.norm.weight"].to_host().tobytes() == want and model.report["verify"]["ok"]
+        finally:
+            model.free()
