@@ -12,6 +12,9 @@ does not read from the file) written as llama.cpp's converter writes it (`write_
   to `AutoConfig.from_pretrained(dir, gguf_file=...)`), the module built on the meta device, and
   `planc.load_into(module, spec)` with the shipped spec (`specs/transformers-{arch}-gguf.yaml`).
 
+Under the CUDA simulator (`NUMBA_ENABLE_CUDASIM=1`, no GPU) it runs the same comparison with
+transformers on the CPU and smaller models (planc's kernels simulated; the times mean nothing).
+
 Reported: every weight bit-equal (names, shapes, dtypes, values), the logits on the same tokens
 equal (`torch.equal`), the config's differences from AutoConfig's, both load times (one load each:
 the models are small; the speed of the loads is bench/gguf.py's). Needs torch, transformers,
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -46,10 +50,20 @@ def _common():
     spec.loader.exec_module(mod)
     return mod
 
+SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 SPEC = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3-moe",
         "gemma3": "gemma3"}
-# hidden, layers, heads, kv heads, intermediate, vocab
+# hidden, layers, heads, kv heads, intermediate, vocab (under the simulator, whose kernels run each
+# thread in Python: smaller, with the qwen3 / gemma3 head dims and the expert width scaled down too)
 DIMS = (256, 2, 4, 2, 512, 512)
+SIM_DIMS = (64, 1, 4, 2, 64, 64)
+SIM_EXTRA = {"head_dim": 16, "experts": 2, "experts_used": 1, "moe_intermediate": 32}
+DEVICE = "cpu" if SIMULATED else "cuda"
+
+
+def _sync(torch) -> None:
+    if not SIMULATED:
+        torch.cuda.synchronize()
 
 
 def one(data: Path, arch: str, quant: str) -> dict:
@@ -62,7 +76,7 @@ def one(data: Path, arch: str, quant: str) -> dict:
     from planc.tools.gguf_model import config_of, random_state, write_from_state
 
     d = data / f"arch-{arch}-{quant}"
-    cfg = config_of(arch, *DIMS)
+    cfg = config_of(arch, *SIM_DIMS, **SIM_EXTRA) if SIMULATED else config_of(arch, *DIMS)
     state = random_state(arch, cfg, seed=0)
     path = write_from_state(d, state, cfg, arch, quant=quant)
     doc = yaml.safe_load((ROOT / "specs" / f"transformers-{SPEC[arch]}-gguf.yaml").read_text())
@@ -73,8 +87,8 @@ def one(data: Path, arch: str, quant: str) -> dict:
     def hf_load(folder, file):
         t0 = time.perf_counter()
         m = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=file.name, dtype=torch.bfloat16,
-                                                              device_map="cuda")
-        torch.cuda.synchronize()
+                                                              device_map=DEVICE)
+        _sync(torch)
         return m, time.perf_counter() - t0
 
     ref, ref_d, ref_path = None, d, path
@@ -100,7 +114,7 @@ def one(data: Path, arch: str, quant: str) -> dict:
     with torch.device("meta"):
         b_mod = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     res = planc.load_into(b_mod, spec)
-    torch.cuda.synchronize()
+    _sync(torch)
     planc_s = time.perf_counter() - t0
 
     # `dtype`: from_config writes the dtype it was given into the config it builds from.
@@ -110,7 +124,7 @@ def one(data: Path, arch: str, quant: str) -> dict:
     a, b = a_mod.state_dict(), b_mod.state_dict()
     differ = _common().weights_differ(a, b, torch)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, a_mod.config.vocab_size, (2, 32), generator=g).cuda()
+    ids = torch.randint(0, a_mod.config.vocab_size, (2, 32), generator=g).to(DEVICE)
     a_mod.eval()
     b_mod.eval()
     with torch.no_grad():
@@ -143,7 +157,7 @@ def main(argv=None) -> int:
     import torch
     from numba import cuda
 
-    torch.zeros(1, device="cuda")
+    torch.zeros(1, device=DEVICE)
     cuda.current_context()
     results, ok = [], True
     for arch in [x for x in a.archs.split(",") if x]:

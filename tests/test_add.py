@@ -1,7 +1,7 @@
-"""A rule's `add`: a constant added to every value of an F32 / F16 / BF16 tensor in float32, before the
-one rounding to the loaded dtype (llama.cpp stores Gemma's RMSNorm weights plus one; `add: -1` takes it
+"""A rule's `add`: a constant added to every value of an F32 / F16 / BF16 tensor in float32 (the sum rounded
+to float32), then rounded to the loaded dtype (llama.cpp stores Gemma's RMSNorm weights plus one; `add: -1` takes it
 off). Loaded on the device (the `add_{src}_{dst}` kernels, under the CUDA simulator here) and on the host,
-each value equal to numpy's float32 sum rounded once; refused where it cannot apply; a plan whose `add`
+each value equal to numpy's float32 sum rounded to the dtype; refused where it cannot apply; a plan whose `add`
 was edited refused before anything is allocated."""
 
 from __future__ import annotations
@@ -85,6 +85,17 @@ def test_neighbours_of_another_add_are_not_one_kernel(tmp_path):
     assert sorted(k.add for k in kernels) == [-1.0, 0.0] and all(not k.more for k in kernels)
     spec2 = spec_file(tmp_path, ck, [{"match": "*", "dtype": "bfloat16"}], io=SMALL_IO, name="plain.yaml")
     assert sum(1 for r in compile_spec(spec2).runs for _ in r.kernels) == 1  # without the add: one launch
+
+
+def test_an_add_of_zero_is_no_add_and_numpy_numbers_are_numbers(tmp_path):
+    ck, _ = handmade(tmp_path, {"n.weight": _values("F32", 16), "ids": np.arange(4, dtype=np.int32)})
+    spec = spec_file(tmp_path, ck, [{"match": "n.weight", "add": 0, "skip": True}, {"match": "*", "add": -0.0}],
+                     io=SMALL_IO)
+    plan = compile_spec(spec)  # 0 and -0.0: no add, so no convert and no bad-add on the I32 tensor
+    assert [(p.tensor, p.op, p.add) for p in plan.parts] == [("ids", "copy", 0.0)]
+    from planc.spec.model import Rule
+
+    assert Rule(match="*", add=np.float64(-1)).add == -1.0 and Rule(match="*", add=np.int64(2)).add == 2.0
 
 
 @pytest.mark.parametrize("value,why", [("one", "takes a number"), (True, "takes a number"), (0.1, "not a float32 value"),

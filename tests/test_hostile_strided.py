@@ -115,7 +115,7 @@ def test_transpose_in_place_in_the_arena_is_a_plan_error(docs):
     p = d["parts"][pid]
     run = next(r for r in d["runs"] if pid in r[0])
     (k,) = [k for k in run[2] if k[0] == pid]
-    n, land, dst = p[5][0][4], k[5], p[13]
+    n, land, dst = p[5][0][4], k[5], p[15]  # dst_offset
     p[9] = 0
     k[4], k[5] = "arena", dst
     for q in run[1]:

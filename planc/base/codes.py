@@ -196,7 +196,7 @@ class Code(StrEnum):
     GGUF_GROUP = "gguf-group", 2, "a fuse or stack of block-quantized GGUF tensors"
     BAD_UNPERMUTE = "bad-unpermute", 2, "a rule unpermutes a tensor that is not a GGUF Llama attn_q / attn_k weight, or with a transpose, dequantize or group"
     SPLIT_UNPERMUTE = "split-unpermute", 2, "a tensor-parallel split of unpermuted GGUF q/k rows that is not a row split on head boundaries"
-    BAD_ADD = "bad-add", 2, "a rule adds a constant to a tensor that is not stored as F32, F16 or BF16, or with a transpose, dequantize, group or row gather"
+    BAD_ADD = "bad-add", 2, "a rule adds a constant to a tensor that is not stored as F32, F16 or BF16 (GGUF blocks, integers)"
     # end of codes (new members go above this line)
 
 

@@ -51,7 +51,8 @@ def fp8_table(fp8_dtype: str) -> np.ndarray:
 
 def convert_host(src_bytes: np.ndarray, src_dtype: str, dst_dtype: str, add: float = 0.0) -> np.ndarray:
     """Convert raw bytes of `src_dtype` floats to raw bytes of `dst_dtype` floats (F32/F16/BF16),
-    adding `add` to each value in float32 before the one rounding (`add_f32`) when it is not 0."""
+    adding `add` to each value in float32 (`add_f32`: the sum rounded to float32) before the rounding
+    to `dst_dtype`, when it is not 0."""
     src = _as_u8(src_bytes)
     s_np, d_np = _float_numpy(src_dtype), _float_numpy(dst_dtype)
     if src.size % s_np.itemsize:

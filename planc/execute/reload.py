@@ -174,5 +174,6 @@ def check_inplace(plan) -> None:
         bad.append("2-D copies (a rank's slice of a later dim)")
     if bad:
         raise HandoffError(f"load_into(inplace=True) writes copies only into the module's own tensors; the plan has "
-                           f"{', '.join(bad)}: load into a new arena (inplace=False) or keep the stored dtype and "
-                           f"layout in the spec", code=Code.INPLACE_UNSUPPORTED)
+                           f"{', '.join(bad)}: load into a new arena (inplace=False), keep the stored dtype and "
+                           f"layout in the spec, or run its conversions on the host (on: host)",
+                           code=Code.INPLACE_UNSUPPORTED)

@@ -190,8 +190,8 @@ class Part(NamedTuple):
     # The GGML type of a GGUF tensor's quantized blocks ("Q4_K", ...), read as U8 rows of whole blocks:
     # dequantized by a `gguf` part, kept as stored by a `copy` part; "" for every other part.
     ggml: str = ""
-    # A constant added to every value of a `convert` part, in float32 before the one rounding to
-    # out_dtype (llama.cpp stores Gemma's RMSNorm weights plus one: `add: -1` takes it off); 0.0 else.
+    # A constant added to every value of a `convert` part in float32 (the sum rounded to float32, then
+    # to out_dtype; llama.cpp stores Gemma's RMSNorm weights plus one: `add: -1` takes it off); 0.0 else.
     add: float = 0.0
     dst_offset: int = -1  # in the arena (set by the schedule)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import math
+import numbers
 import struct
 import fnmatch
 import os
@@ -233,10 +234,11 @@ class TensorParallel(_Model):
 
 
 def _addend(v):
-    """A rule's `add`: a finite number that float32 holds exactly (the kernels add it as a float32)."""
+    """A rule's `add`: a finite number that float32 holds exactly (the kernels add it as a float32);
+    0 (or -0.0) is no add at all."""
     if v is None:
         return None
-    if type(v) not in (int, float):
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
         raise ValueError(f"add takes a number (such as -1), got {type(v).__name__} {str(v)[:40]!r}")
     try:
         f = float(v)
@@ -247,7 +249,7 @@ def _addend(v):
         raise ValueError(f"add must be a finite number, got {f}")
     if held != f:
         raise ValueError(f"add {str(v)[:40]} is not a float32 value (float32 holds {held!r}); write that")
-    return f
+    return f or None
 
 
 class Rule(_Model):
@@ -280,10 +282,11 @@ class Rule(_Model):
     row permutation of each head (heads from the file's `llama.attention.head_count` / `head_count_kv`),
     as a row gather: one strided read per head and half (docs/gguf.md)."""
     add: Annotated[float | None, BeforeValidator(_addend)] = None
-    """A constant added to every value of F32 / F16 / BF16 tensors, in float32 before the one rounding to
-    `dtype` (on the device or the host): llama.cpp stores Gemma's RMSNorm weights plus one, which
-    `add: -1` takes off. A number that float32 holds exactly; single tensors only (no `fuse`, `stack`,
-    `transpose`, `dequantize` or `unpermute`); not on GGUF block-quantized tensors."""
+    """A constant added to every value of F32 / F16 / BF16 tensors, in float32 (the sum rounded to
+    float32, then to `dtype`, as transformers' `weights - 1` then its cast), on the device or the
+    host: llama.cpp stores Gemma's RMSNorm weights plus one, which `add: -1` takes off. A number that
+    float32 holds exactly (0: no add); single tensors only (no `fuse`, `stack`, `transpose`,
+    `dequantize` or `unpermute`); not on GGUF block-quantized or integer tensors."""
     split: Split | Literal["replicate"] = "replicate"
     """Tensor parallel: `{dim: 0}` (column parallel), `{dim: 1}` (row parallel) or `replicate` (every rank loads it)."""
 
