@@ -54,10 +54,10 @@ SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 SPEC = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3-moe",
         "gemma3": "gemma3"}
 # hidden, layers, heads, kv heads, intermediate, vocab (under the simulator, whose kernels run each
-# thread in Python: smaller, with the qwen3 / gemma3 head dims and the expert width scaled down too)
+# thread in Python: smaller; the head dims and expert width transformers assumes for qwen3 / qwen3moe kept)
 DIMS = (256, 2, 4, 2, 512, 512)
 SIM_DIMS = (64, 1, 4, 2, 64, 64)
-SIM_EXTRA = {"head_dim": 16, "experts": 2, "experts_used": 1, "moe_intermediate": 32}
+SIM_EXTRA = {"experts": 2, "experts_used": 1}
 DEVICE = "cpu" if SIMULATED else "cuda"
 
 
