@@ -101,9 +101,11 @@ def _part_node(pid: int, pl: Placement, k: int, part: BoundPart, inputs: tuple[I
         host = (in_bytes + part.out_bytes * (2 if pl.op == "transpose" and src.dtype != pl.dtype else 1)
                 + scratch_bytes(pl.op, src.dtype, pl.dtype, part.out_bytes, DTYPES[pl.dtype].itemsize))
     elif pl.op == "convert" and DTYPES[src.dtype].bits == DTYPES[pl.dtype].bits:
-        path, reason, landing, host = "direct", "same-size conversion runs in place on the device", 0, 0
+        path, landing, host = "direct", 0, 0
+        reason = _reason("in place", f"adding {pl.add:g}" if pl.add else "")
     else:
-        path, reason, landing, host = "direct", _reason("landing", pl.op), in_bytes, 0
+        path, reason, landing, host = "direct", _reason("landing", f"{pl.op} adding {pl.add:g}" if pl.add else pl.op), \
+            in_bytes, 0
     return _tuple_new(Part, (pid, pl.name, k, pl.op, path, reason, inputs, part.offset_bytes, part.out_bytes,
                              pl.dtype, landing, host, pl.block, part.zero_bytes, pl.ggml and src.dtype, pl.add, -1))
 
@@ -111,4 +113,8 @@ def _part_node(pid: int, pl: Placement, k: int, part: BoundPart, inputs: tuple[I
 # Notes and reasons repeat across tens of thousands of steps and parts: one string each.
 @lru_cache(maxsize=None)
 def _reason(path: str, what) -> str:
-    return f"rules[{what}] asks for on: host" if path == "host" else f"{what} on the device from a landing buffer"
+    if path == "host":
+        return f"rules[{what}] asks for on: host"
+    if path == "in place":
+        return f"same-size conversion{f' ({what})' if what else ''} runs in place on the device"
+    return f"{what} on the device from a landing buffer"
