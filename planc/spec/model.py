@@ -11,14 +11,14 @@ placeholders: `{L}` matches one dotted name component (`[^.]+`) and captures it,
 from __future__ import annotations
 
 import errno
+import fnmatch
 import math
 import numbers
-import struct
-import fnmatch
 import os
 import re
 import stat
 import string
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
