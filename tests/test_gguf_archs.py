@@ -219,3 +219,36 @@ def test_gemma3_norms_are_stored_plus_one_and_loaded_minus_one(tmp_path):
     finally:
         for m in models:
             m.free()
+
+
+def test_every_mapped_architecture_has_its_shipped_spec():
+    from planc.face.cli import _SPEC_NAME
+
+    for key in ARCHS:
+        name = f"transformers-{_SPEC_NAME.get(key, key)}-gguf.yaml"
+        assert (ROOT / "specs" / name).is_file() and (ROOT / "planc" / "specs" / name).is_file(), key
+
+
+def test_inspect_says_what_planc_does_with_a_gguf(tmp_path, capsys):
+    """`planc inspect` of a GGUF names the transformers model type and shipped spec of its
+    architecture, or why there is none, and the block types planc loads as stored only."""
+    import json
+
+    from execute_support import cli_run
+
+    path, _, _ = _write(tmp_path, "gemma3", device=True)
+    rc, out, err = cli_run(capsys, "inspect", str(path), "--json")
+    g = json.loads(out)["gguf"]
+    assert rc == 0 and g["transformers"] == {"model_type": "gemma3_text",
+                                             "spec": "specs/transformers-gemma3-gguf.yaml"}
+    assert g["kept_only"] == [] and g["transformers_unmapped"] is None
+    w = gguf.GGUFWriter(str(tmp_path / "iq.gguf"), "phi3")
+    w.add_tensor_info("blk.0.attn_q.weight", (2, 66), np.dtype(np.uint8), 132,
+                      raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.write_tensor_data(np.zeros(132, np.uint8))
+    w.close()
+    rc, out, err = cli_run(capsys, "inspect", str(tmp_path / "iq.gguf"))
+    assert rc == 0 and "IQ2_XXS blocks as stored only" in out and "no tables for a GGUF of architecture 'phi3'" in out

@@ -88,6 +88,26 @@ def _emit_json(doc) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
+def _gguf_load_summary(meta: dict, by_dtype) -> dict:
+    """What planc does with a GGUF file: the transformers model type and shipped spec of its
+    architecture (None, with the reason, when planc maps none), and its block types that planc loads
+    as stored only."""
+    from ..manifest.ggml_types import DEQUANTIZABLE, QUANTIZED
+    from ..manifest.gguf_names import ARCHS, arch_of
+
+    try:
+        a = arch_of(meta)
+        key = next(k for k, v in ARCHS.items() if v is a)
+        tf, why = {"model_type": a.model_type, "spec": f"specs/transformers-{_SPEC_NAME.get(key, key)}-gguf.yaml"}, None
+    except ValueError as e:
+        tf, why = None, str(e)
+    return {"transformers": tf, "transformers_unmapped": why,
+            "kept_only": sorted(d for d in by_dtype if d in QUANTIZED and d not in DEQUANTIZABLE)}
+
+
+_SPEC_NAME = {"qwen3moe": "qwen3-moe"}  # an architecture's shipped spec, where its name differs
+
+
 @app.command()
 def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a folder of shards, or an index json.",
                                              readable=False),
@@ -123,7 +143,7 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
         doc["format"] = "gguf"
         doc["gguf"] = {"architecture": arch, "context_length": meta.get(f"{arch}.context_length"),
                        "file_type": meta.get("general.file_type"), "name": meta.get("general.name"),
-                       "metadata": meta}
+                       **_gguf_load_summary(meta, by_dtype), "metadata": meta}
     if as_json:
         _emit_json(doc)
         return
@@ -140,6 +160,12 @@ def inspect(checkpoint: Path = typer.Argument(..., help="A .safetensors file, a 
         out.print(f"GGUF: architecture {escape(printable(g['architecture'] or '?'))}, context length "
                   f"{g['context_length'] or '?'}, file type {g['file_type'] or '?'} "
                   f"(quantization: {', '.join(sorted(doc['by_dtype']))})")
+        tf = g["transformers"]
+        out.print(f"  into transformers: {tf['model_type']} with the shipped spec {tf['spec']}" if tf else
+                  f"  into transformers: {escape(printable(g['transformers_unmapped']))}")
+        if g["kept_only"]:
+            out.print(f"  planc loads {', '.join(g['kept_only'])} blocks as stored only (dtype: keep): it does not "
+                      f"dequantize them")
     t = Table(title=f"largest {len(largest)}", show_edge=False)
     for c in ("name", "dtype", "shape", "bytes"):
         t.add_column(c, justify="right" if c == "bytes" else "left")
