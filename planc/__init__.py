@@ -4,7 +4,7 @@ checkpoint manifest + placement spec -> admitted load plan -> explained -> execu
 """
 
 __version__ = "0.1.0"
-PLAN_FORMAT = 7  # the plan file format (planc.plan.codec.FORMAT)
+PLAN_FORMAT = 8  # the plan file format (planc.plan.codec.FORMAT)
 
 
 __all__ = ["load", "load_into", "LoadResult", "LoadedModel", "PLAN_FORMAT", "__version__"]

@@ -214,8 +214,9 @@ def test_shipped_llama_spec_renames_dequantizes_and_unpermutes(tmp_path, quant, 
 
 @pytest.mark.parametrize("dtype", ["float32", "keep"])
 def test_unpermute_on_the_device_of_a_small_llama_file(tmp_path, dtype):
-    """q (2 heads) and k (1 head) of head dim 4, Q8_0: each head and half one strided read, dequantized
-    (or kept) on the device, rows in transformers' order."""
+    """q (2 heads) and k (1 head) of head dim 4, Q8_0, rows in transformers' order: dequantized, each
+    tensor one part read whole whose kernel writes the rows in that order (`unpermute`: 4); kept, each
+    head and half one strided read."""
     from planc.manifest.gguf_names import unpermute_rows
 
     path = tmp_path / "m.gguf"
@@ -235,14 +236,21 @@ def test_unpermute_on_the_device_of_a_small_llama_file(tmp_path, dtype):
     spec = spec_file(tmp_path, path, [{"match": "*", "dtype": dtype, "unpermute": True}], io=SMALL_IO)
     models = []
     plan, model = load_checked(spec, models)
-    assert len(plan.parts) == 2 * 2 + 2 * 1 and all(p.inputs[0].count == 2 for p in plan.parts)
+    if dtype == "keep":
+        assert len(plan.parts) == 2 * 2 + 2 * 1 and all(p.inputs[0].count == 2 for p in plan.parts)
+        assert {p.unpermute for p in plan.parts} == {0}
+    else:
+        assert len(plan.parts) == 2 and all(p.inputs[0].count == 1 and p.unpermute == 4 for p in plan.parts)
+        assert all("transformers' row order" in p.reason for p in plan.parts)
     # the halves of each head tile their rows: read as plain requests, each byte once, no mapping
     reqs = [q for r in plan.runs for q in r.requests]
     assert all(q.count == 1 and q.stride == 0 for q in reqs)
     assert sum(c.moved for q in reqs for c in q.copies) == sum(p.read_bytes for p in plan.parts)
-    if dtype != "keep":  # the halves' blocks and values lie end to end: one launch for all of them
+    if dtype != "keep":  # q's and k's blocks and values lie end to end, both of heads of 4: one launch, one copy
         kernels = [k for r in plan.runs for k in r.kernels]
         assert len(kernels) == 1 and sorted(q for k in kernels for q in k.parts) == [p.id for p in plan.parts]
+        assert kernels[0].unpermute == 4
+        assert sum(len(q.copies) for q in reqs) == len(reqs) and all(c.rows == 1 for q in reqs for c in q.copies)
     for t, heads in zip(specs, (2, 1)):
         if dtype == "keep":
             want = unpermute_rows(raw[t.name].reshape(t.shape[0], 68), heads)
@@ -250,6 +258,88 @@ def test_unpermute_on_the_device_of_a_small_llama_file(tmp_path, dtype):
             want = unpermute_rows(_ref(raw[t.name], "Q8_0", t.shape, "float32"), heads)
         assert model[t.name].to_host().tobytes() == np.ascontiguousarray(want).tobytes(), t.name
     del models
+
+
+def _unpermute_plan(tmp_path, on="device"):
+    """A plan of a one-layer Q8_0 Llama whose q / k rules unpermute and dequantize (and one that does not)."""
+    from planc.tools.synth_gguf import write_gguf
+
+    res = write_gguf(tmp_path / "ck", quant="Q8_0", layers=1)
+    rules = [{"match": f"blk.0.attn_{x}.weight", "unpermute": True, "dtype": "bfloat16", "on": on} for x in "qk"]
+    spec = spec_file(tmp_path, res.path, [*rules, {"match": "blk.0.attn_v.weight", "dtype": "bfloat16", "on": on},
+                                          {"match": "*", "skip": True}], io=SMALL_IO)
+    return json.loads(encode(compile_spec(spec)))
+
+
+def test_an_unpermuted_gguf_tensor_is_one_part_one_plain_read_and_its_kernel_says_so(tmp_path):
+    doc = _unpermute_plan(tmp_path)
+    f = doc["fields"]["part"].index("unpermute")
+    parts = {doc["tensors"][p[0]][0]: p for p in doc["parts"]}
+    heads = {"blk.0.attn_q.weight": None, "blk.0.attn_k.weight": None}
+    for name in heads:
+        p = parts[name]
+        rows = p[5][0][6][0]
+        assert p[f] > 0 and rows % p[f] == 0 and p[5][0][9] == 1  # one input, read whole
+    assert parts["blk.0.attn_v.weight"][f] == 0
+    k = doc["fields"]["kernel"].index("unpermute")
+    got = sorted(x[k] for r in doc["runs"] for x in r[2])
+    assert got.count(0) >= 1 and set(got) - {0} == {parts["blk.0.attn_q.weight"][f]}
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda p, k, v: p.__setitem__(15, 3), r"parts\[\d+\]\.unpermute: is 3"),  # odd
+    (lambda p, k, v: p.__setitem__(15, -2), r"parts\[\d+\]\.unpermute"),
+    (lambda p, k, v: p.__setitem__(15, "2"), r"parts\[\d+\]\.unpermute"),
+    (lambda p, k, v: p.__setitem__(15, 1 << 20), r"parts\[\d+\]\.unpermute"),
+    (lambda p, k, v: v.__setitem__(15, 2), r"kernels\[\d+\]: does not match part .*heads of 2"),  # v: rows as stored
+    (lambda p, k, v: k.__setitem__(15, 0), r"kernels\[\d+\]: does not match part"),  # the kernel no longer unpermutes
+])
+def test_a_plan_whose_unpermute_was_edited_is_refused(tmp_path, edit, field):
+    doc = _unpermute_plan(tmp_path)
+    part = next(p for p in doc["parts"] if p[15])
+    rows = part[5][0][6][0]
+    other = next(p for p in doc["parts"] if not p[15] and p[5][0][6][0] % 2 == 0 and p[5][0][6][0] != rows)
+    kernel = next(k for r in doc["runs"] for k in r[2] if k[15])
+    edit(part, kernel, other)
+    if field.endswith("is 3") and rows % 3 == 0:
+        pytest.skip("3 divides the rows")
+    with pytest.raises(PlanFormatError, match=field):
+        decode(json.dumps(doc))
+
+
+def test_a_plan_whose_convert_unpermutes_is_refused(tmp_path):
+    from planc.tools.synth_gguf import write_gguf
+
+    res = write_gguf(tmp_path / "ck", quant="Q8_0", layers=1)
+    spec = spec_file(tmp_path, res.path, [{"match": "blk.0.attn_norm.weight", "dtype": "bfloat16"},
+                                          {"match": "*", "skip": True}], io=SMALL_IO)
+    doc = json.loads(encode(compile_spec(spec)))
+    conv = next(p for p in doc["parts"] if p[2] == "convert")
+    conv[15] = 2
+    with pytest.raises(PlanFormatError, match=r"unpermute: only a gguf dequantization"):
+        decode(json.dumps(doc))
+    conv[15] = 0
+    k = next(x for r in doc["runs"] for x in r[2])
+    k[15] = 2
+    with pytest.raises(PlanFormatError, match=r"kernels\[0\]\.unpermute: only a gguf dequantization"):
+        decode(json.dumps(doc))
+
+
+def test_unpermute_on_the_host_is_the_device_load(tmp_path):
+    """The same rules on the host path and the device path: the same bytes, each verified."""
+    got = {}
+    for on in ("device", "host"):
+        doc = _unpermute_plan(tmp_path / on, on)
+        assert all(p[3] == ("host" if on == "host" else "direct") for p in doc["parts"])
+        models = []
+        plan = decode(json.dumps(doc))
+        model = execute(plan, verify=True)
+        models.append(model)
+        assert model.report["verify"]["ok"]
+        got[on] = {n: model[n].to_host().tobytes() for n in ("blk.0.attn_q.weight", "blk.0.attn_k.weight")}
+        for m in models:
+            m.free()
+    assert got["device"] == got["host"]
 
 
 def test_unpermute_refusals(tmp_path):
@@ -301,7 +391,7 @@ def test_the_plans_gguf_kernels_are_warmed_on_a_whole_block(ckpt):
     dev = Loading(seam.device())
     warm_kernels(plan, dev).join()
     block = {q: BY_NAME[q].block for q in TYPES}
-    got = {name: args[-1] for name, _, _, args in dev.launches}
+    got = {name: args[2] for name, _, _, args in dev.launches}  # (src, dst, numel, row, hd)
     assert got == {f"gguf_{q}_BF16": block[q] for q in TYPES}
 
 

@@ -72,6 +72,7 @@ class Placement:
     block: int = 0  # dequantize block edge
     ggml: str = ""  # a GGUF tensor's GGML block type (its parts read U8 rows of whole blocks)
     add: float = 0.0  # a constant added to every value by the convert (a rule's `add`)
+    unpermute: int = 0  # GGUF q/k rows per head that the gguf kernel writes in transformers' order
 
     @property
     def nbytes(self) -> int:
@@ -298,8 +299,10 @@ def _refuse_fp4_split(r: Rule, i: int, name: str) -> None:
 def _unpermuted(t: TensorEntry, r: Rule, i: int, tp: _TP, name: str, target: str, op: str, shape: tuple, qt,
                 metadata: dict) -> Placement:
     """A GGUF Llama q/k weight in transformers' row order: llama.cpp stores head h's row (j, i) (j < 2,
-    i < head_dim / 2) as row (i, j), so out rows [h*hd + j*hd/2, +hd/2) are in rows h*hd + j + 2i:
-    one part per head and half, each one strided read (`planc.manifest.gguf_names.unpermute_rows`)."""
+    i < head_dim / 2) as row (i, j), so out rows [h*hd + j*hd/2, +hd/2) are in rows h*hd + j + 2i
+    (`planc.manifest.gguf_names.unpermute_rows`). Dequantized blocks (`gguf`): one part, the rows read
+    whole, that the kernel writes in transformers' order (`unpermute`: hd). Floats kept or converted:
+    one part per head and half, each one strided read."""
     from ..manifest.gguf_names import permuted_heads
 
     why = None
@@ -325,6 +328,10 @@ def _unpermuted(t: TensorEntry, r: Rule, i: int, tp: _TP, name: str, target: str
         first, last = _rank_heads(t, r, i, tp, n_head, hd)
         shape = ((last - first) * hd, *shape[1:])
     row_out = DTYPES[target].nbytes(math.prod(shape[1:]))
+    if op == "gguf":  # the rank's heads read whole; the kernel writes each head's rows in transformers' order
+        sl = Slice(0, first * hd, last * hd) if (first, last) != (0, n_head) else None
+        return Placement(name, target, shape, op, r.on, "none", i,
+                         (Part(t, None, 0, (last - first) * hd * row_out, sl),), 0, qt.name, 0.0, hd)
     half = hd // 2
     parts = tuple(Part(t, None, ((h - first) * hd + j * half) * row_out, half * row_out, Rows(h * hd + j, 2, half))
                   for h in range(first, last) for j in range(2))

@@ -104,10 +104,12 @@ def _part_node(pid: int, pl: Placement, k: int, part: BoundPart, inputs: tuple[I
         path, landing, host = "direct", 0, 0
         reason = _reason("in place", f"adding {pl.add:g}" if pl.add else "")
     else:
-        path, reason, landing, host = "direct", _reason("landing", f"{pl.op} adding {pl.add:g}" if pl.add else pl.op), \
-            in_bytes, 0
+        what = f"{pl.op} adding {pl.add:g}" if pl.add else f"{pl.op} into transformers' row order" if pl.unpermute \
+            else pl.op
+        path, reason, landing, host = "direct", _reason("landing", what), in_bytes, 0
     return _tuple_new(Part, (pid, pl.name, k, pl.op, path, reason, inputs, part.offset_bytes, part.out_bytes,
-                             pl.dtype, landing, host, pl.block, part.zero_bytes, pl.ggml and src.dtype, pl.add, -1))
+                             pl.dtype, landing, host, pl.block, part.zero_bytes, pl.ggml and src.dtype, pl.add,
+                             pl.unpermute, -1))
 
 
 # Notes and reasons repeat across tens of thousands of steps and parts: one string each.

@@ -323,7 +323,9 @@ def _merged(kernels: list, ggml: dict | None = None) -> tuple[Kernel, ...]:
     experts converted on load: one launch per stacked tensor and run, not one per expert); so do
     GGUF dequantizations of one GGML type and row width (`ggml`: part -> type) whose blocks lie end
     to end in the landing region and whose values lie end to end in the arena (the head halves of
-    a GGUF q / k weight read in transformers' row order: one launch per tensor, not one per half).
+    an F16 q / k weight read in transformers' row order: one launch per tensor, not one per half).
+    Joined kernels share their `unpermute`: each part's rows are whole heads, so the rows of the
+    joined kernel permute as each part's do.
 
     A run's kernels start once all its copies are done and write disjoint arena ranges, so their
     order within the run is free: kernels are sorted by source offset and neighbours joined."""
@@ -333,8 +335,8 @@ def _merged(kernels: list, ggml: dict | None = None) -> tuple[Kernel, ...]:
     last_i = None
     for _, _, i in conv:
         k, last = kernels[i], out.get(last_i)
-        if last is None or (k.op, k.src_dtype, k.dst_dtype, k.src_space, k.add) != (
-                last.op, last.src_dtype, last.dst_dtype, last.src_space, last.add):
+        if last is None or (k.op, k.src_dtype, k.dst_dtype, k.src_space, k.add, k.unpermute) != (
+                last.op, last.src_dtype, last.dst_dtype, last.src_space, last.add, last.unpermute):
             out[i], last_i = k, i
         elif (k.op == "convert" and k.src_offset == last.src_offset + DTYPES[k.src_dtype].nbytes(last.numel)
                 and k.dst_offset == last.dst_offset + DTYPES[k.dst_dtype].nbytes(last.numel)):
@@ -356,18 +358,19 @@ def _kernel(n: Part, space: str, src: int, scale: int | None, dst: int) -> Kerne
         # numel the values of all of them.
         batch, rows, cols = fp4.geometry(fmt, w.shape)
         return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, batch * rows * cols,
-                                   rows, cols, n.block, (), fmt, 0.0))
+                                   rows, cols, n.block, (), fmt, 0.0, 0))
     if fmt == "gguf":  # U8 rows of GGUF blocks: numel counts the values the kernel writes
         rows, cols = w.shape
         return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst,
-                                   n.out_bytes // _ITEMSIZE[n.out_dtype], rows, cols, n.block, (), fmt, 0.0))
+                                   n.out_bytes // _ITEMSIZE[n.out_dtype], rows, cols, n.block, (), fmt, 0.0,
+                                   n.unpermute))
     shape = w.shape
     rows, cols = shape if len(shape) == 2 else (0, 0)
     numel = 1
     for d in shape:
         numel *= d
     return _tuple_new(Kernel, (n.id, n.op, w.dtype, n.out_dtype, space, src, scale, dst, numel, rows, cols, n.block,
-                               (), fmt, n.add))
+                               (), fmt, n.add, 0))
 
 
 def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:

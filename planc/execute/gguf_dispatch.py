@@ -16,10 +16,12 @@ from .signatures import GGUF_DEQUANTIZABLE
 NAMES = frozenset(f"gguf_{t}_{o}" for t in GGUF_DEQUANTIZABLE for o in FLOAT_CONVERTIBLE)  # e.g. gguf_Q4_K_BF16
 
 
-def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0, dev=None) -> None:
+def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, stream=0, dev=None, row: int = 0,
+                    hd: int = 0) -> None:
     """Launch `gguf_{type_name}_{out_dtype}` over `numel` elements: `src_u8` the stored blocks (flat
     uint8 device array), `dst` a flat uint32 (F32) or uint16 (F16, BF16) device array of `numel`.
-    `dev`: the device (None: the device in force)."""
+    `hd` > 0: rows of `row` values, written in transformers' order by heads of `hd` rows (a GGUF q / k
+    weight); 0: in the stored order. `dev`: the device (None: the device in force)."""
     from . import seam
 
     name = f"gguf_{type_name}_{out_dtype}"
@@ -29,4 +31,6 @@ def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, str
         return
     dev = seam.device() if dev is None else dev
     blocks, threads = dev.grid.map(numel)
-    dev.launch(name, blocks, threads, stream, src_u8, dst, numel)
+    if hd and (hd % 2 or row <= 0 or numel % (row * hd)):
+        raise ValueError(f"{name}: {numel} values are not whole heads of {hd} rows of {row}")
+    dev.launch(name, blocks, threads, stream, src_u8, dst, numel, row if hd else 0, hd)

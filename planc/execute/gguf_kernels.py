@@ -14,7 +14,10 @@ multiply-add (and its libdevice calls return NaN), so there the products are pla
 builds the set for the target its caller's device names.
 
 Element i of the output is element j = i % B of block b = i // B (B the type's block); a block's
-scale bytes are read by each of its elements' threads, from cache after the first.
+scale bytes are read by each of its elements' threads, from cache after the first. A kernel given a
+head size `hd` (a GGUF Llama q / k weight, `Part.unpermute`) writes the value of stored row r to
+row (k % 2) * hd/2 + k // 2 of its head (k = r % hd): transformers' order
+(`planc.manifest.gguf_names.unpermute_rows`); `row` is the values per row, `hd` 0 keeps the order.
 """
 
 from __future__ import annotations
@@ -221,12 +224,17 @@ def _value_fns(jit, f16_to_f32, mul_rn_py) -> dict:
 
 def _kernel(value, out_bits):
     @cuda.jit(cache=CACHE)
-    def kernel(src, dst, n):
+    def kernel(src, dst, n, row, hd):
         i = cuda.grid(1)
         s = cuda.gridsize(1)
+        half = hd // 2
         while i < n:
             v = value(src, i)
-            dst[i] = out_bits(np.int64(v.view(np.uint32)))
+            o = i
+            if hd > 0:  # row k of each head of hd rows (llama.cpp's order) is row (k % 2) * hd/2 + k // 2 of it
+                k = (i // row) % hd
+                o = i + ((k % 2) * half + k // 2 - k) * row
+            dst[o] = out_bits(np.int64(v.view(np.uint32)))
             i += s
 
     return kernel

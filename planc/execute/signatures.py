@@ -97,7 +97,7 @@ def zero_launch() -> tuple[str, tuple]:
 
 def gguf_launch(type_name: str, out_dtype: str) -> tuple[str, tuple]:
     """(name, signature) of the dequantization of GGML `type_name` blocks (bytes) into `out_dtype`."""
-    return f"gguf_{type_name}_{out_dtype}", (arr(_UINT[1]), arr(_UINT[_ITEMSIZE[out_dtype]]), INT)
+    return f"gguf_{type_name}_{out_dtype}", (arr(_UINT[1]), arr(_UINT[_ITEMSIZE[out_dtype]]), INT, INT, INT)
 
 
 def fp4_launch(fmt: str, out_dtype: str, transpose: bool) -> tuple[str, tuple]:

@@ -85,6 +85,8 @@ def _verify_part(root: str, p, arena, chunk: int) -> tuple[bool, int]:
 
         rows, row = w.shape
         step = max(1, chunk // max(1, row))
+        if p.unpermute:  # whole heads: a head's rows are unpermuted among themselves
+            step = max(1, step // p.unpermute) * p.unpermute
         out_row = p.out_bytes // rows
         for r0 in range(0, rows, step):
             n = min(step, rows - r0)

@@ -1,6 +1,6 @@
 """Checking a decoded plan document: every field the executor will trust, before it is allocated.
 
-Input: the JSON document of a plan file (format 7, see `planc/plan/codec.py` and docs/plan.md); output: an
+Input: the JSON document of a plan file (format 8, see `planc/plan/codec.py` and docs/plan.md); output: an
 `ir.Plan`, or a `PlanFormatError` naming the field path. Checked: types and ranges of every field;
 ids and order; every read inside its file's fingerprinted size; every copy inside its slot and its
 region; every kernel's ranges; every tensor inside the arena, tensors disjoint; each part's sizes
@@ -69,7 +69,7 @@ from ..base.device import DIRECT_ALIGN, check_device
 from ..base.codes import Code
 from ..manifest.ggml_types import DEQUANTIZABLE, QUANTIZED, quant_type
 
-FORMAT = 7
+FORMAT = 8
 _GGML = ("", *sorted(QUANTIZED))  # a part's `ggml`: a GGML block type, or none
 
 # The field order of each array record, as the file states it.
@@ -250,6 +250,7 @@ def _nbytes_of(dtype: str, shape: tuple, path: str) -> int:
 
 
 _MAX = MAX_BYTES  # any byte count or offset beyond this is not a real one (units.MAX_BYTES: 2**62)
+_MAX_HEAD_ROWS = 1 << 16  # a part's or kernel's `unpermute` (rows per attention head) beyond this is not a real one
 new = tuple.__new__  # a record built from checked fields, without its Python-level constructor
 _ROLES = ("weight", "scale", "scale2")
 
@@ -417,13 +418,14 @@ class _Checker:
         n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
         out, labels, semantics = [], set(), set()
         for pid, p in enumerate(_list(v, "parts")):
-            if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:13], p[15]) and p[0] < n_t \
+            if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:13], p[15], p[16]) \
+                    and p[0] < n_t and p[15] <= _MAX_HEAD_ROWS \
                     and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
                     and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 3 \
                     and type(p[8]) is str and p[8] in DTYPES and p[11] <= MAX_BLOCK and type(p[13]) is str \
                     and p[13] in _GGML and type(p[14]) is float and p[14] == 0.0:
                 ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, ggml, add, \
-                    dst = p
+                    unpermute, dst = p
             else:  # the field-by-field check, which names what is wrong
                 _list(p, f"parts[{pid}]", n_f)
                 ti = _int(p[0], f"parts[{pid}].tensor_index", 0, n_t - 1)
@@ -443,7 +445,8 @@ class _Checker:
                 zero = _int(p[12], f"parts[{pid}].zero_bytes", 0, _MAX)
                 ggml = _one_of(p[13], f"parts[{pid}].ggml", _GGML)
                 add = _addend(p[14], f"parts[{pid}].add")
-                dst = _int(p[15], f"parts[{pid}].dst_offset", 0, _MAX)
+                unpermute = _int(p[15], f"parts[{pid}].unpermute", 0, _MAX_HEAD_ROWS)
+                dst = _int(p[16], f"parts[{pid}].dst_offset", 0, _MAX)
             t, reason = tensors[ti], reasons[ri]
             name = t.name
             inputs = (self._input(raw_inputs[0], pid, 0, n_in, files),) if len(raw_inputs) == 1 else \
@@ -462,13 +465,13 @@ class _Checker:
                 raise _bad(f"parts[{pid}].index", f"part {_shown(f'{name}#{index}')} is listed twice")
             labels.add(label)
             part = new(Part, (pid, name, index, op, path, reason, inputs, off, out_bytes, out_dtype, landing, host,
-                              block, zero, ggml, add, dst))
+                              block, zero, ggml, add, unpermute, dst))
             # Whether a part's sizes follow from its op depends on these fields only; parts that share
             # them (the experts of a layer, the layers of a model) are checked once.
             w = inputs[0]
             sc = tuple((x.role, x.dtype, x.shape, x.nbytes) for x in inputs[1:]) or None
-            key = (op, path, out_dtype, out_bytes, landing, host, block, ggml, add, w.role, w.dtype, w.shape, w.nbytes,
-                   sc)
+            key = (op, path, out_dtype, out_bytes, landing, host, block, ggml, add, unpermute, w.role, w.dtype, w.shape,
+                   w.nbytes, sc)
             if key not in semantics:
                 self._part_semantics(part, f"parts[{pid}]")
                 semantics.add(key)
@@ -529,6 +532,8 @@ class _Checker:
                          n.add != 0.0)
         if why:  # the table the compiler chooses ops by: nothing else has a kernel or a host routine
             raise _bad(f"{at}.out_dtype", f"a {n.op} on the {n.path} path {why}")
+        if n.unpermute and n.op != "gguf":
+            raise _bad(f"{at}.unpermute", f"only a gguf dequantization writes rows in transformers' order, not a {n.op}")
         if n.ggml or n.op == "gguf":
             return self._gguf_semantics(n, at)
         if len(n.inputs) >= 2 and fp4.format_of(w.dtype, n.inputs[1].dtype) and n.op in DEQUANTIZE_OPS:
@@ -728,12 +733,13 @@ class _Checker:
         def at(field: str = "") -> str:  # the field path, formatted only for an error
             return f"{run_at}.kernels[{j}]{field}"
 
-        if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11]) \
+        if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11], x[15]) \
+                and x[15] <= _MAX_HEAD_ROWS \
                 and (x[6] is None or _nat(x[6])) and x[11] <= MAX_BLOCK and type(x[1]) is str and type(x[2]) is str \
                 and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
                 and x[2] in DTYPES and x[3] in DTYPES and type(x[12]) is list and not x[12] and type(x[13]) is str \
                 and x[13] in FORMATS and type(x[14]) is float and x[14] == 0.0:
-            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt, add = x
+            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt, add, unpermute = x
             more = ()
         else:  # the field-by-field check, which names what is wrong
             _list(x, at(), n_k)
@@ -751,6 +757,7 @@ class _Checker:
                          for m, v in enumerate(_list(x[12], at(".more"))))
             fmt = _one_of(x[13], at(".format"), FORMATS)
             add = _addend(x[14], at(".add"))
+            unpermute = _int(x[15], at(".unpermute"), 0, _MAX_HEAD_ROWS)
         if pid in in_run:  # the format the part's op and inputs decide (a part outside the run is named below)
             p0 = parts[pid]
             want = kernel_format(op, p0.inputs[0].dtype, p0.inputs[1].dtype if len(p0.inputs) >= 2 else None)
@@ -759,20 +766,22 @@ class _Checker:
                                           f"input is a {want} kernel")
         if add and op != "convert":
             raise _bad(at(".add"), f"only a convert adds a constant, not a {op}")
+        if unpermute and op != "gguf":
+            raise _bad(at(".unpermute"), f"only a gguf dequantization writes rows in transformers' order, not a {op}")
         if more and op not in ("convert", "gguf"):
             raise _bad(at(".more"), f"only conversions and GGUF dequantizations of several parts share a kernel, not a {op}")
         if len(set(more)) != len(more) or pid in more:
             raise _bad(at(".more"), "lists a part twice")
         if op == "gguf":
             self._gguf_kernel(pid, more, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows,
-                              cols, block, limits)
+                              cols, block, limits, unpermute)
             return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
-                                add))
+                                add, unpermute))
         if fmt in fp4.FORMATS and pid in in_run:
             self._fp4_kernel(parts[pid], at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
                              limits)
             return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, (), fmt,
-                                add))
+                                add, 0))
         want_numel, want_dst = 0, dst
         for q in (pid, *more):
             if q not in in_run:
@@ -809,7 +818,7 @@ class _Checker:
         if op == "convert" and space == "arena" and DTYPES[src_dtype].bits != DTYPES[dst_dtype].bits:
             raise _bad(at(), "only a same-size conversion runs in place in the arena")
         return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
-                            add))
+                            add, 0))
 
     def _gguf_semantics(self, n: Part, at: str) -> None:
         """GGUF blocks: read as U8 rows of whole blocks of the part's GGML type; kept (`copy`, U8 out,
@@ -840,6 +849,9 @@ class _Checker:
             raise _bad(f"{at}.ggml", f"planc dequantizes {', '.join(sorted(DEQUANTIZABLE))}, not {n.ggml}")
         if n.out_dtype not in ("BF16", "F16", "F32"):
             raise _bad(f"{at}.out_dtype", f"a gguf dequantize produces BF16, F16 or F32, got {n.out_dtype}")
+        if n.unpermute and (n.unpermute % 2 or rows % n.unpermute):
+            raise _bad(f"{at}.unpermute", f"is {n.unpermute:,}: rows are unpermuted by heads of an even number of rows "
+                                          f"that divides the part's {rows:,}")
         numel = rows * (row // qt.block_bytes) * qt.block
         want = numel * DTYPES[n.out_dtype].itemsize
         if n.out_bytes != want:
@@ -856,7 +868,7 @@ class _Checker:
                                               f"host bytes, got {n.landing_bytes:,} and {n.host_bytes:,}")
 
     def _gguf_kernel(self, pid, more, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows,
-                     cols, block, limits) -> None:
+                     cols, block, limits, unpermute) -> None:
         """A GGUF dequantization of part `pid` and the parts in `more`: each a direct-path gguf part of
         this run, of one GGML type and row width; their blocks read end to end from `src`, their
         values written end to end from `dst`: the kernel's rows and values are theirs summed."""
@@ -869,10 +881,11 @@ class _Checker:
             w = p.inputs[0]
             if p.op != "gguf" or p.path != "direct":
                 raise _bad(at(".part"), f"part {q} is not a direct-path gguf part")
-            if (src_dtype, dst_dtype, want_dst, block, cols, p.ggml) != (w.dtype, p.out_dtype, p.dst_offset, p.block,
-                                                                        w.shape[1], parts[pid].ggml):
+            if (src_dtype, dst_dtype, want_dst, block, cols, p.ggml, unpermute) != (
+                    w.dtype, p.out_dtype, p.dst_offset, p.block, w.shape[1], parts[pid].ggml, p.unpermute):
                 raise _bad(at(), f"does not match part {q} ({p.ggml} blocks {list(w.shape)} -> {p.out_dtype} at arena "
-                                 f"{p.dst_offset:,})")
+                                 f"{p.dst_offset:,}" + (f", rows unpermuted by heads of {p.unpermute}" if p.unpermute
+                                                        else "") + ")")
             want_rows += w.shape[0]
             want_numel += p.out_bytes // DTYPES[p.out_dtype].itemsize
             want_dst += p.out_bytes

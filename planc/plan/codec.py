@@ -1,4 +1,4 @@
-"""The plan codec: `ir.Plan` <-> plan file (JSON, format 7); `plancheck` checks every field on load.
+"""The plan codec: `ir.Plan` <-> plan file (JSON, format 8); `plancheck` checks every field on load.
 
 Encoding is compact and byte-identical for identical inputs: small records are JSON objects, the
 records a plan holds by the thousand (tensors, parts, inputs, runs, requests, copies, kernels,

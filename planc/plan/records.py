@@ -193,6 +193,9 @@ class Part(NamedTuple):
     # A constant added to every value of a `convert` part in float32 (the sum rounded to float32, then
     # to out_dtype; llama.cpp stores Gemma's RMSNorm weights plus one: `add: -1` takes it off); 0.0 else.
     add: float = 0.0
+    # A `gguf` part of a GGUF Llama q / k weight read whole: its kernel writes its rows in transformers'
+    # order (`planc.manifest.gguf_names.unpermute_rows`, heads of `unpermute` rows each); 0 else.
+    unpermute: int = 0
     dst_offset: int = -1  # in the arena (set by the schedule)
 
     @property
@@ -289,6 +292,7 @@ class Kernel(NamedTuple):
     more: tuple[int, ...] = ()  # further parts converted by the same launch, their bytes following part's
     format: str = ""  # the kernel's format (`planc.base.formats.FORMATS`), which its part's op and dtypes decide
     add: float = 0.0  # its parts' `add` (a launch converts parts of one add only)
+    unpermute: int = 0  # its parts' `unpermute` (rows per head written in transformers' order; 0: as read)
 
     @property
     def parts(self) -> tuple[int, ...]:

@@ -21,16 +21,19 @@ class Gguf(Format):
         dst = runs.regions.arena[k.dst_offset:k.dst_offset + k.numel * d_size]
         out = dst.view(np.uint32 if d_size == 4 else np.uint16)
         dequantize_gguf(src, out, runs.plan.parts[k.part].ggml, k.dst_dtype, k.numel, stream=runs.kstream,
-                        dev=runs.dev)
+                        dev=runs.dev, row=k.numel // k.rows if k.rows else 0, hd=k.unpermute)
 
     def host(self, p, bufs):
         from ...manifest.ggml_types import quant_type
+        from ...manifest.gguf_names import unpermute_rows
         from ..gguf_dequant import dequantize
 
         qt = quant_type(p.ggml)
         rows, row = p.inputs[0].shape
-        return dequantize(bufs[0], p.ggml, (rows, row // qt.block_bytes * qt.block), p.out_dtype).reshape(-1).view(
-            np.uint8)
+        out = dequantize(bufs[0], p.ggml, (rows, row // qt.block_bytes * qt.block), p.out_dtype)
+        if p.unpermute:  # a q / k weight's rows in transformers' order, head by head
+            out = unpermute_rows(out.reshape(rows, -1), rows // p.unpermute)
+        return out.reshape(-1).view(np.uint8)
 
     def warm_key(self, plan, k) -> tuple:
         return (plan.parts[k.part].ggml, k.dst_dtype)
