@@ -134,6 +134,12 @@ class TorchDevice:
         self.ring = self.ring_t.numpy()  # the same memory, for preadv
         self.ring.fill(1)  # touched before the clock
         self.stream = torch.cuda.Stream()
+        n = min(ring_bytes, 1 << 20)  # one small copy on the stream before the clock: first-use costs
+        d = torch.empty(n, dtype=torch.uint8, device="cuda")
+        with torch.cuda.stream(self.stream):
+            d.copy_(self.ring_t[:n], non_blocking=True)
+        self.stream.synchronize()
+        del d
         self.note = "ring pinned by torch (pin_memory=True)"
 
     def info(self) -> dict:

@@ -174,3 +174,118 @@ def test_the_loader_reference(rp, ckpt):
         pipe.close()
     peers = _module("peers")
     assert "reference" in peers.CEILINGS and "reference" in peers.ALL
+
+
+class _FakeTorch:
+    """The few torch calls TorchDevice makes, on numpy, copies done at once: it checks the calls and
+    their arguments as written against torch's names (torch itself is not here)."""
+
+    uint8 = np.uint8
+    __version__ = "fake"
+
+    class version:
+        cuda = "fake"
+
+    class Tensor:
+        def __init__(self, a, pinned=False, cuda=False):
+            self.a, self.pinned, self.cuda_ = a, pinned, cuda
+
+        def __getitem__(self, sl):
+            assert isinstance(sl, slice) and sl.step is None
+            return _FakeTorch.Tensor(self.a[sl], self.pinned, self.cuda_)
+
+        def numpy(self):
+            assert not self.cuda_
+            return self.a
+
+        def is_pinned(self):
+            return self.pinned
+
+        def copy_(self, src, non_blocking=False):
+            assert self.cuda_ and src.pinned and non_blocking and _FakeTorch.cuda.current is not None
+            assert self.a.shape == src.a.shape
+            self.a[:] = src.a
+            return self
+
+        def cpu(self):
+            return _FakeTorch.Tensor(self.a.copy())
+
+    @staticmethod
+    def empty(n, dtype=None, device=None, pin_memory=False):
+        assert dtype in (None, np.uint8) and device in (None, "cuda") and not (pin_memory and device)
+        return _FakeTorch.Tensor(np.zeros(n, dtype=np.uint8), pin_memory, device == "cuda")
+
+    class cuda:
+        current = None
+
+        @staticmethod
+        def is_available():
+            return True
+
+        @staticmethod
+        def init():
+            pass
+
+        @staticmethod
+        def get_device_name(i):
+            return "fake GPU"
+
+        @staticmethod
+        def synchronize():
+            pass
+
+        class Stream:
+            def synchronize(self):
+                pass
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.timing, self.t = enable_timing, None
+
+            def record(self, stream=None):
+                assert isinstance(stream, _FakeTorch.cuda.Stream)
+                import time
+                self.t = time.perf_counter()
+
+            def synchronize(self):
+                assert self.t is not None
+
+            def elapsed_time(self, other):
+                assert self.timing and other.timing
+                return (other.t - self.t) * 1e3
+
+        class stream:
+            def __init__(self, s):
+                assert isinstance(s, _FakeTorch.cuda.Stream)
+                self.s = s
+
+            def __enter__(self):
+                self.prev, _FakeTorch.cuda.current = _FakeTorch.cuda.current, self.s
+
+            def __exit__(self, *a):
+                _FakeTorch.cuda.current = self.prev
+
+
+def test_torch_calls_against_a_stand_in(rp, ckpt, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch)
+    monkeypatch.setenv("REFPIPE_SLOT", "4KiB")
+    monkeypatch.setenv("REFPIPE_SLOTS", "3")
+    files = rp.files_of([ckpt])
+    for mode in ("read", "copy", "both"):
+        pipe = rp.Pipeline(files, 4, 4096, 3, device="auto", mode=mode)
+        try:
+            assert pipe.dev.name == "torch"
+            r = pipe.run(mode, check=True)
+            assert r["ring_pinned"] and r["pinned_bytes"] == 3 * 4096 and r["device"] == "fake GPU"
+            if mode != "read":
+                assert r["ttfb_seconds"] >= 0
+            assert (pipe.verify() if mode == "both" else r if mode == "read" else {"verify": "ok"})["verify"] == "ok"
+        finally:
+            pipe.close()
+    pipe = rp.loader_setup(files)
+    try:
+        assert (pipe.slot, pipe.slots, pipe.threads) == (4096, 3, rp.THREADS)
+        r = rp.loader_run(files, pipe)
+        assert r["bytes"] == pipe.nbytes and pipe.verify()["verify"] == "ok"
+    finally:
+        pipe.close()
