@@ -185,6 +185,22 @@ def _plain(direct: bool, threads: int, slot: int = 64 << 20, nslots: int = 16):
     return run
 
 
+# -- the reference pipeline (bench/refpipe.py) -------------------------------------------------------
+def _reference_setup(files, spec):
+    """Outside the clock, as the pipeline's design has it: CUDA context, files opened, the pinned ring
+    allocated and touched, one event per slot (REFPIPE_THREADS / REFPIPE_SLOT / REFPIPE_SLOTS)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import refpipe
+
+    return refpipe.loader_setup(files, spec)
+
+
+def reference_run(files, pipe):
+    import refpipe
+
+    return refpipe.loader_run(files, pipe)
+
+
 # -- planc ---------------------------------------------------------------------------------------
 def _planc_setup(files, spec):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -225,6 +241,7 @@ LOADERS = {
     "pinned_copy": (pinned_copy, _torch_setup),
     "plain_warm": (_plain(False, 16), _torch_setup),
     "plain_direct": (_plain(True, 8), _torch_setup),
+    "reference": (reference_run, _reference_setup),
 }
 
 if __name__ == "__main__":

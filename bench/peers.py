@@ -29,8 +29,9 @@ from common import drop_page_cache, ensure_checkpoint, write_spec  # noqa: E402
 from planc.base.units import parse_bytes  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-ALL = ["pinned_copy", "plain_warm", "plain_direct", "planc", "st_load_file", "st_safe_open", "fastsafetensors",
-       "fastsafetensors_direct", "runai"]
+ALL = ["pinned_copy", "plain_warm", "reference", "plain_direct", "planc", "st_load_file", "st_safe_open",
+       "fastsafetensors", "fastsafetensors_direct", "runai"]
+CEILINGS = ("pinned_copy", "plain_warm", "reference", "plain_direct")  # not peers: what a load could reach
 CASES = {  # case -> (family, size divisor, planc rules, peers run?)
     "dense": ("dense", 1, "copy", True),
     "dense_fp16": ("dense", 1, "fp16", False),
@@ -87,12 +88,11 @@ def main() -> int:
             direct = "auto"
             spec = write_spec(ck, rules, direct=direct, name=f"{ck.name}.{rules}.yaml",
                               **{k: (int(v) if v.isdigit() else v) for k, v in io.items()})
-            loaders = [x for x in a.loaders.split(",") if peers or x in ("planc", "pinned_copy", "plain_warm",
-                                                                        "plain_direct")]
+            loaders = [x for x in a.loaders.split(",") if peers or x in CEILINGS + ("planc",)]
             if mode == "warm":
                 loaders = [x for x in loaders if x not in ("plain_direct", "fastsafetensors_direct")]
             else:
-                loaders = [x for x in loaders if x not in ("pinned_copy", "plain_warm")]
+                loaders = [x for x in loaders if x not in ("pinned_copy", "plain_warm", "reference")]
             results: dict = {}
             for rep in range(a.repeat):
                 for ld in loaders:
@@ -128,10 +128,10 @@ def summarize(case: str, mode: str, results: dict) -> None:
               flush=True)
     if "planc" in med:
         p = med["planc"][0]
-        for ref in ("pinned_copy", "plain_warm", "plain_direct"):
+        for ref in CEILINGS:
             if ref in med:
                 print(f"  planc / {ref} = {p / med[ref][0]:.2f}", flush=True)
-        peers = [v[0] for k, v in med.items() if k not in ("planc", "pinned_copy", "plain_warm", "plain_direct")]
+        peers = [v[0] for k, v in med.items() if k not in CEILINGS + ("planc",)]
         if peers:
             print(f"  planc / best peer = {p / max(peers):.2f}", flush=True)
 
