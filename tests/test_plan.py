@@ -69,7 +69,7 @@ def test_copies_without_merge_whole_plan(abcd):
                 "inputs": [{"role": "weight", "tensor": name, "file": f, "start": start, "nbytes": n, "dtype": "F32",
                             "shape": [n // 4], "seg": n, "stride": n, "count": 1}],
                 "offset_bytes": 0, "out_bytes": n, "out_dtype": "F32", "landing_bytes": 0, "host_bytes": 0, "block": 0,
-                "zero_bytes": 0, "ggml": "", "add": 0.0, "dst_offset": dst}
+                "zero_bytes": 0, "ggml": "", "add": 0.0, "unpermute": 0, "dst_offset": dst}
 
     def steps(i, name, start, n):
         return [{"id": f"read:{name}#0:weight", "kind": "read", "part": i, "host_bytes": 0, "device_bytes": 0,
@@ -130,7 +130,7 @@ def test_copies_without_merge_whole_plan(abcd):
     assert doc["fields"]["part"][:6] == ["tensor_index", "index", "op", "path", "reason_index", "inputs"]
     assert doc["reasons"] == ["pure copy into the final place"] and doc["sources"] == ["a", "c", "d"]
     assert doc["parts"][1] == [1, 0, "copy", "direct", 0, [["weight", 1, 0, ds + 5120, 2048, "F32", [512], 2048, 2048, 1]],
-                               0, 2048, "F32", 0, 0, 0, 0, "", 0.0, 4096]
+                               0, 2048, "F32", 0, 0, 0, 0, "", 0.0, 0, 4096]
     assert doc["runs"][0][1][0] == [0, 0, 4096, [[ds, "arena", 0, 4096 - ds, 1, 0]], False, -1, 1, 0, 1]
     assert "steps" not in doc and "totals" not in doc  # derived, not stored
 
@@ -225,7 +225,7 @@ def test_kernels_and_landing_regions(tmp_path):
     assert reqs(r1) == [(f, 4096, 4096, [(ds, "landing", 0, 2072)])]
     assert reqs(r2) == [(f, 4096, 4096, [(ds + 2072, "arena", 3096, 2024 - ds)]),
                         (f, 8192, 4096, [(0, "arena", 5120 - ds, ds + 2072)])]
-    k = dict(scale_offset=None, block=0, src_space="landing", more=[], format="float", add=0.0)
+    k = dict(scale_offset=None, block=0, src_space="landing", more=[], format="float", add=0.0, unpermute=0)
     assert r0["kernels"] == [dict(k, part=0, op="convert", src_dtype="F32", dst_dtype="F16", src_offset=0,
                                   dst_offset=0, numel=1024, rows=0, cols=0)]
     assert r1["kernels"] == [
@@ -262,7 +262,7 @@ def test_same_size_conversion_in_place(tmp_path):
     assert reqs(run) == [("m.safetensors", 0, 8192, [(ds, "arena", 0, 4096)])]
     assert run["kernels"] == [{"part": 0, "op": "convert", "src_dtype": "BF16", "dst_dtype": "F16",
                                "src_space": "arena", "src_offset": 0, "scale_offset": None, "dst_offset": 0,
-                               "numel": 2048, "rows": 0, "cols": 0, "block": 0, "more": [], "format": "float", "add": 0.0}]
+                               "numel": 2048, "rows": 0, "cols": 0, "block": 0, "more": [], "format": "float", "add": 0.0, "unpermute": 0}]
     assert d["layout"]["landing_region_bytes"] == [0, 0]
     assert d["parts"][0]["reason"] == "same-size conversion runs in place on the device"
 
@@ -280,7 +280,7 @@ def test_dequantize_lands_weight_and_scale(tmp_path):
     assert reqs(run) == [("m.safetensors", 0, 4096, [(ds, "landing", 0, 658)])]
     assert run["kernels"] == [{"part": 0, "op": "dequantize", "src_dtype": "F8_E4M3", "dst_dtype": "BF16",
                                "src_space": "landing", "src_offset": 8, "scale_offset": 0, "dst_offset": 0,
-                               "numel": 650, "rows": 130, "cols": 5, "block": 128, "more": [], "format": "fp8", "add": 0.0}]
+                               "numel": 650, "rows": 130, "cols": 5, "block": 128, "more": [], "format": "fp8", "add": 0.0, "unpermute": 0}]
     assert d["layout"] == {"arena_bytes": 1300, "landing_region_bytes": [658, 0], "ring_bytes": 4096, "staging_bytes": 0, "scatter_segments": 0, "zero": [], "map_bytes": 0}
     assert d["peak"] == {"host_bytes": 4096, "device_bytes": 1958}
     assert d["skipped"] == []
