@@ -268,9 +268,9 @@ def test_cli_run_json_verify(tmp_path, capsys, dense32):
 def test_kernels_launch_from_their_cubin_after_the_first_load(tmp_path, load, dense32):
     """The first load compiles through numba and writes each kernel's cubin; the second launches
     them through the driver (planc.execute.launch) and gives the same bits."""
-    from planc.execute import launch
+    from planc.execute import launch, seam
 
-    assert launch.enabled()
+    assert launch.enabled(seam.device())
     path, want = dense32
     spec = spec_file(tmp_path, path, FUSE_CONVERT, io=GPU_IO, host="1GiB")
     out = _fused_and_converted(want)

@@ -67,4 +67,6 @@ def test_grid_dims():
 
 
 def test_disabled_under_the_simulator():
-    assert not launch.enabled()
+    from planc.execute import seam
+
+    assert not launch.enabled(seam.device())

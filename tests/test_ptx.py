@@ -306,10 +306,10 @@ def test_a_stale_index_is_not_used(driver):
 
 
 def test_raw_launch_off_goes_through_numba(monkeypatch):
-    from planc.execute import launch
+    from planc.execute import launch, seam
 
     monkeypatch.setenv("PLANC_RAW_LAUNCH", "0")
-    assert not launch.enabled()
+    assert not launch.enabled(seam.device())
 
 
 def test_the_shipped_launches_are_the_formats_own():

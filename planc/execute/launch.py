@@ -49,13 +49,9 @@ _salt: str | None = None
 _COUNTS = ("kernels_from_shipped_cubin", "kernels_from_ptx", "kernels_from_cubin", "kernels_compiled")
 
 
-def enabled(dev=None) -> bool:
-    """Launch through the driver: on a device that loads kernel modules (a GPU, not the simulator;
-    `dev` None: the device in force), unless PLANC_RAW_LAUNCH=0."""
-    if dev is None:
-        from .seam import device
-
-        dev = device()
+def enabled(dev) -> bool:
+    """Launch through the driver: on a device that loads kernel modules (a GPU, not the simulator),
+    unless PLANC_RAW_LAUNCH=0."""
     return settings.raw_launch() and dev.loads_kernels
 
 
