@@ -289,3 +289,37 @@ def test_a_zero_or_absent_rate_is_null_not_a_division_by_zero(tmp_path):
     assert no_wall["measured_gb_per_s"] is None and no_wall["measured_over_ceiling"] is None
     assert no_wall["host_gb_per_s"] is not None and no_wall["ceiling"] == "host"
 
+
+def _run_json(capsys, spec) -> dict:
+    assert main(["run", str(spec), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_run_report_states_the_fraction_of_the_limit(capsys, tmp_path, monkeypatch):
+    write_st(tmp_path / "m.safetensors", {"w": np.ones((8, 32), np.float32)})
+    spec = _spec(tmp_path)
+    rep = _run_json(capsys, spec)
+    lim = rep["limits"]
+    _limits_are_typed(lim, measured=True)
+    assert lim["host_from"] == "default" and lim["probe_file"] is None
+    assert lim["measured_gb_per_s"] == rep["gb_per_s"]
+    assert lim["measured_over_link"] == pytest.approx(lim["measured_gb_per_s"] / lim["link_gb_per_s"])
+    assert lim["measured_over_host"] == pytest.approx(lim["measured_gb_per_s"] / lim["host_gb_per_s"])
+    assert lim["ceiling"] == "host"
+    assert lim["measured_over_ceiling"] == lim["measured_over_host"]
+    assert lim["predicted_gb_per_s"] == pytest.approx(rep["payload_bytes"] / rep["predicted"]["wall_warm_seconds"] / 1e9)
+    assert main(["explain", str(spec), "--json"]) == 0  # the same figures as explain's
+    ex = json.loads(capsys.readouterr().out)["limits"]
+    assert {k: lim[k] for k in ex} == pytest.approx(ex)
+
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 1e-11, "request_s": 1e-6}))
+    monkeypatch.setenv("PLANC_PROBE", str(probe))
+    lim = _run_json(capsys, spec)["limits"]
+    assert lim["host_from"] == "probe" and lim["probe_file"] == str(probe)
+    assert lim["host_gb_per_s"] == pytest.approx(100.0) and lim["ceiling"] == "link"
+    assert lim["measured_over_ceiling"] == lim["measured_over_link"]
+    assert main(["run", str(spec)]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "limits: measured " in flat and "of the link's 55.40 GB/s (built in), " in flat
+    assert "of the host's 100.00 GB/s (probe); predicted " in flat
