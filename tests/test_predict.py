@@ -201,3 +201,125 @@ def test_ranks_at_once_copy_their_mapped_segments_on_more_lanes(tmp_path):
     assert few > two  # four cores: the lanes of one rank, no faster copies
     alone = pr.predict_node(plans[:1])["terms"]["read_warm_seconds"]
     assert alone == pytest.approx(pr.predict(plans[0])["terms"]["read_warm_seconds"])
+
+
+# -- limits: the GB/s beside the host's and the link's rates -------------------------------------
+
+
+def _limits_are_typed(lim: dict, measured: bool) -> None:
+    keys = {"predicted_gb_per_s", "link_gb_per_s", "link_from", "host_gb_per_s", "host_from", "probe_file",
+            "ceiling", "ceiling_gb_per_s", "predicted_over_ceiling"}
+    if measured:
+        keys |= {"measured_gb_per_s", "measured_over_link", "measured_over_host", "measured_over_ceiling"}
+    assert set(lim) == keys
+    for k in keys - {"link_from", "host_from", "probe_file", "ceiling"}:
+        assert type(lim[k]) is float, (k, lim[k])
+    assert lim["link_from"] == "built-in" and lim["ceiling"] in ("host", "link")
+
+
+def test_explain_states_the_predicted_gbps_beside_the_default_limits(capsys, tmp_path):
+    from planc.plan.costs import DEFAULTS
+    from planc.plan.predict import FIXED, limits
+
+    plan = _plan(tmp_path, 256)
+    lim = limits(plan)
+    _limits_are_typed(lim, measured=False)
+    assert lim["host_from"] == "default" and lim["probe_file"] is None  # PLANC_PROBE=off here
+    assert lim["host_gb_per_s"] == pytest.approx(1e-9 / DEFAULTS.read_byte_s)  # whole requests only
+    assert lim["link_gb_per_s"] == pytest.approx(1e-9 / FIXED.link_byte_s)
+    assert lim["ceiling"] == "host" and lim["ceiling_gb_per_s"] == lim["host_gb_per_s"]  # 43.5 < 55.4 GB/s
+    assert lim["predicted_gb_per_s"] == pytest.approx(plan.totals.payload_bytes / predict(plan)["warm_seconds"] / 1e9)
+    assert lim["predicted_over_ceiling"] == pytest.approx(lim["predicted_gb_per_s"] / lim["ceiling_gb_per_s"])
+    assert 0 < lim["predicted_over_ceiling"] < 1
+
+    spec = tmp_path / "spec.yaml"
+    assert main(["explain", str(spec), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["limits"] == pytest.approx(lim)
+    assert main(["explain", str(spec)]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert (f"limits: predicted {lim['predicted_gb_per_s']:.2f} GB/s: {lim['predicted_over_ceiling']:.2f} of the "
+            f"host's 43.48 GB/s (default costs), ") in flat and "of the link's 55.40 GB/s (built in)" in flat
+
+
+def test_a_probe_file_gives_the_host_rate_and_says_so(tmp_path, monkeypatch):
+    """A probed host whose reads outrun the link: the link is the ceiling, the host's rate is the probe's."""
+    from planc.plan.predict import limits
+
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 1e-11, "request_s": 1e-6}))
+    monkeypatch.setenv("PLANC_PROBE", str(probe))
+    lim = limits(_plan(tmp_path, 256))
+    _limits_are_typed(lim, measured=False)
+    assert lim["host_from"] == "probe" and lim["probe_file"] == str(probe)
+    assert lim["host_gb_per_s"] == pytest.approx(100.0)  # 1 / read_byte_s
+    assert lim["ceiling"] == "link" and lim["ceiling_gb_per_s"] == lim["link_gb_per_s"] == pytest.approx(55.4)
+
+
+def test_the_host_rate_weighs_whole_and_mapped_reads_by_their_bytes(tmp_path, monkeypatch):
+    from planc.plan.predict import limits
+
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 2.5e-11, "request_s": 1e-6}))
+    monkeypatch.setenv("PLANC_PROBE", str(probe))
+    _, plans = _tp_plans(tmp_path, 4)
+    p = plans[0]
+    reqs = [q for r in p.runs for q in r.requests]
+    whole = sum(q.length for q in reqs if not q.strided)
+    mapped = sum(q.read_bytes for q in reqs if q.strided)
+    assert whole and mapped, "rank 0 reads a.w whole and b.w's slice through a mapping"
+    host = limits(p)["host_gb_per_s"]
+    assert host == pytest.approx((whole + mapped) / (whole * 2.5e-11 + mapped * 1e-10) / 1e9)
+    assert 10.0 < host < 40.0  # between the copy's and the read's rates
+
+
+def test_a_zero_or_absent_rate_is_null_not_a_division_by_zero(tmp_path):
+    import dataclasses
+
+    from planc.plan.predict import FIXED, limits
+
+    plan = _plan(tmp_path, 32)
+    lim = limits(dataclasses.replace(plan, costs=plan.costs._replace(read_byte_s=0.0)), wall=0.5,
+                 fixed=FIXED._replace(link_byte_s=0.0))
+    assert lim["host_gb_per_s"] is None and lim["link_gb_per_s"] is None
+    assert lim["ceiling"] is None and lim["ceiling_gb_per_s"] is None
+    assert lim["predicted_over_ceiling"] is None
+    assert lim["measured_over_link"] is None and lim["measured_over_host"] is None and lim["measured_over_ceiling"] is None
+    assert lim["measured_gb_per_s"] == pytest.approx(plan.totals.payload_bytes / 0.5 / 1e9)
+    no_wall = limits(plan, wall=0.0)
+    assert no_wall["measured_gb_per_s"] is None and no_wall["measured_over_ceiling"] is None
+    assert no_wall["host_gb_per_s"] is not None and no_wall["ceiling"] == "host"
+
+
+def _run_json(capsys, spec) -> dict:
+    assert main(["run", str(spec), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_run_report_states_the_fraction_of_the_limit(capsys, tmp_path, monkeypatch):
+    write_st(tmp_path / "m.safetensors", {"w": np.ones((8, 32), np.float32)})
+    spec = _spec(tmp_path)
+    rep = _run_json(capsys, spec)
+    lim = rep["limits"]
+    _limits_are_typed(lim, measured=True)
+    assert lim["host_from"] == "default" and lim["probe_file"] is None
+    assert lim["measured_gb_per_s"] == rep["gb_per_s"]
+    assert lim["measured_over_link"] == pytest.approx(lim["measured_gb_per_s"] / lim["link_gb_per_s"])
+    assert lim["measured_over_host"] == pytest.approx(lim["measured_gb_per_s"] / lim["host_gb_per_s"])
+    assert lim["ceiling"] == "host"
+    assert lim["measured_over_ceiling"] == lim["measured_over_host"]
+    assert lim["predicted_gb_per_s"] == pytest.approx(rep["payload_bytes"] / rep["predicted"]["wall_warm_seconds"] / 1e9)
+    assert main(["explain", str(spec), "--json"]) == 0  # the same figures as explain's
+    ex = json.loads(capsys.readouterr().out)["limits"]
+    assert {k: lim[k] for k in ex} == pytest.approx(ex)
+
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 1e-11, "request_s": 1e-6}))
+    monkeypatch.setenv("PLANC_PROBE", str(probe))
+    lim = _run_json(capsys, spec)["limits"]
+    assert lim["host_from"] == "probe" and lim["probe_file"] == str(probe)
+    assert lim["host_gb_per_s"] == pytest.approx(100.0) and lim["ceiling"] == "link"
+    assert lim["measured_over_ceiling"] == lim["measured_over_link"]
+    assert main(["run", str(spec)]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "limits: measured " in flat and "of the link's 55.40 GB/s (built in), " in flat
+    assert "of the host's 100.00 GB/s (probe); predicted " in flat

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from execute_support import SMALL_IO, spec_file, synth  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.execute.records import Count, DeviceMemory, HostMemory, Report  # noqa: E402
+from planc.execute.records import Count, DeviceMemory, HostMemory, Limits, Report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TYPES = {"simulator": bool, "device": str, "tensor_parallel": dict, "wall_seconds": float,
          "gb_per_s": (float, type(None)), "payload_bytes": int, "bytes_read": dict, "requests": dict,
          "copies": dict, "kernels": dict, "run_waits": int, "timings": dict, "kernel_code": dict,
-         "files": dict, "retries": int, "verify": dict, "digest": dict}
+         "files": dict, "retries": int, "verify": dict, "digest": dict, "limits": dict}
 
 
 def documented() -> list[str]:
@@ -54,7 +54,7 @@ def test_the_report_json_is_the_documented_contract(report):
     assert names, "docs/cli.md lost its report table"
     flat = set()
     for k, v in doc.items():
-        if k in ("host", "device_memory"):
+        if k in ("host", "device_memory", "limits"):
             flat |= {f"{k}.{sub}" for sub in v}
         else:
             flat.add(k)
@@ -72,12 +72,18 @@ def test_the_report_json_is_the_documented_contract(report):
         assert f"host.{f.name}" in names
     for f in dataclasses.fields(DeviceMemory):
         assert f"device_memory.{f.name}" in names
+    for f in dataclasses.fields(Limits):
+        assert f"limits.{f.name}" in names
+    lim = doc["limits"]
+    assert lim["measured_gb_per_s"] == doc["gb_per_s"] and lim["host_from"] == "default"
+    assert lim["measured_over_ceiling"] == pytest.approx(lim["measured_gb_per_s"] / lim["ceiling_gb_per_s"])
     assert all(isinstance(v, (int, float)) for v in doc["timings"].values())
 
 
 def test_the_report_is_typed_and_immutable(report):
     plan, rep, _ = report
     assert isinstance(rep, Report) and isinstance(rep.copies, Count) and isinstance(rep.host, HostMemory)
+    assert isinstance(rep.limits, Limits) and rep["limits"]["ceiling"] == rep.limits.ceiling
     assert rep.copies == Count(plan.totals.copies, rep.copies.issued) and rep["copies"] is rep.copies
     assert rep.host.predicted_peak_bytes == plan.peak.host_bytes == rep["host"]["predicted_peak_bytes"]
     with pytest.raises(dataclasses.FrozenInstanceError):

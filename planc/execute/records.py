@@ -108,6 +108,25 @@ class DeviceMemory(Record):
 
 
 @dataclass(frozen=True)
+class Limits(Record):
+    """The load's GB/s (payload bytes per second / 1e9) beside the rates the plan's figures hold
+    for the link and the host's reads (`planc.plan.predict.limits`); null where a rate is absent."""
+    predicted_gb_per_s: float | None
+    measured_gb_per_s: float | None
+    link_gb_per_s: float | None
+    link_from: str  # "built-in"
+    host_gb_per_s: float | None
+    host_from: str  # "probe" or "default"
+    probe_file: str | None
+    ceiling: str | None  # "link" or "host", the lower
+    ceiling_gb_per_s: float | None
+    predicted_over_ceiling: float | None
+    measured_over_link: float | None
+    measured_over_host: float | None
+    measured_over_ceiling: float | None
+
+
+@dataclass(frozen=True)
 class Report(Record):
     """What one load did, next to what its plan predicted."""
     OPTIONAL = ("verify", "digest")
@@ -130,6 +149,7 @@ class Report(Record):
     retries: int
     kernel_code: Mapping
     predicted: Mapping  # the plan's predicted wall beside the measured one (planc.plan.predict.beside)
+    limits: Limits
     verify: Mapping | None = None
     digest: Mapping | None = None  # the digest check (`planc.manifest.digestcheck.Verifier.summary`)
 
@@ -149,10 +169,11 @@ def build_report(plan, *, device: str, simulator: bool, counters: Mapping, timin
     dev_used = None
     if free_before is not None and free_alloc is not None:
         dev_used = free_before[0] - free_alloc[0]
-    from ..plan.predict import beside
+    from ..plan.predict import beside, limits
 
     return Report(
         predicted=beside(plan, wall),
+        limits=Limits(**limits(plan, wall)),
         simulator=simulator,
         device=device,
         tensor_parallel=plan.tensor_parallel._asdict(),

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from ..base.errors import printable
 from ..base.units import fmt_bytes
+from ..plan.explain import limits_text
 
 
 def render_report(rep: dict, console: Console) -> None:
@@ -35,6 +36,7 @@ def render_report(rep: dict, console: Console) -> None:
         fmt = fmt_bytes if k == "bytes_read" else str
         t.add_row(k.replace("_", " "), fmt(pred), fmt(meas) if meas is not None else "-")
     console.print(t)
+    console.print("limits: " + escape(printable(limits_text(rep["limits"]))))
     modes = {}
     for f, m in rep["files"].items():
         modes.setdefault(m["why"], []).append(f)

@@ -13,7 +13,7 @@ from .costs import DEFAULTS, ROWS_MARGIN, choose
 from ..base.errors import printable
 from .admission import dominant_step
 from .records import Plan
-from .predict import predict
+from .predict import limits, predict
 from ..base.units import fmt_bytes
 from .verifycost import verify_chunk, verify_host_bytes
 
@@ -69,6 +69,7 @@ def explain_doc(plan: Plan, node=None) -> dict:
                     for t in plan.tensors],
         "refusal": plan.refusal.as_dict() if plan.refusal else None,
         "predicted_time": predict(plan),
+        "limits": limits(plan),
         "checks": _checks(plan, node),
         "source": plan.note("source", "plan file"),
         "cache_entry": plan.note("cache_entry") or None,
@@ -113,6 +114,28 @@ def verdict_text(e: dict) -> str:
                     + (f"checked: {fmt_bytes(n['total_bytes'])} of {fmt_bytes(n['budget_bytes'])}" if n["checked"] else
                        f"not checked: {fmt_bytes(n['total_bytes'])} together, no budget.node_host"))
     return ("FITS" if e["fits"] else "REFUSED") + " (" + "; ".join(said) + ")"
+
+
+def limits_text(lim) -> str:
+    """The GB/s beside the limits, one line (plain text, no markup): `explain`'s `limits` (predicted
+    only) or a load report's (measured, then predicted)."""
+    rates = [(lim["host_gb_per_s"], "host", "probe" if lim["host_from"] == "probe" else "default costs"),
+             (lim["link_gb_per_s"], "link", "built in")]
+    rates = sorted((r for r in rates if r[0]), key=lambda r: r[0])  # the ceiling first
+
+    def against(gbps):
+        if gbps is None or not rates:
+            return ""
+        return ": " + ", ".join(f"{gbps / rate:.2f} of the {what}'s {rate:.2f} GB/s ({source})"
+                                for rate, what, source in rates)
+
+    pred = lim["predicted_gb_per_s"]
+    pred_s = "n/a" if pred is None else f"{pred:.2f} GB/s"
+    if "measured_gb_per_s" not in lim:
+        return f"predicted {pred_s}{against(pred)}"
+    meas = lim["measured_gb_per_s"]
+    meas_s = "n/a" if meas is None else f"{meas:.2f} GB/s"
+    return f"measured {meas_s}{against(meas)}; predicted {pred_s}"
 
 
 def _strided(plan: Plan) -> list:
@@ -202,6 +225,7 @@ def render(plan: Plan, console: Console, node=None) -> None:
     console.print(f"predicted wall: {pt['warm_seconds']:.3f} s warm, {pt['cold_seconds']:.3f} s cold (fixed "
                   f"{pt['terms']['fixed_seconds']:.3f} s, reads {pt['terms']['read_warm_seconds']:.3f} s warm, link "
                   f"{pt['terms']['link_seconds']:.3f} s); " + escape(printable(pt["note"])))
+    console.print("limits: " + escape(printable(limits_text(e["limits"]))))
     tp = Table(title="paths", show_edge=False)
     for c in ("path and reason", "parts", "bytes"):
         tp.add_column(c, justify="left" if c.startswith("path") else "right")

@@ -30,10 +30,15 @@ The read and disk figures are the plan's own (`plan.costs`: the `planc probe` fi
 with, or the built-in `DEFAULTS`); the link, host-conversion and fixed figures are built in
 (`FIXED`, measured on an H200 host, docs/benchmarks.md): `planc probe` does not measure them yet.
 The result says which figures came from where, and a plan compiled with default costs says so.
+
+`limits` puts the predicted (and a load's measured) GB/s beside the machine's limits the same
+figures hold: the link, and the host's rate of reading the plan's bytes out of the page cache
+(`read_byte_s` for whole requests, `copy_byte_s` for mapped segments), the lower the ceiling.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from .costs import DEFAULTS, MAP_LANES, PAGE
@@ -69,6 +74,7 @@ class _Reads(NamedTuple):
     plain_bytes: int  # bytes of whole requests and host-path inputs (what a cold load reads from disk)
     mapped_span_bytes: int  # bytes the mapped requests' spans cover
     lanes: int  # windows mapped at once (io.map_lanes, at most io.workers)
+    mapped_bytes: int  # segment bytes the mapped requests copy out of the page cache
 
 
 def _span(q) -> int:
@@ -77,7 +83,7 @@ def _span(q) -> int:
 
 def _reads(plan: Plan, c) -> _Reads:
     plain_s = copy_s = 0.0
-    n = pages = plain_bytes = span_bytes = 0
+    n = pages = plain_bytes = span_bytes = mapped_bytes = 0
     parts = plan.parts
     for r in plan.runs:
         ring = 0
@@ -87,6 +93,7 @@ def _reads(plan: Plan, c) -> _Reads:
             if q.strided:
                 pages += -(-_span(q) // PAGE) + 1
                 span_bytes += _span(q)
+                mapped_bytes += q.read_bytes
                 copy_s += q.read_bytes * c.copy_byte_s
             else:
                 plain_s += q.length * c.read_byte_s + c.request_s
@@ -98,7 +105,7 @@ def _reads(plan: Plan, c) -> _Reads:
         plain_bytes += host_in
         n += host_reads
     lanes = max(1, min(plan.io.map_lanes or MAP_LANES, plan.io.workers or 1))
-    return _Reads(plain_s, pages, copy_s, n, plain_bytes, span_bytes, lanes)
+    return _Reads(plain_s, pages, copy_s, n, plain_bytes, span_bytes, lanes, mapped_bytes)
 
 
 def _warm(rd: _Reads, fixed: Fixed, lanes: int, c, copy_speedup: float = 1.0) -> float:
@@ -202,3 +209,44 @@ def beside(plan: Plan, wall: float | None) -> dict:
     return {"wall_warm_seconds": p["warm_seconds"], "wall_cold_seconds": p["cold_seconds"],
             "measured_over_warm": (wall / p["warm_seconds"]) if wall and p["warm_seconds"] > 0 else None,
             "figures": p["figures"], "default_costs": p["default_costs"]}
+
+
+def _gbps(nbytes: float, seconds: float | None) -> float | None:
+    """`nbytes` per `seconds` in GB/s; None where there is no rate (no time, or not finite)."""
+    if not seconds or not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return nbytes / seconds / 1e9
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def limits(plan: Plan, wall: float | None = None, fixed: Fixed = FIXED) -> dict:
+    """The plan's predicted GB/s (and, given a load's measured `wall`, the measured GB/s) beside
+    the limits its figures hold (JSON-ready; the report's and `explain`'s `limits`):
+    - the link: payload bytes at `link_byte_s` (built in: `planc probe` does not measure it);
+    - the host: the bytes the plan reads out of the page cache, whole requests and host-path
+      inputs at the plan's `read_byte_s`, mapped segments at its `copy_byte_s` (`planc probe`'s
+      when it was compiled with them, else the defaults);
+    the ceiling is the lower of the two. A rate that is absent or zero is None, and so is every
+    fraction of it."""
+    c = plan.costs or DEFAULTS
+    rd = _reads(plan, c)
+    payload = plan.totals.payload_bytes
+    host_bytes = rd.plain_bytes + rd.mapped_bytes
+    link = _gbps(1, fixed.link_byte_s)
+    host = _gbps(host_bytes, rd.plain_bytes * c.read_byte_s + rd.mapped_bytes * c.copy_byte_s)
+    named = [(r, k) for r, k in ((link, "link"), (host, "host")) if r is not None]
+    ceiling, which = min(named) if named else (None, None)
+    predicted = _gbps(payload, predict(plan, fixed)["warm_seconds"])
+    probed = c.source != "default"
+    doc = {"predicted_gb_per_s": predicted, "link_gb_per_s": link, "link_from": "built-in",
+           "host_gb_per_s": host, "host_from": "probe" if probed else "default",
+           "probe_file": c.source if probed else None, "ceiling": which, "ceiling_gb_per_s": ceiling,
+           "predicted_over_ceiling": _over(predicted, ceiling)}
+    if wall is None:
+        return doc
+    measured = _gbps(payload, wall)
+    return {**doc, "measured_gb_per_s": measured, "measured_over_link": _over(measured, link),
+            "measured_over_host": _over(measured, host), "measured_over_ceiling": _over(measured, ceiling)}
