@@ -3,6 +3,7 @@ atomic writes from concurrent processes; off when PLANC_PLAN_CACHE=off."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -101,6 +102,31 @@ def test_miss_when_the_version_differs(cache, ckpt, monkeypatch):
     monkeypatch.setattr(planc, "__version__", "9.9.9")
     assert cached_compile(path).note("source") == "compiled"
     assert len(entries(cache)) == 2
+
+
+def test_miss_when_the_compiler_code_differs(cache, ckpt, monkeypatch):
+    """A plan compiled by other code of the same version (an edited checkout) is another entry."""
+    from planc.compiler import plancache
+
+    path = _spec(ckpt)
+    cached_compile(path)
+    assert cached_compile(path).note("source") == "cache"
+    monkeypatch.setattr(plancache, "_code", ["0" * 64])
+    assert cached_compile(path).note("source") == "compiled"
+    assert len(entries(cache)) == 2
+
+
+def test_the_code_digest_covers_the_compiler_source():
+    from planc.compiler import plancache
+
+    d = plancache.code_digest()
+    assert len(d) == 64 and d == plancache.code_digest()
+    root = Path(plancache.__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for sub in ("base", "compiler", "manifest", "plan", "spec"):
+        for f in sorted((root / sub).rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    assert h.hexdigest() == d
 
 
 def test_miss_when_the_rank_differs(cache, ckpt):

@@ -3,7 +3,9 @@
 A compiled plan is kept as a plan file under the cache folder (`settings.plan_cache_dir`:
 PLANC_PLAN_CACHE, default ~/.cache/planc/plans; `off` turns it off), named by the sha256 of its
 keys: the spec's text and path, the checkpoint's path and its own stat (a file added to a folder
-of shards changes the folder's), the planc version and plan format, the target (rank, device,
+of shards changes the folder's), the planc version and plan format, a digest of the source of the
+code a plan follows from (`code_digest`: the compiler, the plan, the spec, the manifest readers and
+their base; a change of that code within one version is a miss), the target (rank, device,
 the resolved device budget) and the cost figures compile would choose read methods by. A hit is
 an entry that decodes through every check any plan file passes (`plan.decode`) and whose recorded
 planc version, rank, spec digest, checkpoint path, device, device budget, costs and file
@@ -39,13 +41,33 @@ def _stamp(path: str) -> list:
     return [path, st.st_size, st.st_mtime_ns, st.st_ino]
 
 
+# The packages whose code decides what a spec compiles to.
+_PLAN_CODE = ("base", "compiler", "manifest", "plan", "spec")
+_code: list = []
+
+
+def code_digest() -> str:
+    """The sha256 of the source of every module of `_PLAN_CODE` (paths and bytes, in path order),
+    worked out once a process: the plans of one version compiled by other code are other entries."""
+    if not _code:
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for sub in _PLAN_CODE:
+            for f in sorted((root / sub).rglob("*.py")):
+                h.update(str(f.relative_to(root)).encode() + b"\0")
+                h.update(f.read_bytes())
+        _code.append(h.hexdigest())
+    return _code[0]
+
+
 def cache_key(loaded, rank: int, costs, device_budget) -> str:
-    """The entry's name: the sha256 of every key (spec, checkpoint, version, target, costs)."""
+    """The entry's name: the sha256 of every key (spec, checkpoint, version, code, target, costs)."""
     import planc
 
     from ..plan.check import FORMAT
 
-    doc = {"planc": planc.__version__, "format": FORMAT, "spec": [os.path.abspath(loaded.path), loaded.text_sha256],
+    doc = {"planc": planc.__version__, "format": FORMAT, "code": code_digest(),
+           "spec": [os.path.abspath(loaded.path), loaded.text_sha256],
            "checkpoint": _stamp(loaded.checkpoint_path), "rank": rank, "device": loaded.spec.device,
            "device_budget": list(device_budget), "costs": list(costs)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
