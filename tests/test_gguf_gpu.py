@@ -70,8 +70,8 @@ def test_dequant_bit_exact_on_the_gpu(qtype, raw_launch, monkeypatch):
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
 def test_shipped_llama_spec_on_the_gpu(tmp_path, quant):
     """specs/transformers-llama-gguf.yaml on a one-layer Llama GGUF, dequantized to bfloat16 on the
-    GPU: q / k rows read as plain requests and their head halves dequantized by shared kernels;
-    every tensor bit for bit against the `gguf` package's dequantization (q / k unpermuted), the
+    GPU: q / k each one part read whole, dequantized by one shared kernel that writes their rows in
+    transformers' order (no 2-D copy); every tensor bit for bit against the `gguf` package's dequantization (q / k unpermuted), the
     requests, copies and kernels as planned, `--verify`'s host check passing."""
     import ml_dtypes
     import yaml
@@ -88,7 +88,11 @@ def test_shipped_llama_spec_on_the_gpu(tmp_path, quant):
     models = []
     try:
         plan, model = load_checked(spec, models)
-        assert sum(len(r.kernels) for r in plan.runs) < sum(1 for p in plan.parts if p.op == "gguf")  # shared
+        qk = [p for p in plan.parts if p.unpermute]
+        assert len(qk) == 2 and all(p.op == "gguf" and len(p.inputs) == 1 and p.inputs[0].count == 1 for p in qk)
+        kernels = [k for r in plan.runs for k in r.kernels if k.unpermute]
+        assert [sorted(k.parts) for k in kernels] == [sorted(p.id for p in qk)]  # one launch for q and k
+        assert all(c.rows == 1 for r in plan.runs for q in r.requests for c in q.copies)
         for name, (gguf_name, want) in gguf_llama_want(res.path).items():
             assert model[name].to_host().tobytes() == want.astype(ml_dtypes.bfloat16).tobytes(), gguf_name
     finally:
