@@ -1,10 +1,13 @@
 """GGUF loads on the GPU: dequantized against planc's plain copy, and against transformers' GGUF load.
 
     python3 bench/gguf.py DATA OUT [--size 15GiB] [--repeat 3] [--quants Q8_0,Q4_K_M]
-                                   [--handoff small|tiny|none] [--handoff-repeat 3]
+                                   [--handoff small|tiny|none] [--handoff-repeat 3] [--hidden 4096]
 
 1. Loads. For each quantization, a Llama-shaped GGUF of about --size written once under DATA by
-   planc's synth (`planc.tools.synth_gguf.write_gguf`; --size 0: the tiny 2-layer file), loaded in
+   planc's synth (`planc.tools.synth_gguf.write_gguf`; --size 0: the tiny 2-layer file; the largest
+   preset of which 8 layers fit --size, or with --hidden the preset of that width for every type, so
+   that the types compare on one shape: at 2 GiB Q6_K and Q8_0 fit 8 layers of hidden 2048 only, and
+   are written as 43-56 such layers), loaded in
    fresh `planc run SPEC --json` processes, page cache warm, alternating order, --repeat times:
    `dequant`, the shipped spec's rules (`specs/transformers-llama-gguf.yaml`: renamed, q/k rows
    unpermuted, every tensor dequantized to bfloat16 on the device), and `copy`, the same file with
@@ -72,14 +75,14 @@ HANDOFF = {  # hidden, layers, heads, kv heads, intermediate, vocab
 }
 
 
-def checkpoint(data: Path, quant: str, size: int) -> Path:
+def checkpoint(data: Path, quant: str, size: int, hidden: int | None = None) -> Path:
     from planc.tools.synth_gguf import write_gguf
 
-    d = data / f"gguf-{quant}-{size >> 20}MiB"
+    d = data / (f"gguf-{quant}-{size >> 20}MiB" + (f"-h{hidden}" if hidden else ""))
     if not (d / ".complete").exists():
         if (d / "model.gguf").exists():
             (d / "model.gguf").unlink()
-        write_gguf(d, quant=quant, size_bytes=size or None)  # --size 0: the tiny 2-layer file
+        write_gguf(d, quant=quant, size_bytes=size or None, hidden=hidden)  # --size 0: the tiny 2-layer file
         (d / ".complete").write_text("ok\n")
     return d / "model.gguf"
 
@@ -264,6 +267,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                     help="also load the dequant spec with these io settings (e.g. rows:strided=rows)")
     ap.add_argument("--flat", action="store_true", help="also load the dequant spec without unpermute (dequant_flat)")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help="every file of the preset of this width (4096: Llama-3-8B-like), its layers fitting --size; "
+                         "default: the largest preset of which 8 layers fit")
     a = ap.parse_args(argv)
     try:
         a.variants = {n: dict(kv.split("=", 1) for kv in rest.split(",") if kv)
@@ -285,7 +291,7 @@ def main(argv=None) -> int:
     size = parse_bytes(a.size) if a.size not in ("0", "") else 0
     for quant in [q for q in a.quants.split(",") if q]:
         t0 = time.time()
-        path = checkpoint(a.data, quant, size)
+        path = checkpoint(a.data, quant, size, a.hidden)
         print(f"{quant}: {path.stat().st_size / 2**30:.2f} GiB file ready in {time.time() - t0:.1f} s", flush=True)
         r = loads(quant, path, a.repeat, a.on, a.variants, a.flat)
         result["loads"].append(r)

@@ -28,6 +28,22 @@ def test_type_table_matches_gguf():
         assert (ours.block, ours.block_bytes) == gguf.GGML_QUANT_SIZES[t], t.name
 
 
+def test_synth_takes_the_preset_of_a_width(tmp_path):
+    """`hidden` picks the preset of that width (its layers fitting the size); an unknown width is refused."""
+    from planc.tools.synth_gguf import _choose, gguf_layout
+
+    d, n = _choose("Q6_K", 2 << 30, None, 4096)
+    assert d.hidden == 4096 and n >= 1
+    size = sum(t.nbytes for t in gguf_layout("Q6_K", d, n))
+    per = size - sum(t.nbytes for t in gguf_layout("Q6_K", d, n - 1))
+    assert abs(size - (2 << 30)) <= per  # the layers that come nearest the size
+    assert _choose("Q6_K", 2 << 30, None)[0].hidden == 2048  # without it, the largest of which 8 layers fit
+    r = write_gguf(tmp_path / "a", quant="Q8_0", layers=1, hidden=1024)
+    assert r.dims.hidden == 1024 and r.layers == 1
+    with pytest.raises(ValueError, match="no preset of hidden size 3000"):
+        write_gguf(tmp_path / "b", quant="Q8_0", layers=1, hidden=3000)
+
+
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M", "Q4_0", "Q6_K", "F16", "BF16", "F32"])
 def test_reader_matches_gguf_reader(tmp_path, quant):
     r = write_gguf(tmp_path, quant=quant, layers=2)

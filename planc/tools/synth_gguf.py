@@ -112,13 +112,23 @@ def gguf_layout(quant: str, d: GGUFDims, layers: int) -> list[GGUFTensor]:
     return out
 
 
-def _choose(quant: str, size_bytes: int | None, layers: int | None) -> tuple[GGUFDims, int]:
-    if size_bytes is None:
+def _choose(quant: str, size_bytes: int | None, layers: int | None, hidden: int | None = None) -> tuple[GGUFDims, int]:
+    """The preset (the largest whose 8 layers fit `size_bytes`, or the one of width `hidden`) and the
+    layers that make about `size_bytes`."""
+    if hidden is not None:
+        best = next((p for p in _PRESETS if p.hidden == hidden), None)
+        if best is None:
+            raise ValueError(f"no preset of hidden size {hidden}; expected one of "
+                             f"{', '.join(str(p.hidden) for p in _PRESETS)}")
+        if size_bytes is None:
+            return best, layers or 2
+    elif size_bytes is None:
         return _PRESETS[0], layers or 2
-    best = _PRESETS[0]
-    for p in _PRESETS:
-        if sum(t.nbytes for t in gguf_layout(quant, p, 8)) <= size_bytes:
-            best = p
+    else:
+        best = _PRESETS[0]
+        for p in _PRESETS:
+            if sum(t.nbytes for t in gguf_layout(quant, p, 8)) <= size_bytes:
+                best = p
     if layers is None:
         fixed = sum(t.nbytes for t in gguf_layout(quant, best, 0))
         per = sum(t.nbytes for t in gguf_layout(quant, best, 1)) - fixed
@@ -197,16 +207,17 @@ class GGUFResult:
 
 def write_gguf(out_dir: str | os.PathLike, *, quant: str = "Q8_0", size_bytes: int | None = None,
                layers: int | None = None, seed: int = 0, context_length: int = 4096,
-               dims: GGUFDims | None = None) -> GGUFResult:
+               dims: GGUFDims | None = None, hidden: int | None = None) -> GGUFResult:
     """Write `model.gguf` into `out_dir` (created if missing): a Llama-shaped model of `quant` weights
-    (`dims`: the model's widths, else a preset `size_bytes` picks)."""
+    (`dims`: the model's widths, else the preset of width `hidden`, else the largest preset of
+    which 8 layers fit `size_bytes`), of about `size_bytes` where given."""
     import gguf
 
     if quant not in QUANTS:
         raise ValueError(f"unknown GGUF quantization {quant!r}; expected one of {', '.join(QUANTS)}")
     if layers is not None and layers < 1:
         raise ValueError(f"layers must be at least 1, got {layers}")
-    d, n = _choose(quant, size_bytes, layers)
+    d, n = _choose(quant, size_bytes, layers, hidden)
     if dims is not None:
         d, n = dims, layers or 2
     specs = gguf_layout(quant, d, n)
