@@ -291,8 +291,8 @@ def test_an_unpermuted_gguf_tensor_is_one_part_one_plain_read_and_its_kernel_say
     (lambda p, k, v: p.__setitem__(15, -2), r"parts\[\d+\]\.unpermute"),
     (lambda p, k, v: p.__setitem__(15, "2"), r"parts\[\d+\]\.unpermute"),
     (lambda p, k, v: p.__setitem__(15, 1 << 20), r"parts\[\d+\]\.unpermute"),
-    (lambda p, k, v: v.__setitem__(15, 2), r"kernels\[\d+\]: does not match part .*heads of 2"),  # v: rows as stored
-    (lambda p, k, v: k.__setitem__(15, 0), r"kernels\[\d+\]: does not match part"),  # the kernel no longer unpermutes
+    (lambda p, k, v: v.__setitem__(15, 2), r"kernels\[\d+\]\.unpermute: is 0, but part \d+'s is 2"),  # v: as stored
+    (lambda p, k, v: k.__setitem__(15, 0), r"kernels\[\d+\]\.unpermute: is 0, but part \d+'s is"),  # no longer unpermutes
 ])
 def test_a_plan_whose_unpermute_was_edited_is_refused(tmp_path, edit, field):
     doc = _unpermute_plan(tmp_path)

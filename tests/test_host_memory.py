@@ -264,20 +264,28 @@ def test_gguf_host_dequantize_holds_its_output_and_one_chunk(qtype):
     assert peak <= out.nbytes + CHUNK_VALUES * SCRATCH_PER_VALUE, peak
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
-def test_gguf_host_part_and_its_verify_hold_what_they_count(tmp_path, quant):
+@pytest.mark.parametrize("quant,unpermute", [("Q8_0", False), ("Q4_K_M", False), ("Q8_0", True)])
+def test_gguf_host_part_and_its_verify_hold_what_they_count(tmp_path, quant, unpermute):
     """A GGUF file's quantized tensors dequantized `on: host` in a plan: each part's transform holds at
     most its counted bytes beyond its reads; `--verify` of them (whole rows of blocks, a chunk at a
-    time under a small budget) at most what `verifycost` predicts."""
+    time under a small budget) at most what `verifycost` predicts. With q / k unpermuted (a model of
+    hidden 1024: heads of 64 rows of 1,088 bytes, more than the 64 KiB chunk holds) the host
+    reference writes the rows in transformers' order with no second output, and `--verify` reads
+    whole heads."""
     from planc.execute import execute
     from planc.execute.hostpath import _host_transform
     from planc.execute.verify import verify_model
     from planc.tools.synth_gguf import write_gguf
 
-    res = write_gguf(tmp_path / "ck", quant=quant, layers=1)
-    plan = compile_spec(_spec(tmp_path, res.path, [{"match": "*", "dtype": "float32", "on": "host"}], host="16MiB"))
+    res = write_gguf(tmp_path / "ck", quant=quant, layers=1, hidden=1024 if unpermute else None)
+    rules = [{"match": "*", "dtype": "float32", "on": "host"}]
+    if unpermute:
+        rules = [{"match": f"blk.0.attn_{x}.weight", "dtype": "float32", "on": "host", "unpermute": True}
+                 for x in "qk"] + [{"match": "*", "skip": True}]
+    plan = compile_spec(_spec(tmp_path, res.path, rules, host="16MiB"))
     hosts = [p for p in plan.parts if p.op == "gguf" and p.out_bytes // 4 > CHUNK_VALUES]
     assert plan.fits and hosts
+    assert any(p.unpermute for p in hosts) == unpermute
     for p in hosts:
         out, peak = _peak(_host_transform, p, _bufs(plan.checkpoint.root, p))
         assert len(out) == p.out_bytes

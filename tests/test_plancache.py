@@ -125,8 +125,30 @@ def test_the_code_digest_covers_the_compiler_source():
     h = hashlib.sha256()
     for sub in ("base", "compiler", "manifest", "plan", "spec"):
         for f in sorted((root / sub).rglob("*.py")):
-            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+            if not f.name.startswith("."):
+                h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     assert h.hexdigest() == d
+
+
+def test_the_code_digest_skips_what_is_not_a_source_file(tmp_path, monkeypatch):
+    """An editor's lock file (a dangling link named .#bind.py) or a folder named x.py is no source:
+    the digest is that of the sources, and a compile goes on."""
+    import shutil
+
+    from planc.compiler import plancache
+
+    root = Path(plancache.__file__).resolve().parent.parent
+    copy = tmp_path / "planc"
+    for sub in ("base", "compiler", "manifest", "plan", "spec"):
+        shutil.copytree(root / sub, copy / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    fake = copy / "compiler" / "plancache.py"
+    monkeypatch.setattr(plancache, "__file__", str(fake))
+    monkeypatch.setattr(plancache, "_code", [])
+    clean = plancache.code_digest()
+    (copy / "compiler" / ".#bind.py").symlink_to(tmp_path / "nowhere")
+    (copy / "plan" / "x.py").mkdir()
+    monkeypatch.setattr(plancache, "_code", [])
+    assert plancache.code_digest() == clean
 
 
 def test_miss_when_the_rank_differs(cache, ckpt):

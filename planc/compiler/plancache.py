@@ -54,8 +54,13 @@ def code_digest() -> str:
         h = hashlib.sha256()
         for sub in _PLAN_CODE:
             for f in sorted((root / sub).rglob("*.py")):
+                if f.name.startswith(".") or not f.is_file():  # an editor's lock link, a folder named *.py
+                    continue
                 h.update(str(f.relative_to(root)).encode() + b"\0")
-                h.update(f.read_bytes())
+                try:
+                    h.update(f.read_bytes())
+                except OSError as e:  # unreadable: its name and why stand for it
+                    h.update(f"<{type(e).__name__}>".encode())
         _code.append(h.hexdigest())
     return _code[0]
 

@@ -320,12 +320,12 @@ def _piece(q: int, hi: int, row: int, seg: int, space: str, dst: int) -> Copy:
 
 def _merged(kernels: list, ggml: dict | None = None) -> tuple[Kernel, ...]:
     """Conversions whose sources and destinations lie end to end become one kernel (a stack of
-    experts converted on load: one launch per stacked tensor and run, not one per expert); so do
-    GGUF dequantizations of one GGML type and row width (`ggml`: part -> type) whose blocks lie end
-    to end in the landing region and whose values lie end to end in the arena (the head halves of
-    an F16 q / k weight read in transformers' row order: one launch per tensor, not one per half).
-    Joined kernels share their `unpermute`: each part's rows are whole heads, so the rows of the
-    joined kernel permute as each part's do.
+    experts converted on load, or the head halves of an F16 q / k weight read in transformers' row
+    order: one launch per tensor and run, not one per part); so do GGUF dequantizations of one GGML
+    type and row width (`ggml`: part -> type) whose blocks lie end to end in the landing region and
+    whose values lie end to end in the arena (a layer's q and k: one launch). Joined kernels share
+    their `unpermute`: each part's rows are whole heads, so the rows of the joined kernel permute as
+    each part's do.
 
     A run's kernels start once all its copies are done and write disjoint arena ranges, so their
     order within the run is free: kernels are sorted by source offset and neighbours joined."""

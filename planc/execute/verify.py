@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from ..base.dtypes import DTYPES
-from ..plan.verifycost import verify_chunk, verify_host_bytes
+from ..plan.verifycost import gguf_rows, verify_chunk, verify_host_bytes
 from . import fp4ref
 from .refconv import convert_host, dequantize_fp8_host, transpose_host
 
@@ -84,9 +84,7 @@ def _verify_part(root: str, p, arena, chunk: int) -> tuple[bool, int]:
         from .hostpath import gguf_host
 
         rows, row = w.shape
-        step = max(1, chunk // max(1, row))
-        if p.unpermute:  # whole heads: a head's rows are unpermuted among themselves
-            step = max(1, step // p.unpermute) * p.unpermute
+        step = gguf_rows(p, chunk)  # whole heads where the part unpermutes
         out_row = p.out_bytes // rows
         for r0 in range(0, rows, step):
             n = min(step, rows - r0)

@@ -881,6 +881,9 @@ class _Checker:
             w = p.inputs[0]
             if p.op != "gguf" or p.path != "direct":
                 raise _bad(at(".part"), f"part {q} is not a direct-path gguf part")
+            if unpermute != p.unpermute:
+                raise _bad(at(".unpermute"), f"is {unpermute:,}, but part {q}'s is {p.unpermute:,} (rows per head "
+                                             f"written in transformers' order; 0: as stored)")
             if (src_dtype, dst_dtype, want_dst, block, cols, p.ggml, unpermute) != (
                     w.dtype, p.out_dtype, p.dst_offset, p.block, w.shape[1], parts[pid].ggml, p.unpermute):
                 raise _bad(at(), f"does not match part {q} ({p.ggml} blocks {list(w.shape)} -> {p.out_dtype} at arena "

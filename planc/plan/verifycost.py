@@ -25,6 +25,17 @@ def verify_chunk(plan) -> int:
     return max(MIN_CHUNK, min(MAX_CHUNK, plan.budget.host_bytes // 8))
 
 
+def gguf_rows(p, chunk: int) -> int:
+    """The rows of blocks one verification step of gguf part `p` reads: as many whole rows as `chunk`
+    bytes hold (at least one), whole heads where the part unpermutes (a head's rows move among
+    themselves), at most the part's."""
+    rows, row = p.inputs[0].shape
+    n = max(1, chunk // max(1, row))
+    if p.unpermute:
+        n = max(1, n // p.unpermute) * p.unpermute
+    return min(rows, n)
+
+
 def part_bytes(p, chunk: int) -> int:
     """Host bytes the verification of part `p` holds at most with reads of `chunk` bytes."""
     w = p.inputs[0]
@@ -40,9 +51,8 @@ def part_bytes(p, chunk: int) -> int:
     reads = sum(i.nbytes for i in p.inputs)
     if p.op == "gguf":  # whole rows of blocks at a time, dequantized by the host reference
         rows, row = w.shape
-        band = min(w.nbytes, max(row, chunk // max(1, row) * row))
-        out = band // max(1, row) * (p.out_bytes // max(1, rows))
-        return max(band + 3 * out + scratch, zero)
+        n = gguf_rows(p, chunk)
+        return max(n * row + 3 * n * (p.out_bytes // max(1, rows)) + scratch, zero)
     if p.op == "dequantize" and len(p.inputs) == 2 and len(w.shape) == 2 and w.dtype.startswith("F8"):
         rows, cols = w.shape
         band = min(w.nbytes, max(min(cols, chunk), chunk // max(1, cols) * cols))
