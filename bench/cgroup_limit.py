@@ -23,7 +23,7 @@ oom_kill stays 0. A JSON summary per case is printed and all of them are written
 exit status is 0 when every case met its expectation, 1 when one did not, 2 when no cgroup could be
 made (the reason is printed and written).
 
-How planc sees the limit (planc/execute/memory.py): live room = min(MemAvailable, memory.max -
+How planc sees the limit (planc/execute/device/memory.py): live room = min(MemAvailable, memory.max -
 memory.current + inactive_file) - reserve, the reserve being $PLANC_HOST_RESERVE (256 MiB by
 default; this script sets it explicitly). `execute` refuses the plan before allocating when the
 plan's host peak exceeds the live room, and a host-path run whose host bytes exceed it once the

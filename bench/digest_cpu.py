@@ -6,7 +6,7 @@ Writes the dense checkpoint (`planc synth --family dense`, once under DATA), com
 spec of bench/reload.py (16 MiB slots, `--workers` readers), writes its digest and warms the page
 cache. Then it replays the plan's requests as the pipeline issues them (plan order, a pool of
 `--workers` threads, each request into its ring slot, a slot reused only once its previous read
-is done) through the real `planc.execute.reader.Reader`, with no device:
+is done) through the real `planc.execute.io.reader.Reader`, with no device:
 
 - `plain`: the reader alone;
 - `digest`: the reader wrapped as `planc.execute` wraps it for `verify="digest"`
@@ -122,7 +122,7 @@ def run_mode(mode: str, plan, digest, ring, workers: int, piece: int) -> dict:
 
     import xxhash
 
-    from planc.execute.reader import Reader
+    from planc.execute.io.reader import Reader
 
     reader = Reader(plan.checkpoint.root, "off", map_window=plan.io.map_window_bytes, map_lanes=plan.io.map_lanes)
     for f in plan.checkpoint.files:
@@ -132,7 +132,7 @@ def run_mode(mode: str, plan, digest, ring, workers: int, piece: int) -> dict:
         if mode == "plain":
             wall = _replay(plan, ring, lambda b, q: reader.read_into(q.file, q.offset, q.length, b, q.needed), workers)
         elif mode == "digest":
-            from planc.execute.digestread import DigestReader
+            from planc.execute.io.digestread import DigestReader
             from planc.manifest.digestcheck import Verifier
 
             timed = _Timed(reader)

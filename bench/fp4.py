@@ -12,8 +12,8 @@
    prediction.
 2. Kernels alone. Each FP4 tensor of the checkpoint on the device, timed with CUDA events after a
    warm-up: the dequantization (as the spec does it: gpt-oss transposed) against a device copy of
-   the stored bytes (`copy` of `planc.execute.kernels`). The first tensor of each is checked bit
-   for bit against `planc.execute.fp4ref`.
+   the stored bytes (`copy` of `planc.execute.kernels.kernels`). The first tensor of each is checked bit
+   for bit against `planc.execute.kernels.fp4ref`.
 3. Hand-off (unless --no-handoff). A gpt-oss-shaped model (small config, random MXFP4 experts,
    `planc.tools.synth_fp4.write_gpt_oss`) loaded by `transformers` (`from_pretrained` with
    `Mxfp4Config(dequantize=True)`) and by `planc.load_into` into a meta-device `GptOssForCausalLM`
@@ -102,9 +102,10 @@ def kernels_alone(fam: str, ckpt: Path) -> dict:
     from numba import cuda
 
     from planc.base import fp4
-    from planc.execute import fp4ref
-    from planc.execute.fp4_dispatch import dequantize_fp4
-    from planc.execute.kernels import KERNELS
+    from planc.execute.kernels import fp4ref
+    from planc.execute.kernels.fp4_dispatch import dequantize_fp4
+    from planc.execute.device.seam import default_device
+    from planc.execute.kernels.kernels import KERNELS
     from planc.manifest import read_manifest
 
     path = ckpt / "model.safetensors"
@@ -137,7 +138,7 @@ def kernels_alone(fam: str, ckpt: Path) -> dict:
             for timed in (False, True):
                 e0, e1, e2 = cuda.event(), cuda.event(), cuda.event()
                 e0.record()
-                dequantize_fp4(w_d, s_d, s2_d, out, fam, "BF16", batch, rows, cols, transpose)
+                dequantize_fp4(w_d, s_d, s2_d, out, fam, "BF16", batch, rows, cols, transpose, dev=default_device())
                 e1.record()
                 KERNELS["copy"][528, 256](src, cp, t.nbytes + s.nbytes)
                 e2.record()

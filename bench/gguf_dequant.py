@@ -4,9 +4,9 @@
 
 Writes a Llama-shaped GGUF per quantization with planc's synth (the `gguf` package), reads each
 2-D weight's stored blocks from the file, and times on the device (CUDA events, after a warm-up
-launch): the dequantization to BF16 (`planc.execute.gguf_kernels`) and a copy of the stored bytes
-(`copy` of `planc.execute.kernels`). Each result is checked bit for bit against
-`planc.execute.gguf_dequant` for the first tensor of each type. Prints one JSON line per quantization.
+launch): the dequantization to BF16 (`planc.execute.kernels.gguf_kernels`) and a copy of the stored bytes
+(`copy` of `planc.execute.kernels.kernels`). Each result is checked bit for bit against
+`planc.execute.kernels.gguf_dequant` for the first tensor of each type. Prints one JSON line per quantization.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ def main() -> int:
     a = ap.parse_args()
     from numba import cuda
 
-    from planc.execute.gguf_dispatch import dequantize_gguf
-    from planc.execute.kernels import KERNELS
-    from planc.execute.gguf_dequant import dequantize
+    from planc.execute.kernels.gguf_dispatch import dequantize_gguf
+    from planc.execute.device.seam import default_device
+    from planc.execute.kernels.kernels import KERNELS
+    from planc.execute.kernels.gguf_dequant import dequantize
     from planc.manifest import read_manifest
     from planc.tools.synth_gguf import write_gguf
     from planc.base.units import parse_bytes
@@ -58,7 +59,7 @@ def main() -> int:
                 for timed in (False, True):
                     e0, e1, e2 = cuda.event(), cuda.event(), cuda.event()
                     e0.record()
-                    dequantize_gguf(src, dst, t.dtype, "BF16", numel)
+                    dequantize_gguf(src, dst, t.dtype, "BF16", numel, dev=default_device())
                     e1.record()
                     KERNELS["copy"][528, 256](src, cp, t.nbytes)
                     e2.record()

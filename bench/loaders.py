@@ -205,7 +205,7 @@ def reference_run(files, pipe):
 def _planc_setup(files, spec):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from planc.compiler.compile import compile_spec
-    from planc.execute import seam
+    from planc.execute.device import seam
 
     plan = compile_spec(spec)
     seam.select(plan.to_dict()["device"])

@@ -43,7 +43,7 @@ CASES = {  # case -> (family, size divisor, planc rules, peers run?)
 
 def warm(files) -> None:
     """Read every file not already (almost) wholly in the page cache."""
-    from planc.execute.reader import page_cache_fraction
+    from planc.execute.io.reader import page_cache_fraction
 
     for f in files:
         frac = page_cache_fraction(f, os.path.getsize(f))

@@ -12,7 +12,7 @@ fresh processes, each verified bit-exact:
 * numba-first / numba-later: the shipped index hidden, empty folders: the earlier path, numba
   compiling each kernel and then the cubins it wrote, for comparison.
 
-Every process also loads every shipped launch (`planc.execute.signatures`) once, to check that the
+Every process also loads every shipped launch (`planc.execute.kernels.signatures`) once, to check that the
 driver takes all of the PTX, and counts numba's compiled overloads (0 is the goal). Prints one line
 per process and writes OUT_DIR/ptx_load.json.
 """
@@ -45,7 +45,9 @@ CASES = (("dense", "fp16"), ("dense", "fp32+transpose"), ("fp8", "fp8"), ("moe",
 def _child(specs: list[str], hide_index: bool) -> dict:
     t_start = time.perf_counter()
     from planc.compiler.compile import compile_spec
-    from planc.execute import execute, launch, ptxbuild, ptxindex, seam, signatures
+    from planc.execute import execute
+    from planc.execute.device import launch, seam
+    from planc.execute.kernels import ptxbuild, ptxindex, signatures
 
     if hide_index:
         ptxindex.INDEX = Path("/nonexistent/index.json")

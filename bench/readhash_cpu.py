@@ -4,7 +4,7 @@ request read and hashed one way per mode, the modes alternated round by round:
 
 - `plain`: one `preadv` per request (what a plain load's readers do);
 - `python`: `preadv` then xxh3-128 of the request from Python (the Python hasher, leaf-sized pieces);
-- `native`: the read-and-hash loop (`planc.execute.readhash`) at `--piece` bytes per read;
+- `native`: the read-and-hash loop (`planc.execute.io.readhash`) at `--piece` bytes per read;
 - `native-nohash`: the same loop hashing nothing (its reads alone);
 - `mapped`: each request copied out of a read-only mapping of its file (pages made present and
   unmapped 1 MiB at a time) with non-temporal stores, hashed from the same loads
@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planc.base.units import parse_bytes  # noqa: E402
-from planc.execute import readhash  # noqa: E402
+from planc.execute.io import readhash  # noqa: E402
 
 REQ = 16 << 20
 
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--modes", default="plain,python,native-package,native,native-nohash",
                    help="plain, python, native (the loop at its widest level), native-nohash, native-LEVEL "
-                        "(a level of planc.execute.readhash.LEVELS: package, scalar, avx2, avx512)")
+                        "(a level of planc.execute.io.readhash.LEVELS: package, scalar, avx2, avx512)")
     p.add_argument("--json", type=Path)
     p.add_argument("--dma", action="store_true", help="a cupy copy of 1 GiB of pinned memory to the GPU, over and "
                    "over, beside the modes")

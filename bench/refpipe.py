@@ -556,7 +556,7 @@ def one(cfg: dict, timeout: int = 300) -> dict:
 
 def resident(path: str) -> float | None:
     try:
-        from planc.execute.reader import page_cache_fraction
+        from planc.execute.io.reader import page_cache_fraction
     except Exception:  # noqa: BLE001 - planc not importable: unknown
         return None
     return page_cache_fraction(path, os.path.getsize(path))

@@ -52,7 +52,7 @@ def _args(argv=None):
                    "reader's read-and-hash loop), python, after (hasher threads after the reads: --after-threads)")
     p.add_argument("--after-threads", default="8", help="hasher threads for --hasher after, comma-separated to compare")
     p.add_argument("--native-piece", default="", help="read-and-hash loop piece sizes to compare, comma-separated "
-                   "(default: planc.execute.readhash.PIECE)")
+                   "(default: planc.execute.io.readhash.PIECE)")
     p.add_argument("--simd", default="best", help="read-and-hash loop levels to compare, comma-separated: best, "
                    "package (the xxhash package's functions), scalar, avx2, avx512 (PLANC_DIGEST_HASH)")
     p.add_argument("--read", default="pread", help="how the loop reads a page-cached file, comma-separated to "
@@ -119,7 +119,7 @@ def digest(args, out: Path) -> dict:
     from planc.base.units import parse_bytes
     from planc.compiler.compile import compile_spec
     from planc.manifest import digest as dg
-    from planc.execute import digestread, readhash
+    from planc.execute.io import digestread, readhash
     from planc.manifest import digestcheck as dgc
 
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)

@@ -63,8 +63,8 @@ def child_phases(plan_path: str, spawned: float) -> dict:
     t["import_numpy_s"] = time.perf_counter() - c0
     c0 = time.perf_counter()
     import planc.execute
-    import planc.execute.loader  # noqa: F401 - the whole executor
-    from planc.execute import driver, seam
+    import planc.execute.pipeline.loader  # noqa: F401 - the whole executor
+    from planc.execute.device import driver, seam
 
     t["import_execute_s"] = time.perf_counter() - c0
     c0 = time.perf_counter()
@@ -106,7 +106,7 @@ def child_pin(slot_mib: int, slots: int) -> dict:
     t0 = time.perf_counter()
     ring = [cuda.pinned_array(slot, dtype=np.uint8) for _ in range(slots)]
     out["pinned_array_slots_s"] = time.perf_counter() - t0
-    from planc.execute import driver
+    from planc.execute.device import driver
 
     t0 = time.perf_counter()
     own = [driver.pinned_array(slot) for _ in range(slots)]
@@ -215,7 +215,7 @@ def child_runclock(plan_path: str, spawned: float) -> None:
     import threading
 
     import planc.execute as pe
-    from planc.execute import driver
+    from planc.execute.device import driver
 
     ev: dict = {"child_started": time.time() - spawned}
 
@@ -261,7 +261,7 @@ def child_runclock(plan_path: str, spawned: float) -> None:
             ev["load_plan"] = (round(t0, 4), round(time.time() - spawned, 4))
 
     pp.load_plan = load_plan
-    from planc.execute import model as pm
+    from planc.execute.pipeline import model as pm
 
     real_free = pm.LoadedModel.free
 
@@ -285,7 +285,7 @@ def child_exit(nbytes: int, how: str, spawned: float) -> None:
     """What a CUDA process's exit costs: the context made, `nbytes` of device memory allocated and,
     unless `how` is `held`, freed; `reset` also resets the primary context before leaving. Prints
     the time it leaves at, then `os._exit`; the parent takes the rest from its own clock."""
-    from planc.execute import driver, seam
+    from planc.execute.device import driver, seam
 
     seam.select("cuda:0")
     mem = driver.DeviceMemory(nbytes) if nbytes else None
@@ -324,7 +324,7 @@ def cell_runclock(plan: Path) -> dict:
         elif line.startswith("import time:") and line.count("|") == 2:
             _, cum, name = line.split("|")
             name = name.strip()
-            if name in ("planc.face.cli", "typer", "numpy", "planc.execute.loader", "planc.plan.codec", "planc.face.prestart",
+            if name in ("planc.face.cli", "typer", "numpy", "planc.execute.pipeline.loader", "planc.plan.codec", "planc.face.prestart",
                         "rich.console"):
                 out[f"import_{name}_s"] = int(cum) / 1e6
     return out

@@ -4,7 +4,7 @@
 
 Each run is a fresh process that makes its CUDA context and reads the plan first (not timed), then
 loads it `--loads` times in a row with every step of the pipeline timed by the load's own events
-(`planc.execute.events`, given to `execute(observer=...)`; nothing is wrapped): pinning each ring
+(`planc.execute.pipeline.events`, given to `execute(observer=...)`; nothing is wrapped): pinning each ring
 slot (`pin`), the device allocations (`device_alloc`), each read, each request's copies (`copy`),
 each run's kernels, the waits on slot events (`slot_wait`), the final synchronize (`stream_sync`),
 the allocation, run and release phases (`allocate`, `run`, `free`). Prints, per load, when each phase starts and ends relative to the start of
@@ -43,8 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def child(plan_path: str, loads: int) -> list[dict]:
     import planc.execute
-    from planc.execute import allocation, events as ev, reader, ring, seam
-    from planc.execute.parts import Parts
+    from planc.execute.pipeline import allocation, events as ev
+    from planc.execute.io import reader, ring
+    from planc.execute.device import seam
+    from planc.execute.pipeline.parts import Parts
     from planc.plan.codec import load_plan
 
     seam.select("cuda:0")
@@ -74,7 +76,7 @@ def child(plan_path: str, loads: int) -> list[dict]:
             super().__post_init__()
             self._lanes = Lanes(self._lanes)
 
-    def observe(e) -> None:  # the load's events (planc.execute.events): one line each, as the steps ran
+    def observe(e) -> None:  # the load's events (planc.execute.pipeline.events): one line each, as the steps ran
         extra = ()
         if isinstance(e, ev.ReadDone):
             what, extra = ("read_strided" if e.strided else "read"), (e.nbytes,)

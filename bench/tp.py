@@ -227,7 +227,8 @@ def compile_plans(spec: Path, ranks: list[int], out: Path, tp: int, name: str = 
 def worker(plan_path: str, barrier: str, result: str, verify: bool) -> None:
     """Read the plan, create the CUDA context, wait at the barrier, load, write the record."""
     t_proc = time.time()
-    from planc.execute import execute, seam
+    from planc.execute import execute
+    from planc.execute.device import seam
     from planc.plan.codec import load_plan
 
     plan = load_plan(plan_path)
@@ -235,7 +236,8 @@ def worker(plan_path: str, barrier: str, result: str, verify: bool) -> None:
     seam.warm_up()
     # execute() imports the executor's modules on its first call; that is process start, as the
     # context is (bench/startup.py measures it), not the load: imported here, before the barrier
-    from planc.execute import launch, loader  # noqa: F401
+    from planc.execute.device import launch  # noqa: F401
+    from planc.execute.pipeline import loader
     rank = plan.tensor_parallel.rank
     b = Path(barrier)
     (b / f"ready-{rank}").touch()

@@ -18,7 +18,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name == "LoadedModel":  # the executor's package, imported only when asked for
-        from .execute.model import LoadedModel
+        from .execute.pipeline.model import LoadedModel
 
         return LoadedModel
     raise AttributeError(f"module 'planc' has no attribute {name!r}")

@@ -4,7 +4,7 @@ Importing this module never imports numba (`planc.execute` imports it lazily), s
 module decides first whether numba runs under the simulator.
 
 Expected values are built here from the arrays the tests wrote, with numpy and ml_dtypes alone,
-never with the executor's own host reference (`planc.execute.refconv`).
+never with the executor's own host reference (`planc.execute.kernels.refconv`).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def refuse_direct_open(monkeypatch) -> None:
 def cold_page_cache(monkeypatch) -> None:
     """Every load from now reads through a reader that sees the page cache as cold (io.direct: auto
     then chooses O_DIRECT)."""
-    from planc.execute.reader import Reader
+    from planc.execute.io.reader import Reader
 
     class ColdCache(Reader):
         def cache_fraction(self, path, size):
@@ -219,11 +219,11 @@ def fail_read_at(monkeypatch, n: int) -> list:
 
 def use_parts(monkeypatch, **fields):
     """Every load from now (the command line's and the API's included) composed of these parts
-    (`planc.execute.parts.Parts` fields) over the ones in use; an `observer` joins those in use."""
+    (`planc.execute.pipeline.parts.Parts` fields) over the ones in use; an `observer` joins those in use."""
     import dataclasses
 
-    from planc.execute import parts as parts_mod
-    from planc.execute.events import fanout
+    from planc.execute.pipeline import parts as parts_mod
+    from planc.execute.pipeline.events import fanout
 
     now = parts_mod.DEFAULT
     if "observer" in fields:
@@ -236,8 +236,8 @@ def use_parts(monkeypatch, **fields):
 def live_room_by_call(monkeypatch, rooms) -> list:
     """The loader's per-run live room: `rooms(call number)` bytes (the first call is admission's,
     before anything is allocated); returns the list of calls."""
-    from planc.execute.memory import LiveRoom
-    from planc.execute.memory import live_room as real
+    from planc.execute.device.memory import LiveRoom
+    from planc.execute.device.memory import live_room as real
 
     calls = []
 
@@ -257,8 +257,8 @@ def watch_regions(monkeypatch) -> list:
     `regions` (the `Regions` value), `ring` (the pinned ring's owners) and `arena` (once allocated)."""
     import weakref
 
-    from planc.execute.allocation import Regions
-    from planc.execute import parts as parts_mod
+    from planc.execute.pipeline.allocation import Regions
+    from planc.execute.pipeline import parts as parts_mod
 
     seen = []
     base = parts_mod.DEFAULT.regions
@@ -290,8 +290,8 @@ def gone(rec: dict, key: str) -> bool:
 
 
 def reader_of(cls):
-    """The reader part that opens a `cls` (a subclass of `planc.execute.reader.Reader`)."""
-    from planc.execute.allocation import open_reader
+    """The reader part that opens a `cls` (a subclass of `planc.execute.io.reader.Reader`)."""
+    from planc.execute.pipeline.allocation import open_reader
 
     return lambda plan: open_reader(plan, cls)
 
@@ -342,7 +342,7 @@ def interrupt_at(monkeypatch, n: int) -> list:
     """Ctrl-C in the middle of the pipeline: the n-th read sent on to the device from now (its copy
     issued) raises KeyboardInterrupt on the pipeline's thread; returns the list of calls (clear it to
     re-arm)."""
-    from planc.execute.events import CopyIssued
+    from planc.execute.pipeline.events import CopyIssued
 
     calls = []
 
@@ -357,10 +357,10 @@ def interrupt_at(monkeypatch, n: int) -> list:
 
 
 class RecordingDevice:
-    """A device (`planc.execute.seam.Device`) that records every kernel launch as (name, grid,
+    """A device (`planc.execute.device.seam.Device`) that records every kernel launch as (name, grid,
     block, args) in `launches` and hands it on to `inner`, the real device (`forward=False`: records
     only, for geometry a simulator could not run in a test's time). `grid`: the launch geometry to
-    choose with (`planc.execute.geometry.GpuGrid(132)` for an H200's; default: `inner`'s). Passed
+    choose with (`planc.execute.device.geometry.GpuGrid(132)` for an H200's; default: `inner`'s). Passed
     to `execute(plan, device=...)` or to a dispatcher's `dev=`; nothing in the executor is patched."""
 
     def __init__(self, inner, grid=None, forward: bool = True):

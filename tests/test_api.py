@@ -407,7 +407,7 @@ def test_bad_arguments_are_typed_errors_before_anything_is_loaded(tmp_path, monk
     """What a caller may pass wrong: the target, the rank, the device, the module. Each is a typed
     error naming the argument, raised before anything is allocated."""
     from planc.base.errors import SpecError
-    from planc.execute import seam
+    from planc.execute.device import seam
 
     src = families.llama()
     spec = shipped(tmp_path, "transformers-llama", src)
@@ -446,10 +446,10 @@ def test_two_loads_at_once_each_see_their_own_settings(tmp_path):
 
     from planc.base import settings
     from planc.execute import execute
-    from planc.execute.allocation import Regions
-    from planc.execute.events import RunStarted
-    from planc.execute.memory import live_room
-    from planc.execute.parts import Parts
+    from planc.execute.pipeline.allocation import Regions
+    from planc.execute.pipeline.events import RunStarted
+    from planc.execute.device.memory import live_room
+    from planc.execute.pipeline.parts import Parts
 
     plan = compile_spec(shipped(tmp_path, "transformers-llama", families.llama()))
     both_in_flight = threading.Barrier(2, timeout=60)

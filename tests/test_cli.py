@@ -305,7 +305,7 @@ def test_demo_again_keeps_the_checkpoints_a_plan_was_compiled_against(capsys, tm
     assert main(["compile", "specs/demo.yaml", "-o", "plan.json"]) == 0
     assert main(["demo", "--no-run"]) == 0
     assert ck.stat().st_mtime_ns == before
-    from planc.execute import check_fingerprints
+    from planc.execute.pipeline.run import check_fingerprints
 
     check_fingerprints(load_plan("plan.json"))  # what `planc run` checks first: the files did not change
     capsys.readouterr()

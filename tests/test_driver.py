@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planc.execute import driver, launch
+from planc.execute.device import driver, launch
 
 BASE = 0x7F00_0000_0000
 
@@ -96,7 +96,7 @@ try:
 except OSError:
     pass
 from planc.base.errors import ExecuteError
-from planc.execute import driver
+from planc.execute.device import driver
 try:
     driver.lib()
 except ExecuteError as e:
@@ -115,7 +115,7 @@ def test_the_device_is_chosen_as_numba_chooses_before_numba_is_imported(value, s
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     if value is not None:
         env["NUMBA_ENABLE_CUDASIM"] = value
-    probe = ("import sys; from planc.execute import seam; d = seam.default_device(); "
+    probe = ("import sys; from planc.execute.device import seam; d = seam.default_device(); "
              "print(d.simulated, type(d).__name__, 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
@@ -218,7 +218,7 @@ def test_a_refused_registration_leaves_nothing_mapped_or_registered(stub, monkey
 
 def test_the_gpu_falls_back_to_host_alloc_only_when_registration_is_refused(stub, monkeypatch):
     from planc.base.errors import ExecuteError
-    from planc.execute.seam import Gpu
+    from planc.execute.device.seam import Gpu
 
     monkeypatch.delenv("PLANC_PIN", raising=False)
     s = stub(2)  # out of memory: no fallback, the load fails typed

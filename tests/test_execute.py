@@ -32,7 +32,7 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
     pytest.skip("numba was imported before the CUDA simulator could be switched on, and no GPU is present",
                 allow_module_level=True)
 
-import planc.execute.parts as parts_mod  # noqa: E402
+import planc.execute.pipeline.parts as parts_mod  # noqa: E402
 from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, RecordingDevice, assert_model, cast, refuse_direct_open,  # noqa: E402
                              cold_page_cache, convert_source, dequantized, fp8_rules, fused, gone, handmade, live_room_by_call, reader_of,
                              use_parts, watch_regions,
@@ -41,10 +41,10 @@ from planc.face import cli  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.base.errors import AdmissionError, FingerprintError, PlancError, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.execute.events import CopyIssued  # noqa: E402
-from planc.execute.parts import Parts  # noqa: E402
-from planc.execute.reader import Reader  # noqa: E402
-from planc.execute.verify import verify_model  # noqa: E402
+from planc.execute.pipeline.events import CopyIssued  # noqa: E402
+from planc.execute.pipeline.parts import Parts  # noqa: E402
+from planc.execute.io.reader import Reader  # noqa: E402
+from planc.execute.pipeline.verify import verify_model  # noqa: E402
 from planc.plan.codec import encode, load_plan, save_plan  # noqa: E402
 
 
@@ -116,8 +116,8 @@ def test_a_load_goes_through_the_device_it_is_given(tmp_path, load):
     """`execute(plan, device=...)` takes a device object: every kernel of the load is launched
     through it, one launch per kernel the plan predicts, on the grids its geometry chooses (here
     the simulator's, recorded on the way), and the model is bit-exact."""
-    from planc.execute.geometry import SimGrid
-    from planc.execute.seam import default_device
+    from planc.execute.device.geometry import SimGrid
+    from planc.execute.device.seam import default_device
 
     path, want = _odd_sizes(tmp_path)
     rules = [{"match": "b.big", "dtype": "bfloat16"}, {"match": "d.big16", "dtype": "bfloat16"}, {"match": "*"}]
@@ -283,9 +283,9 @@ def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, load):
     """A scattered request of a few large pieces runs on many blocks: the grid's y splits each piece
     (the table keeps one row per copy). Under the simulator each piece goes to two blocks, so a load
     through the split grid is checked bit for bit."""
-    from planc.execute import dispatch
-    from planc.execute.geometry import GpuGrid
-    from planc.execute.seam import default_device
+    from planc.execute.kernels import dispatch
+    from planc.execute.device.geometry import GpuGrid
+    from planc.execute.device.seam import default_device
 
     path, want = synth(tmp_path, "moe")
     spec = spec_file(tmp_path, path, [STACK, {"match": "*"}], io=dict(SMALL_IO, slot="64KiB", slots=2))
@@ -295,7 +295,7 @@ def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, load):
     for (run, qi), (first, last, longest) in where.items():
         q = plan.runs[run].requests[qi]
         assert last - first == len(q.copies) and longest == max(c.nbytes for c in q.copies) // q.width
-        assert dispatch.scatter_grid(last - first, longest)[1] == (2 if longest > 32 else 1)
+        assert dispatch.scatter_grid(last - first, longest, default_device())[1] == (2 if longest > 32 else 1)
     h200 = RecordingDevice(default_device(), grid=GpuGrid(132), forward=False)  # the GPU's geometry
     assert dispatch.scatter_grid(4, 458_752, h200) == (4, 132)  # four 3.5 MiB pieces of 8-byte words: 528 blocks
     assert dispatch.scatter_grid(600, 100, h200) == (600, 1)  # many small pieces: one block each
@@ -306,7 +306,7 @@ def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, load):
     scatters = [(grid, block) for name, grid, block, _ in rec.launches if name.startswith("scatter_")]
     assert len(scatters) == plan.totals.scatters  # one launch a scattered request, each on the simulator's grid
     for (run, qi), (first, last, longest) in where.items():
-        assert (dispatch.scatter_grid(last - first, longest), 32) in scatters
+        assert (dispatch.scatter_grid(last - first, longest, default_device()), 32) in scatters
 
 
 def test_a_slow_read_does_not_hold_up_the_reads_after_it_but_runs_stay_in_order(tmp_path, monkeypatch, load):
@@ -752,7 +752,7 @@ def test_kernels_deferred_while_the_warmer_compiles(tmp_path, load, dense, monke
     """Kernels of runs loaded while the warmer still compiles are launched later, on the same stream;
     a run that reuses a landing region its deferred kernels read launches them first."""
     warmers = []
-    use_parts(monkeypatch, warmer=lambda plan: warmers.append(_CompilingWarmer()) or warmers[-1])
+    use_parts(monkeypatch, warmer=lambda plan, dev: warmers.append(_CompilingWarmer()) or warmers[-1])
     if case == "convert":
         path, want = dense
         rules = [{"match": "model.layers.0.self_attn.*", "dtype": "float32"},
@@ -779,7 +779,7 @@ def test_kernels_deferred_while_the_warmer_compiles(tmp_path, load, dense, monke
 def test_page_cache_fraction_sees_resident_and_evicted_pages(tmp_path):
     """The O_DIRECT choice rests on this probe: a file just written is resident; after fsync and
     POSIX_FADV_DONTNEED it is not (a file larger than the sampled pages, so windows are sampled)."""
-    from planc.execute.reader import page_cache_fraction
+    from planc.execute.io.reader import page_cache_fraction
 
     mounts = [line.split()[1:3] for line in open("/proc/mounts")]
     fs = max((m for m in mounts if str(tmp_path).startswith(m[0])), key=lambda m: len(m[0]))[1]

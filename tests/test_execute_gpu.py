@@ -32,13 +32,13 @@ from execute_support import (CONVERSIONS, QKV, STACK, TARGET, assert_model, cast
                              dequantized, fp8_rules, fused, load_checked, reader_of, spec_file, stacked, synth,
                              use_parts)
 
-from planc.execute.parts import Parts  # noqa: E402
+from planc.execute.pipeline.parts import Parts  # noqa: E402
 from planc.face import cli  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.base.errors import AdmissionError, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.execute.reader import Reader  # noqa: E402
-from planc.execute.seam import memory_info  # noqa: E402
+from planc.execute.io.reader import Reader  # noqa: E402
+from planc.execute.device.seam import memory_info  # noqa: E402
 
 # Small tensors get small grids on purpose.
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]
@@ -267,8 +267,8 @@ def test_cli_run_json_verify(tmp_path, capsys, dense32):
 
 def test_kernels_launch_from_their_cubin_after_the_first_load(tmp_path, load, dense32):
     """The first load compiles through numba and writes each kernel's cubin; the second launches
-    them through the driver (planc.execute.launch) and gives the same bits."""
-    from planc.execute import launch, seam
+    them through the driver (planc.execute.device.launch) and gives the same bits."""
+    from planc.execute.device import launch, seam
 
     assert launch.enabled(seam.device())
     path, want = dense32

@@ -26,7 +26,7 @@ How pinned host memory is counted. /proc/self/status is no exact count: the NVID
 pages itself, not through mlock (VmLck) nor, as far as is known, with pinned_vm accounting (VmPin);
 cuMemHostAlloc memory has been reported under RssShmem, among other shared memory. So
 `PinnedLedger` counts at the driver boundary: it wraps the functions of the executor's own driver
-binding (`planc.execute.driver.lib()`: cuMemHostAlloc / cuMemFreeHost, and cuMemHostRegister /
+binding (`planc.execute.device.driver.lib()`: cuMemHostAlloc / cuMemFreeHost, and cuMemHostRegister /
 cuMemHostUnregister should the ring ever be registered instead), from every thread, for the whole
 module, and keeps {address: bytes} of what is pinned now. Each check also asks the driver itself (cuMemHostGetFlags,
 cuPointerGetAttribute) that no address the ledger saw given back is still page-locked. RssShmem,
@@ -65,14 +65,14 @@ from execute_support import (QKV, STACK, assert_model, cast, cli_run, fail_read_
                              gone, live_room_by_call, load_checked, refuse_direct_open, spec_file, stacked, synth,
                              use_parts, watch_regions)
 
-from planc.execute.events import RunStarted  # noqa: E402
+from planc.execute.pipeline.events import RunStarted  # noqa: E402
 from planc.base import settings  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.base.errors import AdmissionError, FingerprintError, Interrupted, ReadError  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.execute.seam import pinned_ring, release  # noqa: E402
-from planc.execute.memory import rss_bytes  # noqa: E402
-from planc.execute.seam import memory_info  # noqa: E402
+from planc.execute.device.seam import default_device, pinned_ring, release  # noqa: E402
+from planc.execute.device.memory import rss_bytes  # noqa: E402
+from planc.execute.device.seam import memory_info  # noqa: E402
 from planc.plan.codec import save_plan  # noqa: E402
 from planc.tools.synth import write_checkpoint  # noqa: E402
 
@@ -112,7 +112,7 @@ class PinnedLedger:
         self.saved: dict = {}
 
     def install(self) -> None:
-        from planc.execute import driver
+        from planc.execute.device import driver
 
         cu = driver.lib()
         self.driver = cu
@@ -374,7 +374,7 @@ def test_the_ledger_sees_pinned_memory(request):
     release()
     before = snapshot()
     held = []
-    t = threading.Thread(target=lambda: held.append(pinned_ring(8 * MIB)), name="pin-probe")
+    t = threading.Thread(target=lambda: held.append(pinned_ring(default_device(), 8 * MIB)), name="pin-probe")
     t.start()
     t.join()
     owner, view = held.pop()
@@ -639,7 +639,7 @@ def test_hundred_load_free_cycles(tmp_path, request):
     assert_model(models[0], expected)
     models.pop().free()
     figures, times = {}, []
-    # Every load ends with full garbage collections (planc.execute.seam.release); frozen, the objects
+    # Every load ends with full garbage collections (planc.execute.device.seam.release); frozen, the objects
     # of the test session are not walked again each time. What is measured does not change.
     gc.collect()
     gc.freeze()

@@ -14,7 +14,7 @@ import yaml  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.base.errors import BindError  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.execute import fp4ref  # noqa: E402
+from planc.execute.kernels import fp4ref  # noqa: E402
 from planc.tools.synth_fp4 import TINY, tensors, write_fp4_checkpoint  # noqa: E402
 
 

@@ -1,5 +1,5 @@
-"""MXFP4 and NVFP4 on the device (`planc.execute.fp4_kernels`), under the CUDA simulator: bit-exact to
-the reference (`planc.execute.fp4ref`) for every byte and every scale class, in odd shapes; the
+"""MXFP4 and NVFP4 on the device (`planc.execute.kernels.fp4_kernels`), under the CUDA simulator: bit-exact to
+the reference (`planc.execute.kernels.fp4ref`) for every byte and every scale class, in odd shapes; the
 launcher's refusals; the device path end to end (single tensors, a stack of experts stored one
 tensor each), its landing buffers admitted; and results independent of run and request boundaries."""
 
@@ -20,8 +20,12 @@ from numba import cuda  # noqa: E402
 from conftest import write_spec, write_st  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.base.errors import BindError  # noqa: E402
-from planc.execute import execute, fp4ref  # noqa: E402
-from planc.execute.fp4_dispatch import dequantize_fp4  # noqa: E402
+from planc.execute import execute  # noqa: E402
+from planc.execute.kernels import fp4ref  # noqa: E402
+from planc.execute.kernels.fp4_dispatch import dequantize_fp4  # noqa: E402
+from planc.execute.device.seam import default_device  # noqa: E402
+
+DEV = default_device()  # the simulator's (NUMBA_ENABLE_CUDASIM=1 above)
 
 TARGETS = ("BF16", "F16", "F32")
 E8M0_CLASSES = (0, 1, 127, 254, 255)
@@ -33,7 +37,7 @@ def _device(fmt, blocks, scales, scale_2, out_dtype, batch, rows, cols, transpos
     out = cuda.to_device(np.full(batch * rows * cols * size, 0xA5, np.uint8))
     s2 = None if scale_2 is None else cuda.to_device(np.asarray(scale_2, np.float32).reshape(1).view(np.uint8))
     dequantize_fp4(cuda.to_device(blocks.reshape(-1)), cuda.to_device(scales.reshape(-1).view(np.uint8)), s2, out,
-                   fmt, out_dtype, batch, rows, cols, transpose)
+                   fmt, out_dtype, batch, rows, cols, transpose, dev=DEV)
     return out.copy_to_host()
 
 
@@ -92,19 +96,19 @@ def test_nvfp4_odd_shapes(shape):
 def test_the_launcher_refuses_what_the_kernels_cannot_do():
     buf, out = cuda.device_array(64, np.uint8), cuda.device_array(512, np.uint8)
     with pytest.raises(ValueError, match="multiple of 32"):
-        dequantize_fp4(buf, buf, None, out, "mxfp4", "BF16", 1, 1, 48)
+        dequantize_fp4(buf, buf, None, out, "mxfp4", "BF16", 1, 1, 48, dev=DEV)
     with pytest.raises(ValueError, match="bytes, 64 needed"):
-        dequantize_fp4(buf[:16], buf[16:20], None, out, "mxfp4", "BF16", 1, 1, 128)
+        dequantize_fp4(buf[:16], buf[16:20], None, out, "mxfp4", "BF16", 1, 1, 128, dev=DEV)
     with pytest.raises(ValueError, match="overlap"):
-        dequantize_fp4(out[:16], out[16:17], None, out, "mxfp4", "BF16", 1, 1, 32)
+        dequantize_fp4(out[:16], out[16:17], None, out, "mxfp4", "BF16", 1, 1, 32, dev=DEV)
     with pytest.raises(ValueError, match="per-tensor scale"):
-        dequantize_fp4(buf[:8], buf[8:9], None, out, "nvfp4", "BF16", 1, 1, 16)
+        dequantize_fp4(buf[:8], buf[8:9], None, out, "nvfp4", "BF16", 1, 1, 16, dev=DEV)
     with pytest.raises(ValueError, match="aligned"):
-        dequantize_fp4(buf[:8], buf[8:9], buf[9:13], out, "nvfp4", "BF16", 1, 1, 16)
+        dequantize_fp4(buf[:8], buf[8:9], buf[9:13], out, "nvfp4", "BF16", 1, 1, 16, dev=DEV)
     with pytest.raises(ValueError, match="FP4 format"):
-        dequantize_fp4(buf, buf, None, out, "fp8", "BF16", 1, 1, 32)
+        dequantize_fp4(buf, buf, None, out, "fp8", "BF16", 1, 1, 32, dev=DEV)
     with pytest.raises(ValueError, match="float target"):
-        dequantize_fp4(buf, buf, None, out, "mxfp4", "F8_E4M3", 1, 1, 32)
+        dequantize_fp4(buf, buf, None, out, "mxfp4", "F8_E4M3", 1, 1, 32, dev=DEV)
 
 
 # -- the device path end to end -------------------------------------------------------------------
@@ -242,9 +246,9 @@ def test_the_transposing_geometry_fits_the_tile():
     """The transposing kernels read a tile row's 32 bytes with the 32 threads along x and write its
     32 rows with them: every grid must give blocks 32 threads wide, and tiles must not straddle two
     matrices of a batch (rows padded to whole tiles)."""
-    from planc.execute import fp4_kernels
-    from planc.execute.fp4_dispatch import TILE_ROWS, TILE_VALUES, geometry
-    from planc.execute.geometry import GpuGrid, SimGrid
+    from planc.execute.kernels import fp4_kernels
+    from planc.execute.kernels.fp4_dispatch import TILE_ROWS, TILE_VALUES, geometry
+    from planc.execute.device.geometry import GpuGrid, SimGrid
 
     assert (TILE_ROWS, TILE_VALUES) == (fp4_kernels.TILE_ROWS, 2 * fp4_kernels.TILE_BYTES)
     for grid in (GpuGrid(132), SimGrid()):

@@ -2,7 +2,7 @@
 
     python -m pytest -m gpu -p no:cacheprovider tests/test_fp4_gpu.py
 
-The shipped machine code bit-exact to the reference (`planc.execute.fp4ref`), nothing compiled at
+The shipped machine code bit-exact to the reference (`planc.execute.kernels.fp4ref`), nothing compiled at
 load time; the shipped specs on the device path with --verify; and a small gpt-oss loaded by
 `planc.load_into` into transformers' GptOss equal, weight for weight and in its logits, to
 transformers' own dequantizing load (`Mxfp4Config(dequantize=True)`) of the same files.
@@ -26,8 +26,10 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from planc.compiler.compile import compile_spec  # noqa: E402
-from planc.execute import execute, fp4ref, launch, seam  # noqa: E402
-from planc.execute.fp4_dispatch import dequantize_fp4  # noqa: E402
+from planc.execute import execute  # noqa: E402
+from planc.execute.kernels import fp4ref  # noqa: E402
+from planc.execute.device import launch, seam  # noqa: E402
+from planc.execute.kernels.fp4_dispatch import dequantize_fp4  # noqa: E402
 from planc.tools.synth_fp4 import TINY, tensors, write_fp4_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]
@@ -39,7 +41,7 @@ def _run(fmt, w, s, s2, target, batch, rows, cols, t):
     out = cuda.device_array(batch * rows * cols * size, np.uint8)
     s2_d = None if s2 is None else cuda.to_device(np.asarray(s2, np.float32).reshape(1).view(np.uint8))
     dequantize_fp4(cuda.to_device(w.reshape(-1)), cuda.to_device(s.reshape(-1).view(np.uint8)), s2_d, out, fmt, target,
-                   batch, rows, cols, t)
+                   batch, rows, cols, t, dev=seam.device())
     cuda.synchronize()
     return out.copy_to_host()
 

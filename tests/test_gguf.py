@@ -14,7 +14,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from planc.base.errors import ManifestError  # noqa: E402
-from planc.execute.gguf_dequant import dequantize  # noqa: E402
+from planc.execute.kernels.gguf_dequant import dequantize  # noqa: E402
 from planc.manifest import read_manifest  # noqa: E402
 from planc.manifest.ggml_types import GGML_TYPES  # noqa: E402
 from planc.tools.synth_gguf import write_gguf  # noqa: E402
@@ -175,7 +175,8 @@ def test_device_dequant_bit_exact_under_simulator(qtype):
 
     if not simulation.simulated() and not cuda.is_available():
         pytest.skip("no simulator and no GPU")
-    from planc.execute.gguf_dispatch import dequantize_gguf
+    from planc.execute.device.seam import default_device
+    from planc.execute.kernels.gguf_dispatch import dequantize_gguf
     from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     raw = tensor_bytes(GGUFTensor(f"k.{qtype}", qtype, (1, 256)))
@@ -187,7 +188,7 @@ def test_device_dequant_bit_exact_under_simulator(qtype):
                           ("F16", np.uint16, ref.astype(np.float16).view(np.uint16))):
         src = cuda.to_device(raw)
         dst = cuda.to_device(np.zeros(256, dt))
-        dequantize_gguf(src, dst, qtype, out, 256)
+        dequantize_gguf(src, dst, qtype, out, 256, dev=default_device())
         np.testing.assert_array_equal(dst.copy_to_host(), want, err_msg=f"{qtype}->{out}")
 
 
@@ -198,8 +199,8 @@ def test_kernel_values_typed_by_numba_match_gguf(qtype):
     namespace object) or integer widths it types otherwise pass there and fail on the GPU."""
     import numba
 
-    from planc.execute.gguf_kernels import _value_fns
-    from planc.execute.kernels import _scalar_ops
+    from planc.execute.kernels.gguf_kernels import _value_fns
+    from planc.execute.kernels.kernels import _scalar_ops
     from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     ops = _scalar_ops(numba.njit)

@@ -5,7 +5,7 @@ Run this file alone, in a process where the CUDA simulator is off:
     python -m pytest -m gpu -p no:cacheprovider tests/test_gguf_gpu.py
 
 Each type into each float dtype, over tensors of many blocks (full grids, several grid-stride
-steps), twice: from the shipped PTX (`planc/execute/ptx`, nothing compiled) and compiled by numba
+steps), twice: from the shipped PTX (`planc/execute/kernels/ptx`, nothing compiled) and compiled by numba
 (`launch.go` with the raw launch off), so that a kernel the GPU's compiler cannot type, or types
 otherwise than the simulator, fails here.
 """
@@ -28,8 +28,8 @@ import numpy as np  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 
-from planc.execute import launch, seam  # noqa: E402
-from planc.execute.gguf_dispatch import dequantize_gguf  # noqa: E402
+from planc.execute.device import launch, seam  # noqa: E402
+from planc.execute.kernels.gguf_dispatch import dequantize_gguf  # noqa: E402
 from planc.tools.synth_gguf import GGUFTensor, tensor_bytes  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*GPU under-utilization")]

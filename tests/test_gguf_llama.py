@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from execute_support import SMALL_IO, load_checked  # noqa: E402
-from planc.execute.gguf_dequant import dequantize  # noqa: E402
+from planc.execute.kernels.gguf_dequant import dequantize  # noqa: E402
 from planc.manifest import read_manifest  # noqa: E402
 from planc.manifest.gguf_names import permute_rows, transformers_name, unpermute_rows  # noqa: E402
 from planc.tools.gguf_llama import (gguf_name, llama_config, placeholder_tokens, random_llama_state,  # noqa: E402

@@ -68,7 +68,7 @@ def test_head_counts_from_the_files_metadata(tmp_path):
 
 
 def test_a_quantized_tensors_rows_move_as_whole_blocks(tmp_path):
-    from planc.execute.gguf_dequant import dequantize
+    from planc.execute.kernels.gguf_dequant import dequantize
 
     res = write_gguf(tmp_path, quant="Q4_K_M", layers=1)
     t = {x.name: x for x in read_manifest(res.path).tensors}["blk.0.attn_q.weight"]

@@ -357,7 +357,7 @@ def test_unpermute_refusals(tmp_path):
 def test_verify_finds_a_changed_value_of_a_dequantized_tensor(ckpt):
     """`--verify` dequantizes the file's blocks again (whole rows of blocks): one flipped bit in the
     arena, in the last row of a tensor, is a mismatch naming its part."""
-    from planc.execute.verify import verify_model
+    from planc.execute.pipeline.verify import verify_model
 
     d, path, raw = ckpt
     plan = compile_spec(spec_file(d, path, [{"match": "t.*", "dtype": "bfloat16"}, {"match": "k.*", "skip": True}],
@@ -379,8 +379,8 @@ def test_the_plans_gguf_kernels_are_warmed_on_a_whole_block(ckpt):
     """Before the first read, the warming thread launches each GGUF kernel the plan needs once, on
     one whole block of its type (a device that loads modules loads them there, not on the stream)."""
     from execute_support import RecordingDevice
-    from planc.execute import seam
-    from planc.execute.kernelruns import warm_kernels
+    from planc.execute.device import seam
+    from planc.execute.pipeline.kernelruns import warm_kernels
 
     class Loading(RecordingDevice):
         loads_kernels = True

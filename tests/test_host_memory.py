@@ -90,7 +90,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_host_transform_holds_what_the_part_counts(tmp_path, case):
-    from planc.execute.hostpath import _host_transform
+    from planc.execute.pipeline.hostpath import _host_transform
 
     make, rules = CASES[case]
     write_st(tmp_path / "ck" / "model.safetensors", make())
@@ -109,7 +109,7 @@ def test_host_transform_holds_what_the_part_counts(tmp_path, case):
 @pytest.mark.parametrize("fam", ["mxfp4", "nvfp4"])
 def test_fp4_host_transform_holds_what_the_part_counts(tmp_path, fam):
     """FP4 on the host, a transposing one (gpt-oss's gate_up_proj) among them: no second copy of the output."""
-    from planc.execute.hostpath import _host_transform
+    from planc.execute.pipeline.hostpath import _host_transform
 
     dims = FP4Dims(512, 512, 4, 2, 16, 256, 4, 1) if fam == "mxfp4" else FP4Dims(512, 1024, 4, 2, 16, 256, 0, 1)
     write_st(tmp_path / fam / "model.safetensors", fp4_tensors(fam, dims))
@@ -134,7 +134,7 @@ def test_fp4_host_transform_holds_what_the_part_counts(tmp_path, fam):
 def test_verify_reads_by_the_budget_and_holds_what_it_counts(tmp_path):
     """A 2 MiB copy and a conversion verified under a 1 MiB budget: 128 KiB reads, not 16 MiB ones."""
     from planc.execute import execute
-    from planc.execute.verify import verify_model
+    from planc.execute.pipeline.verify import verify_model
 
     write_st(tmp_path / "ck" / "model.safetensors",
              {"big": np.arange(1 << 20, dtype=np.float32).astype(BF16), "small": np.ones(4096, np.float32)})
@@ -157,7 +157,7 @@ def test_verify_of_fp8_in_pieces_of_a_row(tmp_path):
     compared a piece of a row at a time, each inside one block, bit-exact."""
     from planc.execute import execute
 
-    from planc.execute.verify import _verify_part
+    from planc.execute.pipeline.verify import _verify_part
 
     write_st(tmp_path / "ck" / "model.safetensors", _fp8(4, 1 << 17, 1 << 17))
     plan = compile_spec(_spec(tmp_path, tmp_path / "ck", [
@@ -250,8 +250,8 @@ def test_scatter_table_counts_in_the_device_peak(tmp_path):
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
 def test_gguf_host_dequantize_holds_its_output_and_one_chunk(qtype):
-    """planc.execute.gguf_dequant in bounded chunks: the output and one chunk's scratch (planc.plan.hostcost)."""
-    from planc.execute.gguf_dequant import dequantize
+    """planc.execute.kernels.gguf_dequant in bounded chunks: the output and one chunk's scratch (planc.plan.hostcost)."""
+    from planc.execute.kernels.gguf_dequant import dequantize
     from planc.plan.hostcost import SCRATCH_PER_VALUE
     from planc.manifest.ggml_types import BY_NAME
 
@@ -273,8 +273,8 @@ def test_gguf_host_part_and_its_verify_hold_what_they_count(tmp_path, quant, unp
     reference writes the rows in transformers' order with no second output, and `--verify` reads
     whole heads."""
     from planc.execute import execute
-    from planc.execute.hostpath import _host_transform
-    from planc.execute.verify import verify_model
+    from planc.execute.pipeline.hostpath import _host_transform
+    from planc.execute.pipeline.verify import verify_model
     from planc.tools.synth_gguf import write_gguf
 
     res = write_gguf(tmp_path / "ck", quant=quant, layers=1, hidden=1024 if unpermute else None)

@@ -40,14 +40,14 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
     pytest.skip("numba was imported before the CUDA simulator could be switched on, and no GPU is present",
                 allow_module_level=True)
 
-from planc.execute.events import CopyIssued  # noqa: E402
+from planc.execute.pipeline.events import CopyIssued  # noqa: E402
 from execute_support import (SMALL_IO, cli_run, fail_read_at, handmade, holds_open, interrupt_at,  # noqa: E402
                              gone, live_room_by_call, one_line, use_parts, watch_regions, refuse_direct_open, spec_file, synth)
 from hostile.corpus import CHECKPOINTS, SPECS, VALID, Case, ent, st_bytes, table, u8_shard  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.base.errors import AdmissionError, FingerprintError, Interrupted, PlancError, ReadError, SpecError
 from planc.execute import execute  # noqa: E402
-from planc.execute.memory import rss_bytes  # noqa: E402
+from planc.execute.device.memory import rss_bytes  # noqa: E402
 from planc.manifest import read_manifest  # noqa: E402
 from planc.plan.codec import save_plan  # noqa: E402
 from planc.spec.model import load_spec, validate_spec  # noqa: E402

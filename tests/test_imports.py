@@ -38,10 +38,10 @@ def test_compile_explain_inspect_import_no_gpu_or_tensor_libraries(tmp_path):
 GPU_PATH = """
 import json, os, sys
 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
-import planc, planc.face.api, planc.execute, planc.execute.loader, planc.execute.dispatch, planc.execute.driver
-import planc.execute.model, planc.execute.verify, planc.execute.launch, planc.execute.kernelruns
-import planc.execute.fp4_dispatch, planc.execute.gguf_dispatch
-from planc.execute import seam
+import planc, planc.face.api, planc.execute, planc.execute.pipeline.loader, planc.execute.kernels.dispatch, planc.execute.device.driver
+import planc.execute.pipeline.model, planc.execute.pipeline.verify, planc.execute.device.launch, planc.execute.pipeline.kernelruns
+import planc.execute.kernels.fp4_dispatch, planc.execute.kernels.gguf_dispatch
+from planc.execute.device import seam
 print(json.dumps([type(seam.device()).__name__, "numba" in sys.modules]))
 """
 
@@ -94,15 +94,16 @@ def test_the_executor_imports_no_face_but_the_torch_hand_off():
 
     root = Path(planc.__file__).parent / "execute"
     found = []
-    for f in sorted(root.glob("*.py")):
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root).as_posix()
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom):
                 mod = ("." * node.level) + (node.module or "")
-                if mod.startswith("..face") or mod.startswith("planc.face"):
-                    found.append((f.name, mod))
+                if mod.lstrip(".").startswith("face") or mod.startswith("planc.face"):
+                    found.append((rel, mod))
             elif isinstance(node, ast.Import):
-                found += [(f.name, a.name) for a in node.names if a.name.startswith("planc.face")]
-    assert found == [("model.py", "..face.torch")], found
+                found += [(rel, a.name) for a in node.names if a.name.startswith("planc.face")]
+    assert found == [("pipeline/model.py", "...face.torch")], found
 
 
 GPU_LAUNCHES = """
@@ -111,10 +112,10 @@ os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
 sys.path.insert(0, {tests!r})
 import numpy as np
 from execute_support import RecordingDevice
-from planc.execute import seam
-from planc.execute.fp4_dispatch import dequantize_fp4
-from planc.execute.geometry import GpuGrid
-from planc.execute.gguf_dispatch import dequantize_gguf
+from planc.execute.device import seam
+from planc.execute.kernels.fp4_dispatch import dequantize_fp4
+from planc.execute.device.geometry import GpuGrid
+from planc.execute.kernels.gguf_dispatch import dequantize_gguf
 
 dev = RecordingDevice(seam.device(), grid=GpuGrid(132), forward=False)
 dequantize_gguf(np.zeros(34, np.uint8), np.zeros(32, np.uint16), "Q8_0", "BF16", 32, dev=dev)

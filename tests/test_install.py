@@ -50,8 +50,8 @@ def test_wheel_installs_and_runs_the_demo(tmp_path):
     p = _pip("install", "--no-deps", "--no-compile", "--target", str(target), str(wheel))
     assert p.returncode == 0, p.stderr
     assert (target / "planc" / "specs" / "demo.yaml").is_file()
-    ptx = target / "planc" / "execute" / "ptx"  # the kernels' PTX ships: no compile at load time
-    assert (ptx / "index.json").is_file() and len(list(ptx.glob("*.ptx"))) == len(list((ROOT / "planc" / "execute" / "ptx").glob("*.ptx")))
+    ptx = target / "planc" / "execute" / "kernels" / "ptx"  # the kernels' PTX ships: no compile at load time
+    assert (ptx / "index.json").is_file() and len(list(ptx.glob("*.ptx"))) == len(list((ROOT / "planc" / "execute" / "kernels" / "ptx").glob("*.ptx")))
     assert (ptx / "cubins.json").is_file() and len(list(ptx.glob("*.cubin"))) == len(list(ptx.glob("*.ptx")))
 
     away = tmp_path / "elsewhere"

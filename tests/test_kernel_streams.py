@@ -23,9 +23,10 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
 
 from execute_support import SMALL_IO, assert_model, spec_file, synth  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
-from planc.execute import execute, seam  # noqa: E402
-from planc.execute.events import CopyIssued, KernelsLaunched  # noqa: E402
-from planc.execute.kernelruns import KernelRuns, reads_landing  # noqa: E402
+from planc.execute import execute  # noqa: E402
+from planc.execute.device import seam  # noqa: E402
+from planc.execute.pipeline.events import CopyIssued, KernelsLaunched  # noqa: E402
+from planc.execute.pipeline.kernelruns import KernelRuns, reads_landing  # noqa: E402
 
 
 class _Event:

@@ -1,4 +1,4 @@
-"""Bit-exact tests of the GPU kernels in planc.execute.kernels against planc.execute.refconv.
+"""Bit-exact tests of the GPU kernels in planc.execute.kernels.kernels against planc.execute.kernels.refconv.
 
 The CUDA simulator is switched on here, before numba is first imported, unless the environment
 already says otherwise: with NUMBA_ENABLE_CUDASIM=0 the same tests run on a real GPU. Each
@@ -25,9 +25,12 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
         allow_module_level=True,
     )
 
-from planc.execute import dispatch as D  # noqa: E402
-from planc.execute import kernels as K  # noqa: E402
-from planc.execute import refconv as R  # noqa: E402
+from planc.execute.kernels import dispatch as D  # noqa: E402
+from planc.execute.kernels import kernels as K  # noqa: E402
+from planc.execute.kernels import refconv as R  # noqa: E402
+from planc.execute.device.seam import default_device  # noqa: E402
+
+DEV = default_device()  # the simulator's (NUMBA_ENABLE_CUDASIM=1 above)
 
 NP = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 BITS = {"F32": np.uint32, "F16": np.uint16, "BF16": np.uint16}
@@ -74,7 +77,7 @@ def _convert(bits: np.ndarray, src: str, dst: str) -> np.ndarray:
     n = bits.size
     d_src = _dev(bits)
     d_dst = cuda.device_array(n * np.dtype(BITS[dst]).itemsize, dtype=np.uint8)
-    D.convert(d_src, d_dst, src, dst, n)
+    D.convert(d_src, d_dst, src, dst, n, dev=DEV)
     return _host(d_dst, dst)
 
 
@@ -82,7 +85,7 @@ def _ref(bits: np.ndarray, src: str, dst: str) -> np.ndarray:
     return R.convert_host(np.ascontiguousarray(bits).view(np.uint8), src, dst).view(BITS[dst])
 
 
-# NaN rules of the kernels (the module docstring of planc.execute.kernels).
+# NaN rules of the kernels (the module docstring of planc.execute.kernels.kernels).
 def _nan_to_bf16(f32_bits):
     return ((f32_bits >> 16) & 0x8000 | 0x7FC0).astype(np.uint16)
 
@@ -206,12 +209,12 @@ def test_16bit_conversion_in_place(src, dst):
         ]
     )
     buf = _dev(bits)
-    D.convert(buf, buf, src, dst, bits.size)
+    D.convert(buf, buf, src, dst, bits.size, dev=DEV)
     _assert_same(_host(buf, dst), _ref(bits, src, dst), dst)
     # the launcher on uint16 views, in place as well
     buf2 = _dev(bits)
     view = buf2.view(np.uint16)
-    D.launch_map("bf16_to_f16" if src == "BF16" else "f16_to_bf16", view, view, bits.size)
+    D.launch_map("bf16_to_f16" if src == "BF16" else "f16_to_bf16", view, view, bits.size, dev=DEV)
     _assert_same(_host(buf2, dst), _ref(bits, src, dst), dst)
 
 
@@ -272,32 +275,32 @@ def test_convert_inside_an_arena_leaves_the_rest_alone():
     arena_src = np.concatenate([arena_host[:16], src_bits.view(np.uint8), arena_host[16 + 4 * n:]])
     arena = cuda.to_device(arena_src)
     off_dst = 2048 + 6  # 2-byte aligned
-    D.convert(arena[16:16 + 4 * n], arena[off_dst:off_dst + 2 * n], "F32", "BF16", n)
+    D.convert(arena[16:16 + 4 * n], arena[off_dst:off_dst + 2 * n], "F32", "BF16", n, dev=DEV)
     out = arena.copy_to_host()
     want = arena_src.copy()
     want[off_dst:off_dst + 2 * n] = _ref(src_bits, "F32", "BF16").view(np.uint8)
     assert np.array_equal(out, want)
     # identical dtypes copy
-    D.convert(arena[16:16 + 4 * n], arena[3000:3000 + 4 * n], "F32", "F32", n)
+    D.convert(arena[16:16 + 4 * n], arena[3000:3000 + 4 * n], "F32", "F32", n, dev=DEV)
     assert np.array_equal(arena.copy_to_host()[3000:3000 + 4 * n], src_bits.view(np.uint8))
 
 
 def test_convert_refuses_bad_arguments():
     buf = cuda.device_array(64, dtype=np.uint8)
     with pytest.raises(ValueError, match="convertible"):
-        D.convert(buf, buf, "F64", "F32", 4)
+        D.convert(buf, buf, "F64", "F32", 4, dev=DEV)
     with pytest.raises(ValueError, match="aligned"):
-        D.convert(buf[1:33], buf[32:64], "F32", "BF16", 8)
+        D.convert(buf[1:33], buf[32:64], "F32", "BF16", 8, dev=DEV)
     with pytest.raises(ValueError, match="needed"):
-        D.convert(buf[:8], buf[32:64], "F32", "BF16", 8)
+        D.convert(buf[:8], buf[32:64], "F32", "BF16", 8, dev=DEV)
     with pytest.raises(ValueError, match="overlap"):
-        D.convert(buf[:32], buf[16:48], "F32", "BF16", 8)
+        D.convert(buf[:32], buf[16:48], "F32", "BF16", 8, dev=DEV)
     with pytest.raises(ValueError, match="overlap"):
-        D.convert(buf[:16], buf[2:18], "F16", "BF16", 8)
+        D.convert(buf[:16], buf[2:18], "F16", "BF16", 8, dev=DEV)
     with pytest.raises(ValueError, match="uint8"):
-        D.convert(buf.view(np.uint16), buf, "F16", "BF16", 8)
-    D.convert(buf, buf, "F32", "F32", 16)  # the same memory, the same dtype: nothing to do
-    D.convert(buf, buf, "F32", "BF16", 0)  # nothing at all
+        D.convert(buf.view(np.uint16), buf, "F16", "BF16", 8, dev=DEV)
+    D.convert(buf, buf, "F32", "F32", 16, dev=DEV)  # the same memory, the same dtype: nothing to do
+    D.convert(buf, buf, "F32", "BF16", 0, dev=DEV)  # nothing at all
 
 
 # ------------------------------------------------------------------------------------------
@@ -322,7 +325,7 @@ def _dequant(fp8, out_dtype, rows, cols, block, seed):
     n_scale = -(-rows // block) * -(-cols // block)
     s = _scales(rng, n_scale)
     out = cuda.device_array(rows * cols * np.dtype(BITS[out_dtype]).itemsize, dtype=np.uint8)
-    D.dequantize_fp8(_dev(w), _dev(s), out, fp8, out_dtype, rows, cols, block)
+    D.dequantize_fp8(_dev(w), _dev(s), out, fp8, out_dtype, rows, cols, block, dev=DEV)
     ref = R.dequantize_fp8_host(w, s.view(np.uint8), fp8, out_dtype, rows, cols, block)
     # The brief's formula, on the whole matrix at once.
     full = np.repeat(np.repeat(s.reshape(-(-rows // block), -1), block, 0), block, 1)[:rows, :cols]
@@ -367,18 +370,18 @@ def test_dequantize_fp8_refuses_bad_arguments():
     s = cuda.device_array(4, dtype=np.uint8)
     out = cuda.device_array(128, dtype=np.uint8)
     with pytest.raises(ValueError, match="FP8"):
-        D.dequantize_fp8(w, s, out, "F8_E8M0", "BF16", 8, 8)
+        D.dequantize_fp8(w, s, out, "F8_E8M0", "BF16", 8, 8, dev=DEV)
     with pytest.raises(ValueError, match="needed"):
-        D.dequantize_fp8(w, s, out, "F8_E4M3", "BF16", 8, 8, block=4)  # 4 scales wanted
+        D.dequantize_fp8(w, s, out, "F8_E4M3", "BF16", 8, 8, block=4, dev=DEV)  # 4 scales wanted
     with pytest.raises(ValueError, match="overlap"):
-        D.dequantize_fp8(out[:64], s, out, "F8_E4M3", "BF16", 8, 8)
+        D.dequantize_fp8(out[:64], s, out, "F8_E4M3", "BF16", 8, 8, dev=DEV)
 
 
 def test_fp8_device_table_is_cached():
-    assert D.fp8_device_table("F8_E4M3") is D.fp8_device_table("F8_E4M3")
-    assert D.fp8_device_table("F8_E4M3") is not D.fp8_device_table("F8_E5M2")
+    assert D.fp8_device_table("F8_E4M3", DEV) is D.fp8_device_table("F8_E4M3", DEV)
+    assert D.fp8_device_table("F8_E4M3", DEV) is not D.fp8_device_table("F8_E5M2", DEV)
     assert np.array_equal(
-        D.fp8_device_table("F8_E5M2").copy_to_host().view(np.uint32),
+        D.fp8_device_table("F8_E5M2", DEV).copy_to_host().view(np.uint32),
         R.fp8_table("F8_E5M2").view(np.uint32),
     )
 
@@ -393,7 +396,7 @@ def test_transpose_non_square(itemsize):
     rows, cols = 37, 70  # tiles of 32: partial tiles along both edges
     src = rng.integers(0, 256, rows * cols * itemsize, dtype=np.uint8)
     dst = cuda.device_array(src.size, dtype=np.uint8)
-    D.transpose2d(_dev(src), dst, rows, cols, itemsize)
+    D.transpose2d(_dev(src), dst, rows, cols, itemsize, dev=DEV)
     assert np.array_equal(dst.copy_to_host(), R.transpose_host(src, rows, cols, itemsize))
 
 
@@ -402,7 +405,7 @@ def test_transpose_thin_and_exact_tiles(rows, cols):
     rng = np.random.default_rng(rows * cols)
     src = rng.integers(0, 1 << 16, rows * cols, dtype=np.uint32).astype(np.uint16)
     dst = cuda.device_array(src.size * 2, dtype=np.uint8)
-    D.transpose2d(_dev(src), dst, rows, cols, 2)
+    D.transpose2d(_dev(src), dst, rows, cols, 2, dev=DEV)
     want = src.reshape(rows, cols).T.reshape(-1)
     assert np.array_equal(dst.copy_to_host().view(np.uint16), want)
 
@@ -410,10 +413,10 @@ def test_transpose_thin_and_exact_tiles(rows, cols):
 def test_transpose_refuses_bad_arguments():
     buf = cuda.device_array(64, dtype=np.uint8)
     with pytest.raises(ValueError, match="itemsize"):
-        D.transpose2d(buf, buf, 2, 2, 3)
+        D.transpose2d(buf, buf, 2, 2, 3, dev=DEV)
     with pytest.raises(ValueError, match="overlap"):
-        D.transpose2d(buf[:32], buf[16:48], 4, 8, 1)
-    D.transpose2d(buf, buf, 0, 5, 4)  # empty
+        D.transpose2d(buf[:32], buf[16:48], 4, 8, 1, dev=DEV)
+    D.transpose2d(buf, buf, 0, 5, 4, dev=DEV)  # empty
 
 
 # ------------------------------------------------------------------------------------------
@@ -456,7 +459,7 @@ def test_scalar_ops_compiled_by_numba_match_the_reference():
 
 def test_grid_choices():
     """Each device's geometry: the simulator's small grids, an H200's (132 multiprocessors) full ones."""
-    from planc.execute.geometry import GpuGrid, SimGrid
+    from planc.execute.device.geometry import GpuGrid, SimGrid
 
     sim = SimGrid()
     blocks, threads = sim.map(10**6)

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from numba.core import types as nt  # noqa: E402
 
-from planc.execute import launch  # noqa: E402
+from planc.execute.device import launch  # noqa: E402
 
 
 class DeviceLike:
@@ -67,6 +67,6 @@ def test_grid_dims():
 
 
 def test_disabled_under_the_simulator():
-    from planc.execute import seam
+    from planc.execute.device import seam
 
     assert not launch.enabled(seam.device())

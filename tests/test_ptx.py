@@ -1,7 +1,7 @@
-"""The PTX shipped in planc/execute/ptx is complete and current, checked without a GPU.
+"""The PTX shipped in planc/execute/kernels/ptx is complete and current, checked without a GPU.
 
 Complete: every launch the executor can make (each op and dtype pair the compiler can emit, each
-scatter width the schedule picks) is in `planc.execute.signatures`, found here by driving the
+scatter width the schedule picks) is in `planc.execute.kernels.signatures`, found here by driving the
 real dispatchers under the simulator on a recording device (what they hand to `device.launch`); and every one of
 those has a PTX file per shipped compute capability. Current: the index's source hash is that of
 today's kernel sources, so a kernel edited without building the PTX again fails here, with the
@@ -20,14 +20,14 @@ import pytest  # noqa: E402
 from numba import cuda  # noqa: E402
 
 from planc.base.dtypes import DTYPES, FLOAT_CONVERTIBLE, FP8_DEQUANTIZABLE  # noqa: E402
-from planc.execute import ptxindex, signatures  # noqa: E402
+from planc.execute.kernels import ptxindex, signatures  # noqa: E402
 
 INDEX = ptxindex.read()
 
 
 def test_index_was_built_from_the_current_kernel_sources():
     why = ptxindex.stale_reason(INDEX)
-    assert why is None, f"{why}, then commit planc/execute/ptx"
+    assert why is None, f"{why}, then commit planc/execute/kernels/ptx"
     assert signatures.REBUILD in ptxindex.stale_reason({"source_hash": "other"})
 
 
@@ -122,8 +122,8 @@ def test_the_table_is_every_launch_the_dispatchers_make():
 
     from execute_support import RecordingDevice
 
-    from planc.execute import dispatch
-    from planc.execute.seam import default_device
+    from planc.execute.kernels import dispatch
+    from planc.execute.device.seam import default_device
     from planc.compiler.schedule import _width
 
     dev = RecordingDevice(default_device(), forward=False)
@@ -156,7 +156,7 @@ def test_the_table_is_every_launch_the_dispatchers_make():
     for w in sorted(widths):
         kernels.scatter(buf, out, table, 0, 1, w, 0)
     kernels.zero(out, [(0, 64)], 0)
-    from planc.execute.gguf_dispatch import dequantize_gguf
+    from planc.execute.kernels.gguf_dispatch import dequantize_gguf
     from planc.manifest.ggml_types import DEQUANTIZABLE
 
     assert sorted(DEQUANTIZABLE) == list(signatures.GGUF_DEQUANTIZABLE)
@@ -165,7 +165,7 @@ def test_the_table_is_every_launch_the_dispatchers_make():
     for t in sorted(DEQUANTIZABLE):  # GGUF blocks into each float target
         for b in sorted(FLOAT_CONVERTIBLE):
             dequantize_gguf(buf, wide[b], t, b, 256, dev=dev)
-    from planc.execute.fp4_dispatch import dequantize_fp4
+    from planc.execute.kernels.fp4_dispatch import dequantize_fp4
 
     for fmt in ("mxfp4", "nvfp4"):  # FP4 into every float target, as stored and transposed
         for b in sorted(FLOAT_CONVERTIBLE):
@@ -178,7 +178,7 @@ def test_the_table_is_every_launch_the_dispatchers_make():
 
 
 def test_every_listed_kernel_name_has_a_dispatcher():
-    from planc.execute import ptxbuild
+    from planc.execute.kernels import ptxbuild
 
     reg = ptxbuild.registry()
     assert {n for n, _ in signatures.launches()} <= set(reg)
@@ -239,7 +239,7 @@ class _StandInDriver(list):
 def driver():
     """A `launch.Launcher` of its own on a stand-in driver (`_StandInDriver`, also the device: its
     capability is asked of it); returns the stand-in, `go` launching through the launcher."""
-    from planc.execute import launch
+    from planc.execute.device import launch
 
     calls = _StandInDriver()
     launcher = launch.Launcher(calls)
@@ -249,7 +249,7 @@ def driver():
 
 
 def test_a_launch_loads_its_shipped_ptx_once_and_compiles_nothing(driver):
-    from planc.execute import launch
+    from planc.execute.device import launch
 
     k, before = _Kernel(), driver.launcher.stats()
     for _ in range(3):
@@ -263,7 +263,7 @@ def test_a_launch_loads_its_shipped_ptx_once_and_compiles_nothing(driver):
 
 
 def test_machine_code_the_driver_refuses_leaves_the_ptx(driver):
-    from planc.execute import launch
+    from planc.execute.device import launch
 
     driver.refuse_cubin = True
     k, before = _Kernel(), driver.launcher.stats()
@@ -294,7 +294,7 @@ def test_ptx_the_driver_refuses_falls_back_with_the_reason(driver):
 
 
 def test_a_stale_index_is_not_used(driver):
-    from planc.execute import launch
+    from planc.execute.device import launch
 
     stale = ptxindex.table_of({**ptxindex.read(), "source_hash": "built from other sources"})
     launcher = launch.Launcher(driver, index=lambda: stale)
@@ -306,16 +306,16 @@ def test_a_stale_index_is_not_used(driver):
 
 
 def test_raw_launch_off_goes_through_numba(monkeypatch):
-    from planc.execute import launch, seam
+    from planc.execute.device import launch, seam
 
     monkeypatch.setenv("PLANC_RAW_LAUNCH", "0")
     assert not launch.enabled(seam.device())
 
 
 def test_the_shipped_launches_are_the_formats_own():
-    """Each kernel format's class lists its launches (`planc.execute.formats`); with the scatter and the
+    """Each kernel format's class lists its launches (`planc.execute.kernels.formats`); with the scatter and the
     zero-fill they are every launch the PTX is built for, each once (two same-width copies are one launch)."""
-    from planc.execute.formats import FORMATS
+    from planc.execute.kernels.formats import FORMATS
 
     own = [x for f in FORMATS.values() for x in f.launches()]
     rest = [signatures.scatter_launch(w) for w in signatures.SCATTER_WIDTHS] + [signatures.zero_launch()]

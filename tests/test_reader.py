@@ -7,7 +7,7 @@ import pytest
 
 from planc.plan import costs as costmodel
 from planc.base.errors import ReadError
-from planc.execute.reader import Reader
+from planc.execute.io.reader import Reader
 
 
 @pytest.fixture()
@@ -24,7 +24,7 @@ def blob(tmp_path):
 def test_read_strided_equals_numpy_slicing(blob, monkeypatch, window, offset, length, stride, count):
     import mmap
 
-    from planc.execute import reader as reader_mod
+    from planc.execute.io import reader as reader_mod
 
     d, data = blob
     r = Reader(str(d), "off", map_window=window)  # windows and segment pieces smaller than the reads
@@ -96,7 +96,7 @@ def test_a_mapped_window_is_faulted_in_before_its_copy(blob, pages, tail):
     import mmap
     import os
 
-    from planc.execute.reader import fault_in, map_window
+    from planc.execute.io.reader import fault_in, map_window
 
     d, data = blob
     fd = os.open(d / "f.bin", os.O_RDONLY)
@@ -127,7 +127,7 @@ def test_a_window_past_the_end_of_the_file_is_a_typed_short_read(blob):
     of the rest of the file."""
     import os
 
-    from planc.execute.reader import map_window
+    from planc.execute.io.reader import map_window
 
     d, _ = blob
     fd = os.open(d / "f.bin", os.O_RDONLY)
@@ -144,7 +144,7 @@ def test_a_window_past_the_end_of_the_file_is_a_typed_short_read(blob):
 def test_every_window_is_faulted_in_before_its_copy(blob, monkeypatch):
     """`read_strided` faults in each window it maps, whole, before copying out of it (watched by
     wrapping the real functions, not replacing them)."""
-    from planc.execute import reader as reader_mod
+    from planc.execute.io import reader as reader_mod
 
     d, data = blob
     order, real_fault, real_copy = [], reader_mod.fault_in, np.copyto
@@ -174,7 +174,7 @@ def test_every_window_is_faulted_in_before_its_copy(blob, monkeypatch):
 def test_a_failure_while_copying_a_window_propagates_as_itself(blob, monkeypatch):
     """An error in the middle of a window (here injected into the fault-in) reaches the caller as
     itself, not as the mapping's refusal to close while a view of it lives."""
-    from planc.execute import reader as reader_mod
+    from planc.execute.io import reader as reader_mod
 
     d, _ = blob
 

@@ -1,5 +1,5 @@
-"""The digest's read-and-hash loop (`planc.execute.readhash`, machine code in
-planc/execute/native): real reads from a real file, digests against the xxhash package's."""
+"""The digest's read-and-hash loop (`planc.execute.io.readhash`, machine code in
+planc/execute/io/native): real reads from a real file, digests against the xxhash package's."""
 
 import hashlib
 import json
@@ -12,8 +12,8 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planc.execute import readhash
-from planc.execute.reader import Reader
+from planc.execute.io import readhash
+from planc.execute.io.reader import Reader
 
 ON_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
 
@@ -21,7 +21,7 @@ ON_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64",
 def test_the_shipped_object_is_built_from_the_current_source():
     doc = json.loads(readhash.INDEX.read_text())[readhash.OBJECT.name]
     assert doc["source_sha256"] == hashlib.sha256(readhash.SOURCE.read_bytes()).hexdigest(), \
-        "planc/execute/native/readhash.c changed: run tools/build_native.sh"
+        "planc/execute/io/native/readhash.c changed: run tools/build_native.sh"
     assert doc["sha256"] == hashlib.sha256(readhash.OBJECT.read_bytes()).hexdigest()
     assert readhash.stale_reason() is None
 

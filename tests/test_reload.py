@@ -27,7 +27,7 @@ from execute_support import (SMALL_IO, assert_model, cast, cli_run, fail_read_at
 from planc.manifest import digest as dg  # noqa: E402
 from planc.manifest import digestcheck as dgc  # noqa: E402
 from planc.base.errors import DigestError, FingerprintError, PlanFormatError, ReadError, ReloadError, TornModelError  # noqa: E402
-from planc.execute.events import CopyIssued  # noqa: E402
+from planc.execute.pipeline.events import CopyIssued  # noqa: E402
 
 EXTENT = 64 << 10  # the smallest extent: a 300 KiB checkpoint spans several
 
@@ -56,7 +56,7 @@ def hasher(request, monkeypatch):
     through the xxhash package's functions only; copying out of a mapping of the file, or reading
     with pread), Python's on the reader's thread, or hasher threads after the reads
     (`digestread.AFTER_READ`). The report's `hasher` is returned."""
-    from planc.execute import digestread, readhash
+    from planc.execute.io import digestread, readhash
 
     native = request.param.startswith("native")
     if native and readhash.load() is None:
@@ -194,8 +194,8 @@ def test_a_freed_model_is_not_reloaded(tmp_path):
 
 
 def test_module_arena_splits_copies_at_tensor_boundaries():
-    from planc.execute.reload import ModuleArena
-    from planc.execute.seam import split_copies
+    from planc.execute.pipeline.reload import ModuleArena
+    from planc.execute.device.seam import split_copies
 
     arena = ModuleArena([(0, 10, "a"), (16, 8, "b"), (24, 4, "c")], 32)  # 6 bytes of padding after a
     assert arena.pieces(4, 24) == [("a", 4, 0, 6), ("b", 0, 12, 8), ("c", 0, 20, 4)]
@@ -287,7 +287,7 @@ def test_the_loop_hashes_the_leaves_across_two_reads(tmp_path, models, hasher, w
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_flipped_byte_before_a_read_s_first_byte_is_caught(tmp_path, models, where, way, monkeypatch):
     """A byte of a leaf that lies in the read before the one that hashes the leaf, or in it."""
-    from planc.execute import readhash
+    from planc.execute.io import readhash
 
     if readhash.load() is None:
         pytest.skip(readhash.why_not)
@@ -526,7 +526,7 @@ def _flipped(path, at: int, bit: int):
 
 def _reader_over(tmp_path, seed: int):
     """A `Reader` with one 1 MiB file of random bytes open; (reader, the bytes)."""
-    from planc.execute.reader import Reader
+    from planc.execute.io.reader import Reader
 
     f = tmp_path / "f.bin"
     data = np.random.default_rng(seed).integers(0, 256, 1 << 20, dtype=np.uint8)
@@ -678,7 +678,7 @@ def test_hashing_after_the_reads_hashes_whole_leaves_on_hasher_threads_and_catch
     hashed once, and a byte flipped in such a leaf fails the load with the extent's range."""
     import threading
 
-    from planc.execute import digestread
+    from planc.execute.io import digestread
 
     monkeypatch.setattr(digestread, "AFTER_READ", 2)
     threads = []
@@ -728,7 +728,7 @@ def test_a_chained_leaf_s_first_part_is_loaded_as_it_was_hashed(tmp_path, models
     """The file changes right after the read that begins a chained leaf hashed its part: the load
     must put on the device the bytes it hashed (the next call of that read stops at the part's
     first byte), so it passes and the model is the file as it was."""
-    from planc.execute import readhash
+    from planc.execute.io import readhash
 
     if readhash.load() is None:
         pytest.skip(readhash.why_not)
@@ -760,7 +760,7 @@ def test_a_mapped_call_that_stops_part_way_leaves_the_chained_state_as_it_was(tm
     chained leaf: the call is read again with pread from the state as it was, and the load passes."""
     import ctypes
 
-    from planc.execute import readhash
+    from planc.execute.io import readhash
 
     rh = readhash.load()
     if rh is None:
@@ -800,7 +800,7 @@ def test_a_mapped_call_that_stops_part_way_leaves_the_chained_state_as_it_was(tm
 
 
 def test_a_paired_leaf_s_bytes_before_its_last_part_are_read_once(tmp_path, models, monkeypatch):
-    from planc.execute import readhash
+    from planc.execute.io import readhash
 
     if readhash.load() is None:
         pytest.skip(readhash.why_not)
@@ -822,7 +822,7 @@ def test_a_paired_leaf_s_bytes_before_its_last_part_are_read_once(tmp_path, mode
 def test_with_o_direct_a_chained_leaf_s_first_part_is_hashed_in_the_read_s_one_call(tmp_path, models, monkeypatch):
     """Reads with O_DIRECT begin on a block, so the part that begins a chained leaf is the last
     span of the read's one call, not a read of its own; every byte hashed once, the model exact."""
-    from planc.execute import readhash
+    from planc.execute.io import readhash
 
     if readhash.load() is None:
         pytest.skip(readhash.why_not)

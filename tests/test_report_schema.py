@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from execute_support import SMALL_IO, spec_file, synth  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.execute import execute  # noqa: E402
-from planc.execute.records import Count, DeviceMemory, HostMemory, Limits, Report  # noqa: E402
+from planc.execute.pipeline.records import Count, DeviceMemory, HostMemory, Limits, Report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,8 +16,8 @@ import pytest
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 from planc.face import prestart  # noqa: E402
-from planc.execute import ring, seam  # noqa: E402
-from planc.execute.ring import Pinner, Slots  # noqa: E402
+from planc.execute.device import seam  # noqa: E402
+from planc.execute.io.ring import Pinner, Slots  # noqa: E402
 
 MIB = 1 << 20
 
@@ -26,26 +26,31 @@ def _pin_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("planc-pin")]
 
 
+class Pinning:
+    """The simulator's device, with each ring slot's pinning handed to `pin(nbytes)` first."""
+
+    def __init__(self, pin):
+        self.inner, self.pin = seam.default_device(), pin
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def pinned_bytes(self, nbytes):
+        self.pin(nbytes)
+        return self.inner.pinned_bytes(nbytes)
+
+
 def test_lanes_pin_every_slot_once_and_in_order():
     n = 12
     slots, owners = Slots([None] * n), Slots([None] * n)
     taken = []
-    real = ring.pinned_ring
-
-    def pinned(nbytes):
-        taken.append(threading.current_thread().name)
-        return real(nbytes)
-
-    ring.pinned_ring = pinned
-    try:
-        p = Pinner(slots, owners, 64 * 1024, lanes=4)
-        for k in range(n):
-            p.wait(k)
-            assert slots[k] is not None and slots[k].nbytes == 64 * 1024
-            assert slots[k].ctypes.data % seam.ALIGN == 0
-        p.stop()
-    finally:
-        ring.pinned_ring = real
+    dev = Pinning(lambda nbytes: taken.append(threading.current_thread().name))
+    p = Pinner(slots, owners, 64 * 1024, dev, lanes=4)
+    for k in range(n):
+        p.wait(k)
+        assert slots[k] is not None and slots[k].nbytes == 64 * 1024
+        assert slots[k].ctypes.data % seam.ALIGN == 0
+    p.stop()
     assert len(taken) == n and len(set(taken)) <= 4 and len(p.jobs) == 4
     assert len({s.ctypes.data for s in slots}) == n  # twelve buffers, none shared
     assert _pin_threads() == []
@@ -53,32 +58,27 @@ def test_lanes_pin_every_slot_once_and_in_order():
 
 def test_a_lane_that_fails_raises_at_the_wait_and_the_others_stop():
     slots, owners = Slots([None] * 8), Slots([None] * 8)
-    real, calls = ring.pinned_ring, []
+    calls = []
     lock = threading.Lock()
 
-    def pinned(nbytes):
+    def pin(nbytes):
         with lock:
             calls.append(1)
             if len(calls) == 3:
                 raise MemoryError("injected: no pinned memory")
-        return real(nbytes)
 
-    ring.pinned_ring = pinned
-    try:
-        p = Pinner(slots, owners, 4096, lanes=2)
-        with pytest.raises(MemoryError, match="injected"):
-            for k in range(8):
-                p.wait(k)
-        p.stop()
-    finally:
-        ring.pinned_ring = real
+    p = Pinner(slots, owners, 4096, Pinning(pin), lanes=2)
+    with pytest.raises(MemoryError, match="injected"):
+        for k in range(8):
+            p.wait(k)
+    p.stop()
     assert any(s is None for s in slots) and len(calls) < 8 + 2
     assert _pin_threads() == []
 
 
 def test_stop_while_pinning_leaves_no_thread_and_no_slot_taken_after_it():
     slots, owners = Slots([None] * 64), Slots([None] * 64)
-    p = Pinner(slots, owners, MIB, lanes=3)
+    p = Pinner(slots, owners, MIB, seam.default_device(), lanes=3)
     p.wait(0)
     p.stop()
     pinned = sum(s is not None for s in slots)
@@ -87,7 +87,7 @@ def test_stop_while_pinning_leaves_no_thread_and_no_slot_taken_after_it():
 
 
 def test_release_later_gives_the_ring_back_off_the_callers_thread():
-    slots = Slots([seam.pinned_ring(MIB)[1] for _ in range(3)])
+    slots = Slots([seam.pinned_ring(seam.default_device(), MIB)[1] for _ in range(3)])
     gone = weakref.ref(slots)
     freed_on = []
     weakref.finalize(slots, lambda: freed_on.append(threading.current_thread().name))
@@ -106,8 +106,8 @@ def test_a_finished_loads_ring_is_unpinned_before_the_next_load_measures(tmp_pat
     it first thing, so its baseline and admission see the memory free."""
     from planc.compiler.compile import compile_spec
     from planc.execute import execute
-    from planc.execute.allocation import Regions
-    from planc.execute.parts import Parts
+    from planc.execute.pipeline.allocation import Regions
+    from planc.execute.pipeline.parts import Parts
     from planc.tools.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0)
@@ -145,8 +145,9 @@ def test_the_lanes_start_after_the_files_are_open_and_the_readers_threads_exist(
     """Populating a slot holds the memory-map lock that mapping a file and starting a thread wait for:
     the caller's steps come first, and the lanes start last."""
     from planc.compiler.compile import compile_spec
-    from planc.execute import allocation, execute
-    from planc.execute.parts import Parts
+    from planc.execute.pipeline import allocation
+    from planc.execute import execute
+    from planc.execute.pipeline.parts import Parts
     from planc.tools.synth import write_checkpoint
 
     write_checkpoint(tmp_path / "ck", "dense", seed=0, shards=2)
@@ -180,7 +181,7 @@ def test_a_thread_that_cannot_start_leaves_no_thread_waiting():
     the error leaves at once, and no thread already started is left waiting or pinning."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from planc.execute import allocation
+    from planc.execute.pipeline import allocation
 
     real_start = threading.Thread.start
     started = []
@@ -202,7 +203,7 @@ def test_a_thread_that_cannot_start_leaves_no_thread_waiting():
         started.clear()
         ring = Slots([None] * 8)
         with pytest.raises(RuntimeError):
-            Pinner(ring, Slots([None] * 8), MIB, lanes=4)
+            Pinner(ring, Slots([None] * 8), MIB, seam.default_device(), lanes=4)
     finally:
         threading.Thread.start = real_start
     assert all(not t.is_alive() for t in started)  # the lanes that started were stopped

@@ -26,8 +26,9 @@ from planc.base import simulation  # noqa: E402
 PACKAGE = Path(planc.__file__).resolve().parent
 # Who may ask the choice: the seam choosing the device, and what runs before any device exists
 # (`planc run`'s head start, `budget.device: auto` at compile, the demo, the PTX build's guard).
-CALLERS = {"execute/seam.py", "face/prestart.py", "base/device.py", "face/demo.py", "execute/ptxbuild.py"}
-KERNEL_MODULES = ("execute/kernels.py", "execute/gguf_kernels.py", "execute/fp4_kernels.py", "execute/scatter.py")
+CALLERS = {"execute/device/seam.py", "face/prestart.py", "base/device.py", "face/demo.py", "execute/kernels/ptxbuild.py"}
+KERNEL_MODULES = ("execute/kernels/kernels.py", "execute/kernels/gguf_kernels.py", "execute/kernels/fp4_kernels.py",
+                  "execute/kernels/scatter.py")
 
 
 def _trees():
@@ -57,7 +58,7 @@ def test_only_the_choosing_module_reads_the_simulator_flag():
 def test_only_the_choosing_callers_ask_whether_simulated():
     askers = {rel for rel, tree in _trees() if _asks_simulated(tree)}
     assert askers <= CALLERS | {"base/simulation.py"}, askers - CALLERS
-    assert "execute/seam.py" in askers  # the device is chosen from it
+    assert "execute/device/seam.py" in askers  # the device is chosen from it
 
 
 def test_kernel_modules_are_handed_the_target():
@@ -68,7 +69,7 @@ def test_kernel_modules_are_handed_the_target():
 
 
 def test_the_seam_has_no_choice_of_its_own():
-    from planc.execute import seam
+    from planc.execute.device import seam
 
     assert not hasattr(seam, "_simulator_chosen")
     assert seam.Gpu.target == simulation.GPU and not seam.Gpu.simulated
@@ -100,7 +101,7 @@ def test_numba_and_the_choice_agree_in_a_process():
 
 
 def test_choose_simulator_before_numba_is_imported():
-    code = ("import planc.base.simulation as t; t.choose_simulator(); from planc.execute import seam; "
+    code = ("import planc.base.simulation as t; t.choose_simulator(); from planc.execute.device import seam; "
             "d = seam.default_device(); print(type(d).__name__, d.target)")
     assert _fresh("0", code) == ["Simulator", simulation.SIM]
 
@@ -113,10 +114,10 @@ def test_gguf_kernels_built_for_the_simulator_give_the_products_plainly():
         pytest.skip("the simulator's kernels run only under the simulator")
     from numba import cuda
 
-    from planc.execute import gguf_dispatch, gguf_kernels
-    from planc.execute.gguf_dispatch import dequantize_gguf
-    from planc.execute.seam import Simulator
-    from planc.execute.gguf_dequant import dequantize
+    from planc.execute.kernels import gguf_dispatch, gguf_kernels
+    from planc.execute.kernels.gguf_dispatch import dequantize_gguf
+    from planc.execute.device.seam import Simulator
+    from planc.execute.kernels.gguf_dequant import dequantize
     from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     assert set(gguf_kernels.kernels(simulation.SIM)) == set(gguf_dispatch.NAMES)

@@ -185,7 +185,7 @@ def test_mapped_windows_are_what_the_plan_counts(ckpt, monkeypatch, window):
     import mmap as mmap_mod
 
     from planc.plan import costs as costmodel
-    from planc.execute import reader as reader_mod
+    from planc.execute.io import reader as reader_mod
 
     d, t = ckpt
     rules = [{"match": "l.*.mlp.down_proj.weight", "split": {"dim": 1}},

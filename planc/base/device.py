@@ -18,6 +18,18 @@ def check_device(device: str) -> str:
     return device
 
 
+def device_arg(device) -> str:
+    """`device=` of a load: `cuda` or `cuda:N`, else a `SpecError` (`bad-device`) before anything is
+    compiled or allocated."""
+    from .codes import Code
+    from .errors import SpecError
+
+    try:
+        return check_device(device)
+    except ValueError as e:
+        raise SpecError(f"device {e}", code=Code.BAD_DEVICE) from None
+
+
 def brief(value, limit: int = 80) -> str:
     """repr() for messages: clipped, and safe for ints past the interpreter's str-conversion limit."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
@@ -45,7 +57,7 @@ def capacity(device: str) -> tuple[int | None, str]:
     if simulation.simulated():
         return None, f"auto: {device} is simulated (NUMBA_ENABLE_CUDASIM=1), its capacity is unknown"
     try:
-        from ..execute import driver
+        from ..execute.device import driver
 
         n = driver.device_count()
         idx = index(device)

@@ -100,7 +100,7 @@ def dtype(name: str) -> DType:
 #   dequantize    any      F8_E4M3, F8_E5M2 (F32 scale) F32, F16, BF16
 #   dequantize    any      an FP4 weight and scale      F32, F16, BF16   (planc.base.fp4: MXFP4, NVFP4)
 #   dequantize_t  any      an FP4 weight and scale      F32, F16, BF16
-#   gguf          any      U8 (GGUF blocks, the part's  F32, F16, BF16   (planc.execute.gguf_dequant; the
+#   gguf          any      U8 (GGUF blocks, the part's  F32, F16, BF16   (planc.execute.kernels.gguf_dequant; the
 #                          `ggml` type: Q8_0 ... Q6_K)                    block type checked by plancheck)
 
 def op_problem(op: str, path: str, src: str, dst: str, scale: str | None = None, add: bool = False) -> str | None:

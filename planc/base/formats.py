@@ -9,7 +9,7 @@ stored value a device kernel turns into the loaded one.
 
 `kernel_format(op, weight_dtype, scale_dtype)` is the format a part's kernel has, from its op and
 its inputs' dtypes: the compiler writes it, the plan reader holds each kernel record to it, and the
-executor looks the format's launcher up by it (`planc.execute.formats`).
+executor looks the format's launcher up by it (`planc.execute.kernels.formats`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ negatives. `transpose` swaps the last two dims of the dequantized tensor (transf
 experts hold `gate_up_proj` `[E, H, 2I]` where gpt-oss stores `[E, 2I, H]`).
 
 This module imports nothing heavy: binding and plan checks use it; the reference dequantization
-is `planc.execute.fp4ref`, the kernels `planc.execute.fp4_kernels`.
+is `planc.execute.kernels.fp4ref`, the kernels `planc.execute.kernels.fp4_kernels`.
 """
 
 from __future__ import annotations

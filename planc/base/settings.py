@@ -26,7 +26,7 @@ from pathlib import Path
 DEFAULT_HOST_RESERVE = 256 * 2**20
 PIN_METHODS = ("register", "alloc")
 # How a digest-verified load hashes (PLANC_DIGEST_HASH): the read-and-hash loop at its widest level
-# or at one named (planc.execute.readhash.LEVELS), or Python's hasher on the reader's thread.
+# or at one named (planc.execute.io.readhash.LEVELS), or Python's hasher on the reader's thread.
 DIGEST_HASHES = ("best", "avx512", "avx2", "scalar", "package", "python")
 # How the loop gets a digest-verified load's bytes (PLANC_DIGEST_READ): read with `pread` piece by
 # piece and hashed from the slot (`pread`), or, for files read through the page cache, copied out of

@@ -5,7 +5,7 @@ own flag once numba is imported (numba fixes its mode at import, so a process ne
 Output: `simulated()` and `name()` (`SIM` or `GPU`, the target a kernel module builds for).
 
 Everything else goes through here: the device seam picks `Simulator` or `Gpu` from it
-(`planc.execute.seam.default_device`), and the kernel modules are handed the target by that device
+(`planc.execute.device.seam.default_device`), and the kernel modules are handed the target by that device
 (`gguf_kernels.kernels(target)`) instead of asking; `planc run`'s head start, `budget.device: auto`
 and the demo ask here before numpy or numba is imported. This module imports the standard library alone.
 """

@@ -64,10 +64,10 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
     from ..execute import execute
 
     if device is not None:
-        from ..execute import _device_arg
+        from ..base.device import device_arg
 
-        device = _device_arg(device)  # before a spec is compiled
-    from ..execute import resolve_settings
+        device = device_arg(device)  # before a spec is compiled
+    from ..execute.pipeline.run import resolve_settings
 
     verify, digest = _verify_arg(verify, digest)
     s = resolve_settings(settings)  # once, before anything is read; compile and execute both see it
@@ -149,10 +149,11 @@ def _load_inplace(module, spec_or_plan, *, rank, device, verify, settings, diges
         raise HandoffError("load_into(inplace=True) verifies with verify='digest' (hashing as it streams), not "
                            "verify=True", code=Code.BAD_VERIFY)
     from ..base import settings as _settings
-    from ..execute import execute, resolve_settings
-    from ..execute.reload import Into, ModuleArena, ReusedRegions, check_inplace
+    from ..execute import execute
+    from ..execute.pipeline.run import resolve_settings
+    from ..execute.pipeline.reload import Into, ModuleArena, ReusedRegions, check_inplace
     from .inplace import module_targets
-    from ..execute.seam import default_device
+    from ..execute.device.seam import default_device
 
     s = resolve_settings(settings)
     with _settings.using(s):

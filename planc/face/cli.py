@@ -597,7 +597,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
             check_device(device)
         except ValueError as e:
             raise _usage(f"--device {e}") from None
-    from ..execute import seam
+    from ..execute.device import seam
 
     # The driver starts while the executor is imported and the plan read (the device's context too,
     # where --device or LOCAL_RANK names it already, or the saved plan does).
@@ -633,7 +633,7 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
         if as_json:
             _emit_json(model.report.as_json())
         else:
-            from ..execute.report import render_report
+            from ..execute.pipeline.report import render_report
 
             render_report(model.report, out)
     finally:
@@ -857,7 +857,7 @@ def _exit(rc: int) -> None:
     import atexit
     import threading
 
-    driver, seam = sys.modules.get("planc.execute.driver"), sys.modules.get("planc.execute.seam")
+    driver, seam = sys.modules.get("planc.execute.device.driver"), sys.modules.get("planc.execute.device.seam")
     if driver is not None:  # the driver's head start (`planc run --help`, a usage error): let it finish,
         driver.wait_started()  # never leave the driver half started to the exit
     unpinning = []

@@ -99,7 +99,7 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
         choose_simulator()
     console.print(f"[bold]3. run[/bold] on {'the GPU' if gpu else 'the CUDA simulator (no GPU found)'}, with --verify")
     from ..execute import execute
-    from ..execute.report import render_report
+    from ..execute.pipeline.report import render_report
 
     model = execute(plan, verify=True)
     try:

@@ -1,5 +1,5 @@
 """A torch module's own tensors as the memory a load writes into (`planc.load_into(..., inplace=True)`):
-the module + a plan -> (arena offset, bytes, destination) for `planc.execute.reload.ModuleArena`, each
+the module + a plan -> (arena offset, bytes, destination) for `planc.execute.pipeline.reload.ModuleArena`, each
 tensor checked against the plan's first (present, same shape and dtype, contiguous, on the device).
 """
 
@@ -46,7 +46,7 @@ def module_targets(module, plan, simulated: bool) -> tuple[list, dict]:
 def _destination(p, nbytes: int, simulated: bool):
     if simulated:
         return _HostBytes(p.view(-1).view(__import__("torch").uint8).numpy())
-    from ..execute import driver
+    from ..execute.device import driver
 
     return driver.DeviceArray(p, p.data_ptr(), (nbytes,), "uint8")
 

@@ -88,7 +88,7 @@ def start_run(argv: list[str]) -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if simulation.simulated() or "--help" in argv:
         return
-    from ..execute import driver
+    from ..execute.device import driver
 
     dev = run_device(argv)
     driver.prewarm(None if dev is None else (int(dev.split(":", 1)[1]) if ":" in dev else 0))

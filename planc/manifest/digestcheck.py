@@ -263,14 +263,14 @@ class Verifier:
         self.root = plan.checkpoint.root
         self.aborted = False
         self.cause: BaseException | None = None  # the first failure that aborted the load (a mismatch)
-        self.hasher = "python"  # or "native": the reader's read-and-hash loop (planc.execute.readhash)
+        self.hasher = "python"  # or "native": the reader's read-and-hash loop (planc.execute.io.readhash)
         self.simd: str | None = None  # the loop's level for long leaves (readhash.LEVELS), with "native"
         self.read = "pread"  # or "mapped": how the loop gets bytes read through the page cache (PLANC_DIGEST_READ)
         self.hash_extent = extent_hash  # an extent's hash from its leaves' digests (the loop's own, with it)
         self.fill_bytes = self.reread_bytes = self.hashed_bytes = self.prefix_bytes = 0
         # A shared leaf whose last part begins a read ("paired") is hashed by that read, with the
         # bytes before it read again and compared with those the earlier reads loaded: set by a
-        # reader that hashes whole reads in machine code (`planc.execute.digestread`), before any read
+        # reader that hashes whole reads in machine code (`planc.execute.io.digestread`), before any read
         self.paired = False
         self.verify_seconds = self.wait_seconds = 0.0
         self._thread_stats: dict = {}  # reader thread -> [hashed bytes, seconds, of those bytes hashed in the loop]

@@ -33,7 +33,7 @@ OPS = ("copy", "convert", "dequantize", "transpose", "dequantize_t", "gguf")
 KERNEL_OPS = ("convert", "dequantize", "transpose", "dequantize_t", "gguf")
 DEQUANTIZE_OPS = ("dequantize", "dequantize_t")  # dequantize_t: an FP4 weight, its last two dims swapped
 # gguf: a GGUF tensor's quantized blocks (read as U8 rows of whole blocks, its GGML type in the part's
-# `ggml`) dequantized to F32, F16 or BF16 (`planc.execute.gguf_dequant`, `planc.execute.gguf_kernels`).
+# `ggml`) dequantized to F32, F16 or BF16 (`planc.execute.kernels.gguf_dequant`, `planc.execute.kernels.gguf_kernels`).
 PATHS = ("direct", "host")
 DIRECT_MODES = ("auto", "on", "off")
 
@@ -275,7 +275,7 @@ class Request(NamedTuple):
 class Kernel(NamedTuple):
     """One launch: a part's values (and those of `more`, end to end) from their source bytes to the
     arena. `format` names the kernel family (`planc.base.formats`: float, transpose, fp8, mxfp4,
-    nvfp4, gguf): the executor launches it through that format's class (`planc.execute.formats`)."""
+    nvfp4, gguf): the executor launches it through that format's class (`planc.execute.kernels.formats`)."""
 
     part: int
     op: str  # convert | dequantize | transpose | dequantize_t | gguf

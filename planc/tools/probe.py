@@ -112,7 +112,7 @@ def _direct_reader(path: Path, size: int):
     where the file system refuses O_DIRECT, at the open or at a first read of one page (as auto
     falls back)."""
     from ..base.errors import ReadError
-    from ..execute.reader import Reader
+    from ..execute.io.reader import Reader
 
     r = Reader(str(path.parent), "on")
     try:
@@ -130,7 +130,7 @@ MIN_SIZE = 64 << 20  # bytes of the scratch file, at least: `probe --size` below
 
 def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 3, progress=None) -> dict:
     """The probe's figures, warm and cold, as the JSON document `planc probe` writes."""
-    from ..execute.reader import Reader
+    from ..execute.io.reader import Reader
 
     folder.mkdir(parents=True, exist_ok=True)
     if size < MIN_SIZE:  # the figures need the 16 MiB row reads and 64 MiB of page-sized requests

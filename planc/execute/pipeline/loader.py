@@ -1,0 +1,242 @@
+"""The load pipeline: plan runs -> reads into pinned slots -> async copies -> kernels.
+
+Threads: a pool of `io.workers` readers fills slots with `preadv`; the calling thread issues the
+copies on the load's stream, a run's requests as their reads finish, in any order, and runs in
+plan order; a run's kernels go on a stream of their own behind an event recorded after its copies
+(`kernelruns.KernelRuns`), so they run while the next runs' copies go on. A run's first copy waits
+for the kernels that last read its landing region, and an in-place conversion runs only after its
+bytes arrived. A slot is refilled only after the event recorded after its copies has completed
+(fence and swap).
+
+`Pipeline` is this loop, composed of the parts it is given (`execute` builds them, in one place):
+the load's regions (`allocation.Regions`: arena, landing, staging, the pinned ring), the reader
+(`reader.Reader`), the pool its reads are submitted to, the kernel runs (`kernelruns.KernelRuns`),
+the host path (`hostpath.HostPath`), the live-room check (`memory.live_room`) and the observer of
+its events (`events`). The device itself is reached only through the device object it is given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from ...plan.admission import dominant_step
+from ...base.errors import AdmissionError, ExecuteError
+from ...plan.records import Refusal
+from ...base.units import gib
+from ..kernels import dispatch
+from .events import CopyIssued, ReadDone, RunDone, RunStarted, Step
+from ...base.codes import Code
+
+
+def new_counters() -> dict:
+    """The load's issued counts, added to by each part."""
+    return {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
+
+
+def new_timings() -> dict:
+    return {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "wait_pin": 0.0, "wait_hash": 0.0, "issue": 0.0,
+            "admit": 0.0, "final_sync": 0.0}
+
+
+class Pipeline:
+    """One load's loop over the plan's runs (`run`), composed of the parts it is given."""
+
+    def __init__(self, plan, *, dev, stream, regions, reader, submit, kernels, host, live_room, observer,
+                 counters: dict, timings: dict):
+        self.plan, self.dev, self.stream = plan, dev, stream
+        self.regions, self.reader, self.submit = regions, reader, submit
+        self.kernels, self.host, self.live_room, self.observer = kernels, host, live_room, observer
+        self.counters, self.timings = counters, timings
+        self.slot = plan.io.slot_bytes
+        self.free_slots: deque = deque(range(plan.layout.ring_bytes // self.slot))
+        self.copying: deque = deque()  # (slot, event)
+        self.pending: deque = deque()  # (run, request index, request, slot, future)
+        self.remaining = [len(r.requests) for r in plan.runs]
+        self.guarded = -1  # the last run whose copies began (`KernelRuns.before_copies`)
+        self.slot_free = getattr(reader, "slot_free", None)  # a digest reader hashing after its reads
+
+    # -- the pipeline -----------------------------------------------------------------------
+    def run(self) -> None:
+        t_run = time.perf_counter()
+        runs = self.plan.runs
+        for r in runs:
+            self._admit_run(r)
+            self.observer(RunStarted(r.index))
+            for qi, req in enumerate(r.requests):
+                slot = self._acquire_slot()
+                fut = self.submit(self._read, r, qi, req, slot)
+                self.pending.append((r, qi, req, slot, fut))
+                self._complete_ready()
+            if r.host_parts:
+                self._drain()
+                for h in r.host_parts:
+                    self.host.run(r, h, self._acquire_slot, self._fence)
+            if not r.requests:
+                self._launch_kernels(r)
+        self._drain()
+        self.regions.ready()
+        self.kernels.flush_deferred()
+        t0 = time.perf_counter()
+        self.stream.synchronize()
+        self.kernels.synchronize()
+        self.timings["final_sync"] = time.perf_counter() - t0
+        self.observer(Step("final_sync", start=t0))
+        self.observer(Step("run", start=t_run))
+
+    def _launch_kernels(self, r) -> None:
+        self.kernels.launch(r)
+        self.observer(RunDone(r.index))
+
+    def _admit_run(self, r) -> None:
+        self.kernels.flush_readers_of(r.landing_region)
+        need = r.host_bytes
+        if not need:
+            return
+        t0 = time.perf_counter()
+        room = self.live_room(r.index)
+        self.timings["admit"] += time.perf_counter() - t0
+        if need <= room.room_bytes:
+            return
+        self.counters["run_waits"] += 1
+        self._drain()
+        self.stream.synchronize()
+        self.kernels.synchronize()
+        room = self.live_room(r.index)
+        if need <= room.room_bytes:
+            return
+        raise AdmissionError.of(Refusal(
+            Code.LIVE_ROOM, r.index, dominant_step(self.plan, r.index)[0], need, room.room_bytes,
+            f"refused at run {r.index}: it needs {need:,} bytes ({gib(need)}) of host memory for host-path "
+            f"buffers, the live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}: available "
+            f"{room.available_bytes}, cgroup room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}) "
+            f"with nothing else in flight; free memory, or move the rule to on: device"))
+
+    def _read(self, r, qi: int, req, slot: int) -> int:
+        """On a reader's thread: request `qi` of run `r` into its ring slot."""
+        t0 = time.perf_counter()
+        ring = self.regions.ring
+        if req.stride:
+            n = self.reader.read_strided(req.file, req.offset, req.length, req.stride, req.count, ring[slot])
+        else:
+            n = self.reader.read_into(req.file, req.offset, req.length, ring[slot], req.needed)
+        self.observer(ReadDone(r.index, qi, req.length * req.count if req.stride else req.length, bool(req.stride),
+                               start=t0))
+        return n
+
+    def _slot(self, k: int) -> int:
+        if self.regions.ring[k] is None:
+            t0 = time.perf_counter()
+            self.regions.pinner.wait(k)
+            self.timings["wait_pin"] += time.perf_counter() - t0
+        if self.slot_free is not None:
+            t0 = time.perf_counter()
+            self.slot_free(self.regions.ring[k])
+            self.timings["wait_hash"] += time.perf_counter() - t0
+        return k
+
+    def _fence(self, slot: int) -> None:
+        """Record the slot's event after its copies; the slot is refilled only once the event completes."""
+        events = self.regions.events
+        ev = events[slot]
+        if ev is None:
+            ev = events[slot] = self.dev.event()
+        ev.record(self.stream)
+        self.copying.append((slot, ev))
+
+    def _acquire_slot(self) -> int:
+        while not self.free_slots:
+            if self._complete_ready():
+                continue
+            if self.pending and not self.copying:
+                self._wait_read()
+            elif self.copying:
+                slot, ev = self.copying.popleft()
+                t0 = time.perf_counter()
+                ev.synchronize()
+                self.timings["wait_slots"] += time.perf_counter() - t0
+                self.observer(Step("slot_wait", start=t0))
+                self.free_slots.append(slot)
+            else:
+                raise ExecuteError("the ring has no slot to give and nothing in flight", code=Code.RING_STUCK)
+        return self._slot(self.free_slots.popleft())
+
+    def _sendable(self) -> list:
+        """The pending requests that may be sent on once read: those of the oldest run with requests
+        in flight, in any order. A later run's wait: it may land in the region its run shares with
+        that run's neighbour, whose kernels have not been launched yet."""
+        if not self.pending:
+            return []
+        run = self.pending[0][0].index
+        return [e for e in self.pending if e[0].index == run]
+
+    def _ready(self) -> list:
+        """The sendable requests whose reads are done."""
+        return [e for e in self._sendable() if e[4].done()]
+
+    def _complete_ready(self) -> bool:
+        """Send on every read that is done and may go (`_ready`); whether there was one. A slow read
+        (a strided one) no longer holds up the slots of the reads issued after it."""
+        ready = self._ready()
+        for e in ready:
+            self.pending.remove(e)
+            self._complete(e)
+        return bool(ready)
+
+    def _wait_read(self) -> None:
+        """Wait until a read that may be sent on is done, and send on those that are."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        t0 = time.perf_counter()
+        wait([e[4] for e in self._sendable()], return_when=FIRST_COMPLETED)
+        self.timings["wait_reads"] += time.perf_counter() - t0
+        self._complete_ready()
+
+    def _complete(self, entry) -> None:
+        r, qi, req, slot, fut = entry
+        t0 = time.perf_counter()
+        fut.result()  # re-raises the reader's typed error
+        self.regions.ready()
+        t1 = time.perf_counter()
+        self.timings["wait_reads"] += t1 - t0
+        self.counters["requests"] += 1
+        if self.guarded != r.index:
+            self.guarded = r.index
+            self.kernels.before_copies(r)
+        g = self.regions
+        buf = g.ring[slot]
+        if req.scatter:
+            needed = req.needed
+            base = req.staging * self.slot
+            self.dev.stage(buf, ((g.staging, base, 0, needed, 1, 0),), self.stream)
+            first, last, longest = g.scatter_rows[(r.index, qi)]
+            self.kernels.join_warmer()
+            dispatch.scatter(g.staging[base:base + needed], g.arena, g.table, first, last, req.width,
+                             self.stream, longest, dev=self.dev)
+            self.counters["copies"] += 1
+            self.counters["kernels"] += 1
+            moved = sum(c.nbytes for c in req.copies)
+            copies = 1
+        else:
+            arena, landing = g.arena, g.landing
+            moved = self.dev.stage(buf, [(arena if space == "arena" else landing[r.landing_region], dst, slot_off, n,
+                                          rows, pitch)
+                                         for slot_off, space, dst, n, rows, pitch in req.copies], self.stream)
+            self.counters["copies"] += len(req.copies)
+            copies = len(req.copies)
+        self.timings["issue"] += time.perf_counter() - t1
+        self._fence(slot)
+        self.observer(CopyIssued(r.index, qi, copies, moved, start=t1))
+        self.remaining[r.index] -= 1
+        if self.remaining[r.index] == 0:
+            self._launch_kernels(r)
+
+    def _drain(self) -> None:
+        while self.pending:
+            if not self._complete_ready():
+                self._wait_read()
+
+    def close(self) -> None:
+        """Forget what is in flight (after a failure, the pool shut down)."""
+        self.copying.clear()
+        self.pending.clear()
