@@ -307,6 +307,33 @@ def test_a_plan_whose_unpermute_was_edited_is_refused(tmp_path, edit, field):
         decode(json.dumps(doc))
 
 
+@pytest.mark.parametrize("who,value", [("q", 2), ("q", 256), ("v", 64)])
+def test_a_consistent_but_false_unpermute_is_refused_against_the_files_header(tmp_path, who, value):
+    """A plan edited so that a part and its kernel agree on heads the file does not have passes the
+    plan's own checks; the load holds it to the GGUF header's head counts first ([plan-header-mismatch]).
+    (A q or k read as stored, unpermute 0, is what a spec without `unpermute` asks for.)"""
+    from planc.base.errors import PlanFormatError as PFE
+
+    doc = _unpermute_plan(tmp_path)
+    names = [t[0] for t in doc["tensors"]]
+    part = next(p for p in doc["parts"] if names[p[0]] == f"blk.0.attn_{who}.weight")
+    pid = doc["parts"].index(part)
+    part[15] = value
+    for r in doc["runs"]:
+        for k in r[2]:
+            if k[0] == pid or pid in k[12]:
+                k[15] = value
+                for q in k[12] + [k[0]]:  # the parts sharing its launch follow it
+                    doc["parts"][q][15] = value
+    try:
+        plan = decode(json.dumps(doc))
+    except PFE:
+        pytest.skip("refused by the plan's own checks")
+    with pytest.raises(PFE, match=r"unpermuting heads of \d+ rows, but the file's header gives") as e:
+        execute(plan)
+    assert e.value.code == "plan-header-mismatch"
+
+
 def test_a_plan_whose_convert_unpermutes_is_refused(tmp_path):
     from planc.tools.synth_gguf import write_gguf
 

@@ -52,10 +52,11 @@ def check_against_headers(plan) -> None:
     from ...manifest.ggml_types import QUANTIZED, quant_type
 
     root = plan.checkpoint.root
-    headers = {}
+    headers, metadata = {}, {}
     for f in plan.checkpoint.files:
         m = read_manifest(os.path.join(root, f.path))
         headers[f.path] = {t.name: t for t in m.tensors}
+        metadata[f.path] = m.shards[0].metadata if m.shards else ()
     for part in plan.parts:
         for i in part.inputs:
             entry = headers.get(i.file, {}).get(i.tensor)
@@ -76,12 +77,36 @@ def check_against_headers(plan) -> None:
             elif part.ggml:
                 raise PlanFormatError(f"{where} as GGML {part.ggml}, but the file's header says {entry.dtype}; the "
                                       f"plan does not match its checkpoint: compile again", code=Code.PLAN_HEADER_MISMATCH)
+            if part.unpermute:  # rows per head written in transformers' order: the file's heads
+                _unpermute_matches(part, i, entry, metadata[i.file], where)
             if (i.dtype != dtype or i.start < entry.start or last > entry.start + entry.nbytes
                     or (whole and (i.start != entry.start or tuple(i.shape) != shape))):
                 raise PlanFormatError(
                     f"{where} at bytes [{i.start:,}, {last:,}) as {i.dtype} {list(i.shape)}, but the file's header puts "
                     f"it at [{entry.start:,}, {entry.start + entry.nbytes:,}) as {entry.dtype} {list(entry.shape)}; "
                     f"the plan does not match its checkpoint: compile again", code=Code.PLAN_HEADER_MISMATCH)
+
+
+def _unpermute_matches(part, i, entry, metadata, where: str) -> None:
+    """A part that writes a GGUF q / k weight's rows in transformers' order by heads of `unpermute`
+    rows: the file's header must make the tensor a permuted one with heads of that many rows (the
+    plan's figure alone could put rows in a wrong order and --verify, which follows the plan, agree)."""
+    from ...base.errors import PlanFormatError
+    from ...manifest.gguf_names import permuted_heads
+
+    try:
+        n_head = permuted_heads(i.tensor, dict(metadata))
+    except (KeyError, ValueError) as e:
+        n_head, why = None, f" ({str(e.args[0])[:120]})"
+    else:
+        why = ""
+    rows = entry.shape[0] if entry.shape else 0
+    hd = rows // n_head if n_head and rows % n_head == 0 else None
+    if hd != part.unpermute:
+        said = f"heads of {hd} rows" if hd else f"no permuted q / k rows{why}"
+        raise PlanFormatError(f"{where} unpermuting heads of {part.unpermute} rows, but the file's header gives "
+                              f"{said}; the plan does not match its checkpoint: compile again",
+                              code=Code.PLAN_HEADER_MISMATCH)
 
 
 def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False) -> tuple:
