@@ -163,8 +163,8 @@ def _load_inplace(module, spec_or_plan, *, rank, device, verify, settings, diges
         targets, written = module_targets(module, plan, default_device().memory_is_host)
         arena = ModuleArena(targets, plan.layout.arena_bytes)
 
-        def regions(plan_, dev, stream, counters, timings, observer):
-            return ReusedRegions(arena, None, plan_, dev, stream, counters, timings, observer)
+        def regions(plan_, dev, stream, observer):
+            return ReusedRegions(arena, None, plan_, dev, stream, observer)
 
         t1 = time.perf_counter()
         model = execute(plan, device=device, settings=s, digest=digest, timings={"plan": t1 - t0},

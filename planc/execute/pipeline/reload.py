@@ -113,8 +113,8 @@ def reload_model(model, plan, *, load, device=None, verify=False, digest=None, s
     check_device(model, plan, device)
     state, began = model._state, []
 
-    def regions(plan_, dev, stream, counters, timings, observer):
-        return ReusedRegions(model._arena, lambda: began.append(True), plan_, dev, stream, counters, timings, observer)
+    def regions(plan_, dev, stream, observer):
+        return ReusedRegions(model._arena, lambda: began.append(True), plan_, dev, stream, observer)
 
     try:
         fresh = load(plan, verify=verify, device=device, settings=settings, digest=digest,
