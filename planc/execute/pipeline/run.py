@@ -12,7 +12,6 @@ what runs below this module takes it as an argument and asks for no device of it
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -199,7 +198,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     from .meter import Meter
     from ..device.memory import hwm_bytes, reset_hwm, rss_bytes
     from .model import DeviceTensor, LoadedModel
-    from .records import build_report
+    from .records import LoadMemory, Prediction, Report
     from ...base.device import device_arg
     from ..device.seam import index_of, release, settle_released
 
@@ -210,6 +209,8 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
 
     parts = parts or _parts.DEFAULT
     if into is not None:
+        import dataclasses
+
         parts = dataclasses.replace(parts, regions=into.regions)
     t_prep = time.perf_counter()
     settle_released()  # an earlier load's ring is unpinned before this one measures and admits
@@ -307,10 +308,11 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
         for phase, seconds in before.items():
             meter.record(phase, seconds)
         meter.record("execute", time.perf_counter() - t_call)
-    report = build_report(plan, device=dev_name, simulator=dev.simulated, counters=dataclasses.asdict(meter.counts()),
-                          timings=meter.timings(), wall=wall, reader=reader, pinned_by=dev.pin_method(), base_rss=base_rss,
-                          hwm=hwm, hwm_reset=hwm_reset, rss_after=rss_after, free_before=free_before, free_alloc=free_alloc,
-                          live_room_bytes=room.room_bytes, kernel_code=launch.since(kernel_code, dev.kernel_stats()),
+    memory = LoadMemory(pinned_by=dev.pin_method(), baseline_rss_bytes=base_rss, hwm_bytes=hwm, hwm_reset=hwm_reset,
+                        rss_after_bytes=rss_after, live_room_bytes=room.room_bytes, free_before=free_before,
+                        free_alloc=free_alloc)
+    report = Report.build(plan, meter, memory, reader, Prediction.of(plan, wall), device=dev_name,
+                          simulator=dev.simulated, wall=wall, kernel_code=launch.since(kernel_code, dev.kernel_stats()),
                           verify=checked, digest=digested)
     observer(LoadEnded(True, start=t0))
     return LoadedModel(tensors, report, arena, report.simulator, load=execute)
