@@ -48,9 +48,9 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
     `spec_or_plan`: a spec file (YAML or JSON: compiled for `rank`, default `$RANK` when the spec
     is tensor parallel, else 0), a plan file written by `planc compile -o`, or a `Plan`.
     `device` overrides the spec's (`cuda:1`); `verify=True` compares every loaded byte with the
-    checkpoint after the load (`report["verify"]`); `verify="digest"` hashes every byte read as it
+    checkpoint after the load (`report.verify`); `verify="digest"` hashes every byte read as it
     passes through the ring and compares it with the digest file `digest` (default: the one
-    `planc digest` writes beside the checkpoint; `report["digest"]`): a mismatch is a
+    `planc digest` writes beside the checkpoint; `report.digest`): a mismatch is a
     `DigestError` and no model (docs/reload.md). `settings` (a `planc.base.settings.Settings`, or name -> value:
     `host_reserve`, `raw_launch`, `kernel_dir`, `kernel_cache`, `probe`, `debug`, `pin`) are resolved
     once, over the PLANC_* variables, and hold for this call only (compile included), in this thread
@@ -163,8 +163,8 @@ def _load_inplace(module, spec_or_plan, *, rank, device, verify, settings, diges
         targets, written = module_targets(module, plan, default_device().memory_is_host)
         arena = ModuleArena(targets, plan.layout.arena_bytes)
 
-        def regions(plan_, dev, stream, counters, timings, observer):
-            return ReusedRegions(arena, None, plan_, dev, stream, counters, timings, observer)
+        def regions(plan_, dev, stream, observer):
+            return ReusedRegions(arena, None, plan_, dev, stream, observer)
 
         t1 = time.perf_counter()
         model = execute(plan, device=device, settings=s, digest=digest, timings={"plan": t1 - t0},

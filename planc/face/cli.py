@@ -638,9 +638,9 @@ def run(target: Path = typer.Argument(..., help="A spec, or a plan JSON written 
             render_report(model.report, out)
     finally:
         model.free()
-    v = model.report.get("verify")
-    if v is not None and not v["ok"]:
-        raise ExecuteError(f"--verify found {len(v['mismatches'])} mismatching part(s): {', '.join(v['mismatches'][:5])}",
+    v = model.report.verify
+    if v is not None and not v.ok:
+        raise ExecuteError(f"--verify found {len(v.mismatches)} mismatching part(s): {', '.join(v.mismatches[:5])}",
                            code=Code.VERIFY_MISMATCH)
 
 

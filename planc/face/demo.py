@@ -104,10 +104,10 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
     model = execute(plan, verify=True)
     try:
         render_report(model.report, console)
-        if not model.report["verify"]["ok"]:
+        if not model.report.verify.ok:
             from ..base.errors import ExecuteError
 
-            raise ExecuteError(f"verification found mismatches: {model.report['verify']['mismatches']}",
+            raise ExecuteError(f"verification found mismatches: {model.report.verify.mismatches}",
                                code=Code.VERIFY_MISMATCH)
     finally:
         model.free()

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..kernels import dispatch
-from .events import Step, ignore
+from .events import DeviceReady, Step, ignore
 from ..io.reader import Reader
 from ..io.ring import Background, Pinner, Slots
 from ..device.seam import release, release_later
@@ -72,12 +72,14 @@ class Regions:
     steps took tens of milliseconds instead of one or two. So the files are opened, and the readers'
     threads started, before the first slot is populated.
 
-    `counters` and `timings` are the load's tallies (the scatter table's upload is a copy, the
-    padding's zero-fill a kernel)."""
+    `observer` is told of the device allocations (`Step("device_alloc")`), of each slot pinned
+    (`Step("pin")`) and of the wait for the device regions (`DeviceReady`: the scatter table's upload
+    is a copy, the padding's zero-fill a kernel)."""
 
-    def __init__(self, plan, dev, stream, counters: dict, timings: dict, observer=ignore):
+    def __init__(self, plan, dev, stream, observer=ignore):
         self.plan, self.dev, self.stream = plan, dev, stream
-        self.counters, self.timings, self.observer = counters, timings, observer
+        self.observer = observer
+        self.uploads = 0  # copies issued with the device regions (the scatter table)
         self.slot = plan.io.slot_bytes
         self.arena = self.landing = self.staging = self.table = None
         self.scatter_rows: dict = {}
@@ -87,8 +89,8 @@ class Regions:
         self.device_job: Background | None = Background(self._allocate_device, "planc-alloc", dev)
 
     @classmethod
-    def start(cls, plan, dev, stream, counters: dict, timings: dict, observer=ignore) -> "Regions":
-        return cls(plan, dev, stream, counters, timings, observer)
+    def start(cls, plan, dev, stream, observer=ignore) -> "Regions":
+        return cls(plan, dev, stream, observer)
 
     def pin_ring(self) -> None:
         """Start pinning the ring's slots, in order: slot k's pinning overlaps the reads and copies
@@ -116,7 +118,7 @@ class Regions:
             self.staging = dev.device_bytes(lay.staging_bytes)
             table, self.scatter_rows = dispatch.scatter_table(self.plan)
             self.table = dev.to_device(table)
-            self.counters["copies"] += 1
+            self.uploads += 1
 
     def ready(self) -> None:
         """Wait for the device allocations (once); zero-fill the padding before any copy lands."""
@@ -127,9 +129,8 @@ class Regions:
         self.device_job = None
         job.wait()
         zero = self.plan.layout.zero
-        if zero:
-            self.counters["kernels"] += dispatch.zero(self.arena, zero, self.stream, dev=self.dev)
-        self.timings["wait_device"] = time.perf_counter() - t0
+        kernels = dispatch.zero(self.arena, zero, self.stream, dev=self.dev) if zero else 0
+        self.observer(DeviceReady(self.uploads, kernels, start=t0))
 
     def dst(self, space: str, r, off: int, n: int):
         if space == "arena":

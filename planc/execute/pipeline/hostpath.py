@@ -2,8 +2,8 @@
 into host scratch, then staged through the ring slot by slot.
 
 `HostPath` is a part of the pipeline: given the plan, the device, the stream, the load's regions,
-its reader, tallies and observer; the pipeline hands it the ring's `acquire` and `fence` for each
-part (`run`).
+its reader and observer (told of each slot's copy: `CopyIssued`, and of each part done:
+`HostPartDone`); the pipeline hands it the ring's `acquire` and `fence` for each part (`run`).
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import time
 
 import numpy as np
 
-from .events import HostPartDone
+from .events import CopyIssued, HostPartDone
 from ..kernels.formats import FORMATS, of_part
 
 
 class HostPath:
     """Runs the plan's host-path parts (`run`)."""
 
-    def __init__(self, plan, dev, stream, regions, reader, counters: dict, observer):
+    def __init__(self, plan, dev, stream, regions, reader, observer):
         self.plan, self.dev, self.stream, self.regions, self.reader = plan, dev, stream, regions, reader
-        self.counters, self.observer = counters, observer
+        self.observer = observer
         self.slot = plan.io.slot_bytes
 
     def run(self, r, h, acquire, fence) -> None:
@@ -29,8 +29,8 @@ class HostPath:
         each `fence(slot)`ed after its copy."""
         t0 = time.perf_counter()
         self.regions.ready()
-        self._host_part(h, acquire, fence)
-        self.observer(HostPartDone(r.index, h.part, self.plan.parts[h.part].out_bytes, start=t0))
+        requests = self._host_part(r, h, acquire, fence)
+        self.observer(HostPartDone(r.index, h.part, self.plan.parts[h.part].out_bytes, requests, start=t0))
 
     @property
     def ring(self):
@@ -40,15 +40,16 @@ class HostPath:
     def arena(self):
         return self.regions.arena
 
-    def _host_part(self, h, acquire, fence) -> None:
+    def _host_part(self, r, h, acquire, fence) -> int:
+        """Part `h` read, transformed and staged; returns how many reads it took."""
         p = self.plan.parts[h.part]
-        bufs = []
+        bufs, requests = [], 0
         for inp in p.inputs:
             buf = np.empty(inp.nbytes, dtype=np.uint8)
             for off, n, rel in inp.segments():
                 if n:
                     self.reader.read_plain(inp.file, off, buf[rel:rel + n])
-                self.counters["requests"] += 1
+                requests += 1
             bufs.append(buf)
         out = _host_transform(p, bufs)
         del bufs
@@ -56,13 +57,14 @@ class HostPath:
         while off < len(out):
             n = min(self.slot, len(out) - off)
             slot = acquire()
+            t0 = time.perf_counter()
             buf = self.ring[slot]
             buf[:n] = out[off:off + n]
             self.dev.stage(buf, ((self.arena, h.dst_offset + off, 0, n, 1, 0),), self.stream)
-            self.counters["copies"] += 1
             fence(slot)
+            self.observer(CopyIssued(r.index, None, 1, n, start=t0))
             off += n
-        self.counters["host_parts"] += 1
+        return requests
 
 
 def gguf_host(p, raw: np.ndarray) -> np.ndarray:

@@ -5,7 +5,8 @@ while the next runs' copies go on; copies into a landing region wait for an even
 the kernels that last read it (`before_copies`).
 
 `KernelRuns` is a part of the pipeline: given the plan, the device, the stream, the load's regions,
-the warmer (a thread, or None), its tallies and its observer.
+the warmer (a thread, or None) and its observer (told of each run's kernels: `KernelsLaunched`;
+of the wait for the warmer: `Timed("wait_warm")`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from ...plan.records import DEQUANTIZE_OPS
 from ..kernels import dispatch
-from .events import KernelsLaunched
+from .events import KernelsLaunched, Timed
 from ..kernels.formats import FORMATS
 
 
@@ -26,10 +27,10 @@ class KernelRuns:
     deferred); `before_copies(r)` holds the load's stream until the kernels reading run r's landing
     region are done; `synchronize()` waits for every kernel launched."""
 
-    def __init__(self, plan, dev, stream, regions, warmer, counters: dict, timings: dict, observer):
+    def __init__(self, plan, dev, stream, regions, warmer, observer):
         self.plan, self.dev, self.stream, self.regions = plan, dev, stream, regions
         self.warmer = warmer
-        self.counters, self.timings, self.observer = counters, timings, observer
+        self.observer = observer
         self.deferred: list = []  # runs whose kernels wait for the kernel warmer
         self.kstream = None  # the kernels' stream, made with the first launch
         self.after: dict = {}  # landing region -> event recorded after the last kernels that read it
@@ -63,7 +64,7 @@ class KernelRuns:
             t0 = time.perf_counter()
             self.warmer.join()
             self.warmer = None
-            self.timings["wait_warm"] = time.perf_counter() - t0
+            self.observer(Timed("wait_warm", start=t0))
 
     def launch(self, r) -> None:
         """Launch run r's kernels, or defer them while the kernel warmer is still compiling.
@@ -99,7 +100,6 @@ class KernelRuns:
         copied.wait(self.kstream)
         for k in r.kernels:
             self._kernel(r, k)
-            self.counters["kernels"] += 1
         if reads_landing(r):
             done = self.dev.event()
             done.record(self.kstream)

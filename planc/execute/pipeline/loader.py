@@ -25,29 +25,17 @@ from ...base.errors import AdmissionError, ExecuteError
 from ...plan.records import Refusal
 from ...base.units import gib
 from ..kernels import dispatch
-from .events import CopyIssued, ReadDone, RunDone, RunStarted, Step
+from .events import CopyIssued, ReadDone, RunDone, RunStarted, RunWaited, Step, Timed
 from ...base.codes import Code
-
-
-def new_counters() -> dict:
-    """The load's issued counts, added to by each part."""
-    return {"requests": 0, "copies": 0, "kernels": 0, "host_parts": 0, "run_waits": 0}
-
-
-def new_timings() -> dict:
-    return {"allocate": 0.0, "wait_reads": 0.0, "wait_slots": 0.0, "wait_pin": 0.0, "wait_hash": 0.0, "issue": 0.0,
-            "admit": 0.0, "final_sync": 0.0}
 
 
 class Pipeline:
     """One load's loop over the plan's runs (`run`), composed of the parts it is given."""
 
-    def __init__(self, plan, *, dev, stream, regions, reader, submit, kernels, host, live_room, observer,
-                 counters: dict, timings: dict):
+    def __init__(self, plan, *, dev, stream, regions, reader, submit, kernels, host, live_room, observer):
         self.plan, self.dev, self.stream = plan, dev, stream
         self.regions, self.reader, self.submit = regions, reader, submit
         self.kernels, self.host, self.live_room, self.observer = kernels, host, live_room, observer
-        self.counters, self.timings = counters, timings
         self.slot = plan.io.slot_bytes
         self.free_slots: deque = deque(range(plan.layout.ring_bytes // self.slot))
         self.copying: deque = deque()  # (slot, event)
@@ -80,7 +68,6 @@ class Pipeline:
         t0 = time.perf_counter()
         self.stream.synchronize()
         self.kernels.synchronize()
-        self.timings["final_sync"] = time.perf_counter() - t0
         self.observer(Step("final_sync", start=t0))
         self.observer(Step("run", start=t_run))
 
@@ -95,10 +82,10 @@ class Pipeline:
             return
         t0 = time.perf_counter()
         room = self.live_room(r.index)
-        self.timings["admit"] += time.perf_counter() - t0
+        self.observer(Timed("admit", start=t0))
         if need <= room.room_bytes:
             return
-        self.counters["run_waits"] += 1
+        self.observer(RunWaited(r.index))
         self._drain()
         self.stream.synchronize()
         self.kernels.synchronize()
@@ -128,11 +115,11 @@ class Pipeline:
         if self.regions.ring[k] is None:
             t0 = time.perf_counter()
             self.regions.pinner.wait(k)
-            self.timings["wait_pin"] += time.perf_counter() - t0
+            self.observer(Timed("wait_pin", start=t0))
         if self.slot_free is not None:
             t0 = time.perf_counter()
             self.slot_free(self.regions.ring[k])
-            self.timings["wait_hash"] += time.perf_counter() - t0
+            self.observer(Timed("wait_hash", start=t0))
         return k
 
     def _fence(self, slot: int) -> None:
@@ -154,7 +141,6 @@ class Pipeline:
                 slot, ev = self.copying.popleft()
                 t0 = time.perf_counter()
                 ev.synchronize()
-                self.timings["wait_slots"] += time.perf_counter() - t0
                 self.observer(Step("slot_wait", start=t0))
                 self.free_slots.append(slot)
             else:
@@ -189,7 +175,7 @@ class Pipeline:
 
         t0 = time.perf_counter()
         wait([e[4] for e in self._sendable()], return_when=FIRST_COMPLETED)
-        self.timings["wait_reads"] += time.perf_counter() - t0
+        self.observer(Timed("wait_reads", start=t0))
         self._complete_ready()
 
     def _complete(self, entry) -> None:
@@ -198,8 +184,7 @@ class Pipeline:
         fut.result()  # re-raises the reader's typed error
         self.regions.ready()
         t1 = time.perf_counter()
-        self.timings["wait_reads"] += t1 - t0
-        self.counters["requests"] += 1
+        self.observer(Timed("wait_reads", start=t0, end=t1))
         if self.guarded != r.index:
             self.guarded = r.index
             self.kernels.before_copies(r)
@@ -213,20 +198,17 @@ class Pipeline:
             self.kernels.join_warmer()
             dispatch.scatter(g.staging[base:base + needed], g.arena, g.table, first, last, req.width,
                              self.stream, longest, dev=self.dev)
-            self.counters["copies"] += 1
-            self.counters["kernels"] += 1
             moved = sum(c.nbytes for c in req.copies)
-            copies = 1
+            copies, kernels = 1, 1
         else:
             arena, landing = g.arena, g.landing
             moved = self.dev.stage(buf, [(arena if space == "arena" else landing[r.landing_region], dst, slot_off, n,
                                           rows, pitch)
                                          for slot_off, space, dst, n, rows, pitch in req.copies], self.stream)
-            self.counters["copies"] += len(req.copies)
-            copies = len(req.copies)
-        self.timings["issue"] += time.perf_counter() - t1
+            copies, kernels = len(req.copies), 0
+        t2 = time.perf_counter()
         self._fence(slot)
-        self.observer(CopyIssued(r.index, qi, copies, moved, start=t1))
+        self.observer(CopyIssued(r.index, qi, copies, moved, kernels, start=t1, end=t2))
         self.remaining[r.index] -= 1
         if self.remaining[r.index] == 0:
             self._launch_kernels(r)

@@ -1,9 +1,14 @@
-"""The measured report of one load, as typed, immutable records built once (`build_report`).
+"""The measured report of one load, as typed, immutable records built once (`Report.build`).
 
-Each record reads like the JSON it stands for (`report["host"]["growth_bytes"]`, `"verify" in
-report`) and `as_json()` is the documented `planc run --json` contract (docs/cli.md, "run --json
-report"; tests/test_report_schema.py holds the two together). A later step that adds figures
-(the API's compile time, the torch hand-off's) makes a new report (`with_timings`), never edits one.
+The report is built from the load's `meter.Meter` (its counts and timings, folded from its events),
+its measured memory (`LoadMemory`), its reader (bytes read, how each file was read) and the plan's
+prediction beside the measured wall (`Prediction`). Every field is a typed record where its shape is
+fixed; a mapping only where the keys are data (`files`: path -> `FileRead`; `timings`: phase ->
+seconds). planc reads it by attribute (`report.host.growth_bytes`); each record still reads like the
+JSON it stands for (`report["host"]["growth_bytes"]`, `"verify" in report`) for callers that do, and
+`as_json()` is the documented `planc run --json` contract (docs/cli.md, "run --json report";
+tests/test_report_schema.py holds the two together). A later step that adds figures (the API's
+compile time, the torch hand-off's) makes a new report (`with_timings`), never edits one.
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ def _json(v):
 
 
 class Record(Mapping):
-    """A frozen dataclass that reads as the mapping of its JSON (its optional fields left out when None)."""
+    """A frozen dataclass that reads as the mapping of its JSON (its optional fields left out when None).
+
+    A record made with `eq=False` (one that stands where the report had a plain mapping) also
+    compares equal to that mapping."""
 
     OPTIONAL: tuple = ()
 
@@ -66,6 +74,9 @@ class Record(Mapping):
 
     def __len__(self) -> int:
         return len(self._keys())
+
+    def __hash__(self):  # a record that compares as the mapping it reads as (`eq=False`) hashes as one
+        return hash(tuple(self.items()))
 
     def as_json(self) -> dict:
         """Plain JSON data (dicts, lists, numbers, strings, None)."""
@@ -126,6 +137,109 @@ class Limits(Record):
     measured_over_ceiling: float | None
 
 
+@dataclass(frozen=True, eq=False)
+class Parallel(Record):
+    """The plan's tensor-parallel rank and world size."""
+    rank: int
+    size: int
+
+
+@dataclass(frozen=True, eq=False)
+class FileRead(Record):
+    """How one checkpoint file was read: O_DIRECT or not, and why (`reader.Reader.modes`)."""
+    direct: bool
+    why: str
+
+
+@dataclass(frozen=True, eq=False)
+class KernelCode(Record):
+    """Where this load's kernels came from (`planc.execute.device.launch.since`)."""
+    kernels_from_shipped_cubin: int
+    kernels_from_ptx: int
+    kernels_from_cubin: int
+    kernels_compiled: int
+    fallbacks: tuple  # why each compiled launch had no shipped PTX
+
+
+@dataclass(frozen=True, eq=False)
+class Figures(Record):
+    """Where the prediction's figures came from (`planc.plan.predict.predict`)."""
+    read: str
+    disk: str
+    link_disk_fixed: str
+
+
+@dataclass(frozen=True, eq=False)
+class Predicted(Record):
+    """The plan's predicted wall beside the measured one (`planc.plan.predict.beside`)."""
+    wall_warm_seconds: float
+    wall_cold_seconds: float
+    measured_over_warm: float | None
+    figures: Figures
+    default_costs: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Verified(Record):
+    """`--verify`: the loaded bytes compared with the checkpoint's (`verify.verify_model`)."""
+    ok: bool
+    tensors: int
+    parts: int
+    bytes: int
+    mismatches: tuple  # the first 50 parts that differ, sorted
+    chunk_bytes: int
+    predicted_host_bytes: int
+
+
+@dataclass(frozen=True, eq=False)
+class DigestCheck(Record):
+    """The digest check (`planc.manifest.digestcheck.Verifier.summary`)."""
+    ok: bool
+    kind: str
+    digest_file: str
+    extent_bytes: int
+    leaf_bytes: int
+    extents: int
+    hashed_bytes: int
+    hasher: str
+    simd: str | None
+    read: str | None
+    loop_bytes: int
+    fill_bytes: int
+    reread_bytes: int
+    prefix_bytes: int
+    verify_seconds: float
+    wait_seconds: float
+
+
+@dataclass(frozen=True)
+class LoadMemory:
+    """What `execute` measured of the host's and the device's memory around a load (not JSON)."""
+    pinned_by: str  # how the ring was pinned (`Device.pin_method`)
+    baseline_rss_bytes: int
+    hwm_bytes: int
+    hwm_reset: bool
+    rss_after_bytes: int
+    live_room_bytes: int  # at admission
+    free_before: tuple | None  # the device's (free, total) bytes before the load; None: unknown
+    free_alloc: tuple | None  # the same with the load's regions allocated
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The plan's prediction beside a load's measured `wall` (not JSON: the report's `predicted` and
+    `limits`)."""
+    predicted: Predicted
+    limits: Limits
+
+    @classmethod
+    def of(cls, plan, wall: float) -> "Prediction":
+        from ...plan.predict import beside, limits
+
+        b = beside(plan, wall)
+        return cls(Predicted(**{**b, "figures": Figures(**b["figures"])}), Limits(**limits(plan, wall)))
+
+
 @dataclass(frozen=True)
 class Report(Record):
     """What one load did, next to what its plan predicted."""
@@ -133,7 +247,7 @@ class Report(Record):
 
     simulator: bool
     device: str
-    tensor_parallel: Mapping
+    tensor_parallel: Parallel
     wall_seconds: float
     gb_per_s: float | None
     payload_bytes: int
@@ -142,71 +256,70 @@ class Report(Record):
     copies: Count
     kernels: Count
     run_waits: int
-    timings: Mapping  # phase -> seconds (docs/cli.md)
+    timings: Mapping  # phase -> seconds (docs/cli.md): the phases are data (the API adds its own)
     host: HostMemory
     device_memory: DeviceMemory
-    files: Mapping  # file -> {direct, why}
+    files: Mapping  # checkpoint file -> FileRead
     retries: int
-    kernel_code: Mapping
-    predicted: Mapping  # the plan's predicted wall beside the measured one (planc.plan.predict.beside)
+    kernel_code: KernelCode
+    predicted: Predicted
     limits: Limits
-    verify: Mapping | None = None
-    digest: Mapping | None = None  # the digest check (`planc.manifest.digestcheck.Verifier.summary`)
+    verify: Verified | None = None
+    digest: DigestCheck | None = None
 
     def with_timings(self, **seconds: float) -> "Report":
         """This report with more phases timed (rounded to the microsecond)."""
         return dataclasses.replace(self, timings={**self.timings, **{k: round(v, 6) for k, v in seconds.items()}})
 
-
-def build_report(plan, *, device: str, simulator: bool, counters: Mapping, timings: Mapping, wall: float,
-                 reader, pinned_by: str, base_rss: int, hwm: int, hwm_reset: bool, rss_after: int,
-                 free_before, free_alloc, live_room_bytes: int, kernel_code: Mapping,
-                 verify: Mapping | None, digest: Mapping | None = None) -> Report:
-    t = plan.totals
-    c = counters
-    lay = plan.layout
-    payload = t.payload_bytes
-    dev_used = None
-    if free_before is not None and free_alloc is not None:
-        dev_used = free_before[0] - free_alloc[0]
-    from ...plan.predict import beside, limits
-
-    return Report(
-        predicted=beside(plan, wall),
-        limits=Limits(**limits(plan, wall)),
-        simulator=simulator,
-        device=device,
-        tensor_parallel=plan.tensor_parallel._asdict(),
-        wall_seconds=wall,
-        gb_per_s=payload / wall / 1e9 if wall > 0 else None,
-        payload_bytes=payload,
-        bytes_read=BytesRead(t.read_bytes, reader.bytes_read if reader else None),
-        requests=Count(t.requests, c["requests"]),
-        copies=Count(t.copies, c["copies"]),
-        kernels=Count(t.kernels, c["kernels"]),
-        run_waits=c["run_waits"],
-        timings={k: round(v, 6) for k, v in timings.items()},
-        host=HostMemory(
-            predicted_peak_bytes=plan.peak.host_bytes,
-            pinned_bytes=lay.ring_bytes,
-            pinned_by=pinned_by,
-            baseline_rss_bytes=base_rss,
-            hwm_bytes=hwm,
-            hwm_reset=hwm_reset,
-            growth_bytes=hwm - base_rss,
-            live_room_bytes=live_room_bytes,
-            rss_after_bytes=rss_after,
-        ),
-        device_memory=DeviceMemory(
-            predicted_peak_bytes=plan.peak.device_bytes,
-            arena_bytes=lay.arena_bytes,
-            landing_bytes=lay.landing_bytes,
-            measured_allocated_bytes=dev_used,
-            free_before_bytes=None if free_before is None else free_before[0],
-        ),
-        files=reader.modes() if reader else {},
-        retries=reader.retries if reader else 0,
-        kernel_code=kernel_code,
-        verify=verify,
-        digest=digest,
-    )
+    @classmethod
+    def build(cls, plan, meter, memory: LoadMemory, reads, prediction: Prediction, *, device: str,
+              simulator: bool, wall: float, kernel_code: Mapping, verify: Mapping | None = None,
+              digest: Mapping | None = None) -> "Report":
+        """The report of a load of `plan`: its counts and timings from `meter` (`meter.Meter`), its
+        memory, its reader `reads` (None: no reader), the plan's `prediction` beside its `wall`, on
+        `device`; `kernel_code`: `launch.since`'s counts; `verify` / `digest`: the checks' summaries
+        (None: not checked)."""
+        t, lay, n = plan.totals, plan.layout, meter.counts()
+        payload = t.payload_bytes
+        dev_used = None
+        if memory.free_before is not None and memory.free_alloc is not None:
+            dev_used = memory.free_before[0] - memory.free_alloc[0]
+        return cls(
+            predicted=prediction.predicted,
+            limits=prediction.limits,
+            simulator=simulator,
+            device=device,
+            tensor_parallel=Parallel(plan.tensor_parallel.rank, plan.tensor_parallel.size),
+            wall_seconds=wall,
+            gb_per_s=payload / wall / 1e9 if wall > 0 else None,
+            payload_bytes=payload,
+            bytes_read=BytesRead(t.read_bytes, reads.bytes_read if reads else None),
+            requests=Count(t.requests, n.requests),
+            copies=Count(t.copies, n.copies),
+            kernels=Count(t.kernels, n.kernels),
+            run_waits=n.run_waits,
+            timings={k: round(v, 6) for k, v in meter.timings().items()},
+            host=HostMemory(
+                predicted_peak_bytes=plan.peak.host_bytes,
+                pinned_bytes=lay.ring_bytes,
+                pinned_by=memory.pinned_by,
+                baseline_rss_bytes=memory.baseline_rss_bytes,
+                hwm_bytes=memory.hwm_bytes,
+                hwm_reset=memory.hwm_reset,
+                growth_bytes=memory.hwm_bytes - memory.baseline_rss_bytes,
+                live_room_bytes=memory.live_room_bytes,
+                rss_after_bytes=memory.rss_after_bytes,
+            ),
+            device_memory=DeviceMemory(
+                predicted_peak_bytes=plan.peak.device_bytes,
+                arena_bytes=lay.arena_bytes,
+                landing_bytes=lay.landing_bytes,
+                measured_allocated_bytes=dev_used,
+                free_before_bytes=None if memory.free_before is None else memory.free_before[0],
+            ),
+            files={f: FileRead(**m) for f, m in reads.modes().items()} if reads else {},
+            retries=reads.retries if reads else 0,
+            kernel_code=KernelCode(**kernel_code),
+            verify=None if verify is None else Verified(**verify),
+            digest=None if digest is None else DigestCheck(**digest),
+        )

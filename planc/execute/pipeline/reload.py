@@ -108,13 +108,13 @@ def reload_model(model, plan, *, load, device=None, verify=False, digest=None, s
     if model._arena is None:
         raise ReloadError("the model was freed: there is no memory to reload into; load it again", code=Code.RELOAD_FREED)
     plan = checked(plan, "the reload's plan")
-    arena_bytes = model.report["device_memory"]["arena_bytes"]
+    arena_bytes = model.report.device_memory.arena_bytes
     check_layout(model.tensors, arena_bytes, None, plan)
     check_device(model, plan, device)
     state, began = model._state, []
 
-    def regions(plan_, dev, stream, counters, timings, observer):
-        return ReusedRegions(model._arena, lambda: began.append(True), plan_, dev, stream, counters, timings, observer)
+    def regions(plan_, dev, stream, observer):
+        return ReusedRegions(model._arena, lambda: began.append(True), plan_, dev, stream, observer)
 
     try:
         fresh = load(plan, verify=verify, device=device, settings=settings, digest=digest,

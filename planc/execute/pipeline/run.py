@@ -193,11 +193,12 @@ def execute(plan: "Plan", *, progress: bool = False, verify: bool = False, devic
 def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, dev, settings, observer, parts,
              before, digest=None, into=None):
     from ..device import launch
-    from .events import LoadEnded, Step, fanout
-    from .loader import Pipeline, new_counters, new_timings
+    from .events import LoadEnded, Step, Timed, fanout
+    from .loader import Pipeline
+    from .meter import Meter
     from ..device.memory import hwm_bytes, reset_hwm, rss_bytes
     from .model import DeviceTensor, LoadedModel
-    from .records import build_report
+    from .records import LoadMemory, Prediction, Report
     from ...base.device import device_arg
     from ..device.seam import index_of, release, settle_released
 
@@ -225,17 +226,18 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     hwm_reset = reset_hwm()
     free_before = dev.memory_info()
     kernel_code = dev.kernel_stats()
-    counters, timings = new_counters(), new_timings()
-    timings["prepare"] = time.perf_counter() - t_prep
+    meter = Meter()  # the load's counts and timings, folded from its events
+    prepared = time.perf_counter()
     bar = _progress(plan) if progress else None
-    observer = fanout(bar[2] if bar else None, parts.observer, observer)
+    observer = fanout(meter, bar[2] if bar else None, parts.observer, observer)
+    observer(Timed("prepare", start=t_prep, end=prepared))
     # The pipeline's parts, built here, in this order (each started as soon as it can be: `Regions`)
     stream = regions = warmer = reader = pool = kernels = pipeline = None
     t0 = time.perf_counter()
     try:
         try:
             stream = dev.stream()
-            regions = parts.regions(plan, dev, stream, counters, timings, observer)
+            regions = parts.regions(plan, dev, stream, observer)
             warmer = parts.warmer(plan, dev)
             reader = parts.reader(plan)
             if verifier is not None:
@@ -246,13 +248,11 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
                                                  simd=settings.digest_hash, mapped=settings.digest_read == "mapped")
             pool = parts.pool(plan)
             regions.pin_ring()
-            kernels = parts.kernels(plan, dev, stream, regions, warmer, counters, timings, observer)
-            host = parts.host(plan, dev, stream, regions, reader, counters, observer)
+            kernels = parts.kernels(plan, dev, stream, regions, warmer, observer)
+            host = parts.host(plan, dev, stream, regions, reader, observer)
             pipeline = Pipeline(plan, dev=dev, stream=stream, regions=regions, reader=reader, submit=pool.submit,
                                 kernels=kernels, host=host, live_room=lambda run: parts.live_room(settings.host_reserve, run=run),
-                               
-                                observer=observer, counters=counters, timings=timings)
-            timings["allocate"] = time.perf_counter() - t0
+                                observer=observer)
             observer(Step("allocate", start=t0))
             if bar:
                 bar[0].start()
@@ -268,7 +268,6 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
         arena = regions.take_arena()
         t_free = time.perf_counter()
         _close(regions, warmer, kernels, pool, reader, stream, pipeline, full=False)
-        timings["free"] = time.perf_counter() - t_free
         observer(Step("free", start=t_free))
     except PlancError as e:
         _drop_frames(e)
@@ -291,7 +290,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
                for t in plan.tensors}
     t_rel = time.perf_counter()
     release(full=False, settle=False)
-    timings["release"] = time.perf_counter() - t_rel
+    observer(Timed("release", start=t_rel))
     rss_after = rss_bytes()
     checked = None
     if verify:
@@ -306,12 +305,14 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             raise
         del unchecked
     if before:  # the phases before this call, and this call's own time next to them
-        timings.update(before)
-        timings["execute"] = time.perf_counter() - t_call
-    report = build_report(plan, device=dev_name, simulator=dev.simulated, counters=counters, timings=timings,
-                          wall=wall, reader=reader, pinned_by=dev.pin_method(), base_rss=base_rss, hwm=hwm,
-                          hwm_reset=hwm_reset, rss_after=rss_after, free_before=free_before, free_alloc=free_alloc,
-                          live_room_bytes=room.room_bytes, kernel_code=launch.since(kernel_code, dev.kernel_stats()),
+        for phase, seconds in before.items():
+            meter.record(phase, seconds)
+        meter.record("execute", time.perf_counter() - t_call)
+    memory = LoadMemory(pinned_by=dev.pin_method(), baseline_rss_bytes=base_rss, hwm_bytes=hwm, hwm_reset=hwm_reset,
+                        rss_after_bytes=rss_after, live_room_bytes=room.room_bytes, free_before=free_before,
+                        free_alloc=free_alloc)
+    report = Report.build(plan, meter, memory, reader, Prediction.of(plan, wall), device=dev_name,
+                          simulator=dev.simulated, wall=wall, kernel_code=launch.since(kernel_code, dev.kernel_stats()),
                           verify=checked, digest=digested)
     observer(LoadEnded(True, start=t0))
     return LoadedModel(tensors, report, arena, report.simulator, load=execute)
