@@ -122,7 +122,8 @@ def counts(rep: dict, file_bytes: int) -> dict:
             "gb_per_s": rep["gb_per_s"], "payload_bytes": rep["payload_bytes"],
             "requests": _pair(rep["requests"]), "copies": _pair(rep["copies"]), "kernels": _pair(rep["kernels"]),
             "host_growth_bytes": h["growth_bytes"], "host_predicted_bytes": h["predicted_peak_bytes"],
-            "host_growth_over_predicted": round(h["growth_bytes"] / max(1, h["predicted_peak_bytes"]), 4)}
+            "host_growth_over_predicted": round(h["growth_bytes"] / max(1, h["predicted_peak_bytes"]), 4),
+            "launch_s": rep["timings"].get("launch"), "issue_s": rep["timings"].get("issue")}
 
 
 def loads(quant: str, path: Path, repeat: int, on: str = "device", variants: dict | None = None,
@@ -298,7 +299,9 @@ def main(argv=None) -> int:
         last = r["runs"]["dequant"][-1]
         print(f"{quant}: dequant {r['dequant_GBps']} GB/s, copy {r['copy_GBps']} GB/s of file bytes, ratio "
               f"{r['ratio']}; dequant requests {last['requests']} copies {last['copies']} kernels {last['kernels']}; "
-              f"host growth / predicted (max) {r['host_growth_over_predicted_max']}; variants {r['variants']}", flush=True)
+              f"host growth / predicted (max) {r['host_growth_over_predicted_max']}; variants {r['variants']}; "
+              f"kernel launch s (median) {statistics.median(x['launch_s'] or 0 for x in r['runs']['dequant']):.4f}",
+              flush=True)
     (a.out / "gguf.json").write_text(json.dumps(result, indent=1))  # the loads kept if the hand-off fails
     if a.handoff != "none":
         t0 = time.time()

@@ -17,7 +17,7 @@ def test_each_event_adds_what_it_says():
     m = Meter()
     for e in (ev.CopyIssued(0, 0, 3, 100, start=1.0, end=1.5), ev.CopyIssued(0, 1, 1, 10, 1, start=2.0, end=2.25),
               ev.CopyIssued(0, None, 1, 10, start=3.0, end=9.0), ev.HostPartDone(0, 4, 10, 2),
-              ev.KernelsLaunched(0, 5, 2), ev.RunWaited(1), ev.DeviceReady(1, 2, start=0.0, end=0.5),
+              ev.KernelsLaunched(0, 5, 2, start=4.0, end=4.125), ev.RunWaited(1), ev.DeviceReady(1, 2, start=0.0, end=0.5),
               ev.Timed("wait_reads", start=0.0, end=0.25), ev.Timed("wait_reads", start=1.0, end=1.25),
               ev.Step("slot_wait", start=0.0, end=1.0), ev.Step("pin", start=0.0, end=7.0),
               ev.RunStarted(0), ev.ReadDone(0, 0, 100, False), ev.LoadEnded(True)):
@@ -27,7 +27,7 @@ def test_each_event_adds_what_it_says():
     t = m.timings()
     assert list(t)[:len(PHASES)] == list(PHASES)
     assert t["issue"] == 0.75 and t["wait_reads"] == 0.5 and t["wait_slots"] == 1.0
-    assert t["wait_device"] == 0.5 and t["plan"] == 0.125 and "pin" not in t
+    assert t["wait_device"] == 0.5 and t["plan"] == 0.125 and t["launch"] == 0.125 and "pin" not in t
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +55,4 @@ def test_the_report_counts_what_the_events_told(loaded):
         (plan.totals.requests, plan.totals.copies, plan.totals.kernels, 0)
     assert isinstance(seen[-1], ev.LoadEnded) and seen[-1].ok
     assert set(PHASES) | {"prepare", "free", "release"} <= set(rep.timings)
+    assert rep.kernels.issued and rep.timings["launch"] > 0  # the time to issue the kernels, as told

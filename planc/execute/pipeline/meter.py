@@ -8,7 +8,8 @@ the pipeline adds to a shared tally; each tells its observer what it did:
   (`HostPartDone.requests`);
 - copies: every `CopyIssued` (a host-path part's slots included) and the scatter table's upload
   (`DeviceReady.copies`);
-- kernels: `KernelsLaunched`, a scattered request's scatter (`CopyIssued.kernels`) and the
+- kernels: `KernelsLaunched` (whose span is the `launch` time: a run's kernels issued on their
+  stream, in Python), a scattered request's scatter (`CopyIssued.kernels`) and the
   padding's zero-fill (`DeviceReady.kernels`);
 - host parts: `HostPartDone`; run waits: `RunWaited`;
 - timings: the `Step`s `allocate`, `final_sync`, `free` and `slot_wait` (as `wait_slots`), each
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from .events import CopyIssued, DeviceReady, Event, HostPartDone, KernelsLaunched, RunWaited, Step, Timed
 
 # the phases every report times, in the order the report lists them (others follow as they happen)
-PHASES = ("allocate", "wait_reads", "wait_slots", "wait_pin", "wait_hash", "issue", "admit", "final_sync")
+PHASES = ("allocate", "wait_reads", "wait_slots", "wait_pin", "wait_hash", "issue", "launch", "admit", "final_sync")
 _STEPS = {"allocate": "allocate", "final_sync": "final_sync", "free": "free", "slot_wait": "wait_slots"}
 
 
@@ -60,6 +61,7 @@ class Meter:
                     t["issue"] += e.end - e.start
             elif isinstance(e, KernelsLaunched):
                 n["kernels"] += e.kernels
+                t["launch"] += e.end - e.start
             elif isinstance(e, HostPartDone):
                 n["host_parts"] += 1
                 n["requests"] += e.requests
