@@ -44,6 +44,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loaders import _status  # noqa: E402  (the process's VmRSS / VmHWM, as every loader's)
+
 import numpy as np
 
 MODES = ("read", "copy", "both")
@@ -91,16 +94,6 @@ def files_of(paths) -> list[str]:
 def chunks_of(sizes: list[int], slot: int) -> list[tuple[int, int, int]]:
     """(file index, offset, length) of every slot-sized slice, file by file, in offset order."""
     return [(i, off, min(slot, size - off)) for i, size in enumerate(sizes) for off in range(0, size, slot)]
-
-
-def _status(key: str) -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 # -- devices: the pinned ring and the copies ------------------------------------------------------

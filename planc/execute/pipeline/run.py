@@ -56,7 +56,7 @@ def check_against_headers(plan) -> None:
     for f in plan.checkpoint.files:
         m = read_manifest(os.path.join(root, f.path))
         headers[f.path] = {t.name: t for t in m.tensors}
-        metadata[f.path] = m.shards[0].metadata if m.shards else ()
+        metadata[f.path] = dict(m.shards[0].metadata) if m.shards else {}
     for part in plan.parts:
         for i in part.inputs:
             entry = headers.get(i.file, {}).get(i.tensor)
@@ -95,7 +95,7 @@ def _unpermute_matches(part, i, entry, metadata, where: str) -> None:
     from ...manifest.gguf_names import permuted_heads
 
     try:
-        n_head = permuted_heads(i.tensor, dict(metadata))
+        n_head = permuted_heads(i.tensor, metadata)
     except (KeyError, ValueError) as e:
         n_head, why = None, f" ({str(e.args[0])[:120]})"
     else:
