@@ -122,7 +122,7 @@ def test_copies_without_merge_whole_plan(abcd):
         "fits": True,
         "refusal": None,
         "costs": {"source": "default", "page_s": 6.1e-8, "copy_byte_s": 2.8e-11, "read_byte_s": 2.3e-11,
-                  "request_s": 2.6e-5, "disk_byte_s": 5.56e-10},
+                  "request_s": 2.6e-5, "disk_byte_s": 5.56e-10, "link_byte_s": 1 / 55.4e9},
     }
     assert plan.to_dict() == expected
     # the file is the compact form: records as arrays in the order `fields` states, files by index

@@ -377,6 +377,7 @@ ACCEPTABLE = {
     "costs.source": "shown only", "costs.page_s": "shown only", "costs.copy_byte_s": "shown only",
     "costs.read_byte_s": "shown only", "costs.request_s": "shown only",
     "costs.disk_byte_s": "shown only (the predicted cold wall), and absent in plans saved before it",
+    "costs.link_byte_s": "shown only (the predicted wall's link, the limits), and absent in plans saved before it",
     "checkpoint.root": "fingerprints: `execute` refuses a file whose size or mtime differ (exit 2)",
     "checkpoint.files[].path": "fingerprints", "checkpoint.files[].size_bytes": "fingerprints (reads stay inside)",
     "checkpoint.files[].mtime_ns": "fingerprints",

@@ -323,3 +323,47 @@ def test_the_run_report_states_the_fraction_of_the_limit(capsys, tmp_path, monke
     flat = " ".join(capsys.readouterr().out.split())
     assert "limits: measured " in flat and "of the link's 55.40 GB/s (built in), " in flat
     assert "of the host's 100.00 GB/s (probe); predicted " in flat
+
+
+def test_a_probed_link_prices_the_link_and_the_limit_says_so(tmp_path, monkeypatch):
+    """A probe that copied to a GPU: the plan carries its link, the predicted wall's link term and the
+    limits follow it, and both say it came from the probe; the read figures are unchanged."""
+    from planc.plan.costs import DEFAULTS
+    from planc.plan.predict import limits
+
+    base = _plan(tmp_path / "b", 256)
+    probe = tmp_path / "probe.json"
+    figures = {k: getattr(DEFAULTS, k) for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")}
+    probe.write_text(json.dumps({**figures, "link_byte_s": 1 / 20e9}))
+    monkeypatch.setenv("PLANC_PROBE", str(probe))
+    slow = _plan(tmp_path / "s", 256)
+    assert slow.costs.link_byte_s == 1 / 20e9
+    p, q = predict(base), predict(slow)
+    assert q["terms"]["link_seconds"] == pytest.approx(p["terms"]["link_seconds"] * 55.4 / 20)
+    assert q["terms"]["read_warm_seconds"] == pytest.approx(p["terms"]["read_warm_seconds"])
+    assert p["figures"]["link"] == "default" and q["figures"]["link"] == str(probe)
+    lim = limits(slow)
+    assert lim["link_from"] == "probe" and lim["link_gb_per_s"] == pytest.approx(20.0)
+    assert lim["ceiling"] == "link" and limits(base)["link_from"] == "built-in"
+    from planc.plan.explain import limits_text
+
+    assert "of the link's 20.00 GB/s (probe)" in limits_text(lim)
+
+
+def test_a_plan_saved_before_the_link_figure_loads_with_the_built_in_one(tmp_path):
+    from planc.plan import codec
+    from planc.plan.costs import DEFAULTS
+
+    plan = _plan(tmp_path, 32)
+    path = tmp_path / "p.plan.json"
+    codec.save_plan(plan, path)
+    doc = json.loads(path.read_text())
+    del doc["costs"]["link_byte_s"]
+    path.write_text(json.dumps(doc))
+    assert codec.load_plan(path).costs.link_byte_s == DEFAULTS.link_byte_s
+    doc["costs"]["link_byte_s"] = 2.0  # not seconds per byte
+    path.write_text(json.dumps(doc))
+    from planc.base.errors import PlanFormatError
+
+    with pytest.raises(PlanFormatError, match=r"costs\.link_byte_s"):
+        codec.load_plan(path)

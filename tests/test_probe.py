@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import yaml
 from safetensors.numpy import save_file
 
@@ -114,3 +115,45 @@ def test_a_file_system_that_refuses_o_direct_reads_gets_buffered_disk_reads(tmp_
     monkeypatch.setattr(_os, "preadv", preadv)
     doc = probe.measure(tmp_path, 64 << 20, workers=2, repeat=1)
     assert doc["cold"]["disk_direct"] is False and 0 < doc["cold"]["disk_byte_s"] < 1
+
+
+def test_the_link_probe_copies_pinned_bytes_to_the_device():
+    """`measure_link` on the load's device (the simulator here: its copies are real copies of the
+    pinned bytes into device memory): the figure is the median time over the bytes copied."""
+    from planc.execute.device import seam
+    from planc.tools.probe import measure_link
+
+    got = measure_link(seam.default_device(), 8 << 20, piece=1 << 20, repeat=3)
+    assert got["link_bytes"] == 8 << 20 and got["link_copy_bytes"] == 1 << 20
+    assert 0 < got["link_byte_s"] < 1
+    assert got["link_gbps"] == pytest.approx(1 / got["link_byte_s"] / 1e9)
+    odd = measure_link(seam.default_device(), (8 << 20) + 123, piece=3 << 20, repeat=1)
+    assert odd["link_bytes"] == 6 << 20  # whole copies only
+
+
+def test_probe_says_why_it_measured_no_link(tmp_path, capsys):
+    """Under the simulator (the tests' device) `planc probe` keeps no link figure, says why in the
+    document and the text, and compile then keeps the built-in link; a bad --device is refused first."""
+    out = tmp_path / "probe.json"
+    (tmp_path / "scratch").mkdir()
+    assert main(["probe", str(tmp_path / "scratch"), "--device", "gpu0", "-o", str(out)]) == 2
+    assert "--device gpu0: expected cuda or cuda:N" in capsys.readouterr().err and not out.exists()
+    args = ["probe", str(tmp_path / "scratch"), "--size", "64MiB", "--workers", "2", "--repeat", "1", "-o", str(out)]
+    assert main(args + ["--json"]) == 0
+    doc = json.loads(out.read_text())
+    printed = json.loads(capsys.readouterr().out)
+    assert "link_byte_s" not in doc and printed["link"] == {"measured": False,
+                                                            "why": "the device is simulated (NUMBA_ENABLE_CUDASIM=1)"}
+    assert costmodel.load_costs(out).link_byte_s == costmodel.DEFAULTS.link_byte_s
+    assert main(args + ["--no-link"]) == 0
+    assert "link: not measured, not asked (--no-link)" in capsys.readouterr().out
+
+
+def test_a_probe_file_s_link_figure_is_checked(tmp_path):
+    base = {"page_s": 1e-7, "copy_byte_s": 1e-10, "read_byte_s": 1e-11, "request_s": 1e-6}
+    p = tmp_path / "probe.json"
+    p.write_text(json.dumps({**base, "link_byte_s": 1 / 25e9}))
+    assert costmodel.load_costs(p).link_byte_s == 1 / 25e9
+    for bad in ("fast", 0, -1e-10, 3.0, None):
+        p.write_text(json.dumps({**base, "link_byte_s": bad}))
+        assert costmodel.load_costs(p) == costmodel.DEFAULTS, bad

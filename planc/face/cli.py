@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from collections import Counter
@@ -271,8 +272,12 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to keep the figures "
                                                 "(default: $PLANC_PROBE, else ~/.cache/planc/io-probe.json).",
                                                 readable=False),
+          link: bool = typer.Option(True, "--link/--no-link", help="Also measure the pinned host -> device link "
+                                    "of --device (where it is a GPU, not the simulator)."),
+          device: str = typer.Option("cuda:0", "--device", help="The GPU whose link is measured (cuda or cuda:N)."),
           as_json: bool = typer.Option(False, "--json")):
-    """Measure the I/O cost figures that choose how row-parallel slices are read; compile uses them."""
+    """Measure the I/O cost figures that choose how row-parallel slices are read, and the link to the
+    GPU; compile uses them, and the predicted wall and the reports' limits follow."""
     from ..base import outputs
     from ..plan.costs import probe_path
     from ..tools.probe import MIN_SIZE, is_probe_file, measure, save
@@ -287,15 +292,20 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
         raise _usage(f"FOLDER {folder} is a file, not a folder")
     if not folder.is_dir():
         raise _usage(f"FOLDER {folder} does not exist: give a folder on the disk the checkpoints live on")
+    if not _DEVICE_NAME.fullmatch(device):
+        raise _usage(f"--device {printable(device)[:40]}: expected cuda or cuda:N")
     dest = output or probe_path()
     if os.path.lexists(dest) or dest.parent.is_dir():  # refused before a minute of measuring
         outputs.target(dest, "probe output", ours=is_probe_file)
+    gpu, no_link = _link_device(device) if link else (None, "not asked (--no-link)")
     try:
-        doc = measure(folder, size_bytes, workers, repeat)
+        doc = measure(folder, size_bytes, workers, repeat, link=gpu)
         where = save(doc, output)
     except OSError as e:
         raise _usage(f"{folder}: cannot write the probe's scratch file or its result ({e.strerror or e})") from None
     doc["saved"] = str(where)
+    if gpu is None:
+        doc["link"] = {"measured": False, "why": no_link}
     if as_json:
         _emit_json(doc)
         return
@@ -305,8 +315,30 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
               f"{c['rows_gbps']:.2f} GB/s cold" + (f", {c['disk_gbps']:.2f} GB/s cold with O_DIRECT" if "disk_byte_s" in doc
                                                    and c.get("disk_direct") else f", {c['disk_gbps']:.2f} GB/s disk"
                                                    if "disk_byte_s" in doc else " (page cache not dropped: no disk figure)"))
+    lk = doc["link"]
+    out.print(f"link to {device}: {lk['link_gbps']:.2f} GB/s pinned host -> device ({fmt_bytes(lk['link_copy_bytes'])} "
+              f"copies)" if "link_byte_s" in doc else f"link: not measured, {lk['why']}: plans keep the built-in "
+              "55.4 GB/s")
     out.print(f"page {w['page_s'] * 1e9:.1f} ns, copy {w['copy_byte_s'] * 1e12:.2f} ps/B, read {w['read_byte_s'] * 1e12:.2f} "
               f"ps/B, request {w['request_s'] * 1e6:.2f} us; saved to {where}")
+
+
+_DEVICE_NAME = re.compile(r"cuda(:[0-9]{1,4})?")
+
+
+def _link_device(name: str):
+    """(the device whose link `planc probe` measures, selected, or None; why not, where None)."""
+    from ..execute.device import seam
+
+    dev = seam.default_device()
+    if dev.simulated:
+        return None, "the device is simulated (NUMBA_ENABLE_CUDASIM=1)"
+    try:
+        seam.select(name)
+        dev.memory_info()  # the device is there, its context made
+    except (PlancError, OSError) as e:
+        return None, f"no GPU {name} ({printable(str(e).split(';')[0])[:200]})"
+    return dev, None
 
 
 class _Usage(PlancError):

@@ -185,6 +185,7 @@ def _strings(v, path: str) -> tuple[str, ...]:
 
 
 _STRS = {str}
+_LATER_COSTS = ("disk_byte_s", "link_byte_s")  # cost figures a plan saved before them leaves out
 _PLAN_REFUSALS = (Code.HOST_BUDGET.value, Code.DEVICE_BUDGET.value)
 
 
@@ -365,8 +366,8 @@ class _Checker:
         return Layout(arena, regions, staging, segs, tuple(zero), ring, maps)
 
     def _costs(self, v) -> Costs:
-        # plans saved before `disk_byte_s` have the built-in one
-        _obj(v, "costs", Costs._fields if type(v) is not dict or "disk_byte_s" in v else Costs._fields[:-1])
+        # plans saved before `disk_byte_s` or `link_byte_s` have the built-in ones
+        _obj(v, "costs", [k for k in Costs._fields if k not in _LATER_COSTS or type(v) is not dict or k in v])
         vals = []
         for k in Costs._fields[1:]:
             x = v.get(k, Costs._field_defaults.get(k))

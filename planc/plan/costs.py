@@ -90,16 +90,16 @@ def load_costs(path: Path | None = None) -> Costs:
     doc = read_doc(p)  # never blocks on a FIFO, never reads /dev/zero
     try:
         raw = [doc[k] for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")]
-        raw.append(doc.get("disk_byte_s", DEFAULTS.disk_byte_s))  # probe files before it: the built-in
+        # probe files before them, or a probe without a GPU (no link): the built-in figures
+        raw += [doc.get("disk_byte_s", DEFAULTS.disk_byte_s), doc.get("link_byte_s", DEFAULTS.link_byte_s)]
         if not all(type(x) in (int, float) for x in raw):  # numbers only, as a plan's costs
             return DEFAULTS
         vals = [float(x) for x in raw]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
         return DEFAULTS
-    disk = vals.pop()
-    if not all(math.isfinite(v) and 0 < v < 1 for v in vals + [disk]):
+    if not all(math.isfinite(v) and 0 < v < 1 for v in vals):
         return DEFAULTS
-    return Costs(str(p), *vals, disk_byte_s=disk)
+    return Costs(str(p), *vals)
 
 
 def pages_touched(seg: int, stride: int, count: int) -> int:

@@ -120,7 +120,7 @@ def limits_text(lim) -> str:
     """The GB/s beside the limits, one line (plain text, no markup): `explain`'s `limits` (predicted
     only) or a load report's (measured, then predicted)."""
     rates = [(lim["host_gb_per_s"], "host", "probe" if lim["host_from"] == "probe" else "default costs"),
-             (lim["link_gb_per_s"], "link", "built in")]
+             (lim["link_gb_per_s"], "link", "probe" if lim["link_from"] == "probe" else "built in")]
     rates = sorted((r for r in rates if r[0]), key=lambda r: r[0])  # the ceiling first
 
     def against(gbps):

@@ -26,10 +26,11 @@ the H200 host (docs/tp.md, "Predicted against measured"): the plan's `page_s` (`
 fitted to the pages that hold segments, which is what chooses the read method; a load faults in
 every page of each window (`reader.fault_in`), so its wall follows the span.
 
-The read and disk figures are the plan's own (`plan.costs`: the `planc probe` file it was compiled
-with, or the built-in `DEFAULTS`); the link, host-conversion and fixed figures are built in
-(`FIXED`, measured on an H200 host, docs/benchmarks.md): `planc probe` does not measure them yet.
-The result says which figures came from where, and a plan compiled with default costs says so.
+The read, disk and link figures are the plan's own (`plan.costs`: the `planc probe` file it was
+compiled with, or the built-in `DEFAULTS`; the link is the probe's only where it had a GPU to copy
+to, `link_figure`); the host-conversion and fixed figures are built in (`FIXED`, measured on an
+H200 host, docs/benchmarks.md). The result says which figures came from where, and a plan compiled
+with default costs says so.
 
 `limits` puts the predicted (and a load's measured) GB/s beside the machine's limits the same
 figures hold: the link, and the host's rate of reading the plan's bytes out of the page cache
@@ -49,7 +50,7 @@ class Fixed(NamedTuple):
     """Figures planc probe does not measure (yet): the H200 host of docs/benchmarks.md."""
 
     source: str
-    link_byte_s: float  # pinned host -> device: 55.4 GB/s
+    link_byte_s: float  # pinned host -> device: 55.4 GB/s (where the plan's costs hold no probed link)
     host_byte_s: float  # a host-path conversion (numpy / ml_dtypes), per output byte: about 1 GB/s
     start_s: float  # before the first read: fingerprints, live room, threads (0.02 s measured)
     pin_byte_s: float  # pinning the ring while the first copy waits (0.04 s for 256 MiB)
@@ -123,12 +124,21 @@ def _wall(start: float, read: float, link: float, runs: int) -> float:
     return start + max(read, link) + min(read, link) / max(1, runs)
 
 
+def link_figure(c, fixed: Fixed = FIXED) -> tuple[float, str]:
+    """(seconds per byte, "probe" or "built-in") of the pinned host -> device link for a plan of
+    costs `c`: the probe's, where the probe that `c` came from copied to a GPU, else `fixed`'s."""
+    if c.source != "default" and c.link_byte_s != DEFAULTS.link_byte_s:
+        return c.link_byte_s, "probe"
+    return fixed.link_byte_s, "built-in"
+
+
 def predict(plan: Plan, fixed: Fixed = FIXED) -> dict:
     """The predicted wall seconds of `plan`'s load (JSON-ready): warm and cold, their terms, the sources."""
     c = plan.costs or DEFAULTS
     rd = _reads(plan, c)
     warm_read, cold_read = _warm(rd, fixed, rd.lanes, c), _cold(rd, c, fixed)
-    link = plan.totals.payload_bytes * fixed.link_byte_s
+    link_s, link_from = link_figure(c, fixed)
+    link = plan.totals.payload_bytes * link_s
     start = fixed.start_s + plan.layout.ring_bytes * fixed.pin_byte_s
     runs = max(1, len(plan.runs))
     default = c.source == "default"
@@ -139,7 +149,7 @@ def predict(plan: Plan, fixed: Fixed = FIXED) -> dict:
                   "link_seconds": link, "runs": runs, "mapped_pages": rd.mapped_pages,
                   "mapped_span_bytes": rd.mapped_span_bytes},
         "figures": {"read": c.source, "disk": c.source if c.disk_byte_s != DEFAULTS.disk_byte_s else "default",
-                    "link_disk_fixed": fixed.source},
+                    "link": c.source if link_from == "probe" else "default", "link_disk_fixed": fixed.source},
         "default_costs": default,
         "note": ("compiled with default costs (run planc probe on the loading host, then compile again)" if default
                  else f"read costs measured by planc probe ({c.source})"),
@@ -181,7 +191,7 @@ def predict_node(plans: list[Plan], devices: list[str] | None = None, fixed: Fix
     per_device: dict = {}
     for p, d in zip(plans, devices):
         per_device[d] = per_device.get(d, 0) + p.totals.payload_bytes
-    link = max(per_device.values()) * fixed.link_byte_s
+    link = max(per_device.values()) * link_figure(plans[0].costs or DEFAULTS, fixed)[0]
     plain: dict = {}
     mapped: dict = {}
     for p in plans:
@@ -225,7 +235,8 @@ def _over(a: float | None, b: float | None) -> float | None:
 def limits(plan: Plan, wall: float | None = None, fixed: Fixed = FIXED) -> dict:
     """The plan's predicted GB/s (and, given a load's measured `wall`, the measured GB/s) beside
     the limits its figures hold (JSON-ready; the report's and `explain`'s `limits`):
-    - the link: payload bytes at `link_byte_s` (built in: `planc probe` does not measure it);
+    - the link: payload bytes at `link_figure`'s rate (`planc probe`'s where it copied to a GPU, else
+      built in);
     - the host: the bytes the plan reads out of the page cache, whole requests and host-path
       inputs at the plan's `read_byte_s`, mapped segments at its `copy_byte_s` (`planc probe`'s
       when it was compiled with them, else the defaults);
@@ -235,13 +246,14 @@ def limits(plan: Plan, wall: float | None = None, fixed: Fixed = FIXED) -> dict:
     rd = _reads(plan, c)
     payload = plan.totals.payload_bytes
     host_bytes = rd.plain_bytes + rd.mapped_bytes
-    link = _gbps(1, fixed.link_byte_s)
+    link_s, link_from = link_figure(c, fixed)
+    link = _gbps(1, link_s)
     host = _gbps(host_bytes, rd.plain_bytes * c.read_byte_s + rd.mapped_bytes * c.copy_byte_s)
     named = [(r, k) for r, k in ((link, "link"), (host, "host")) if r is not None]
     ceiling, which = min(named) if named else (None, None)
     predicted = _gbps(payload, predict(plan, fixed)["warm_seconds"])
     probed = c.source != "default"
-    doc = {"predicted_gb_per_s": predicted, "link_gb_per_s": link, "link_from": "built-in",
+    doc = {"predicted_gb_per_s": predicted, "link_gb_per_s": link, "link_from": link_from,
            "host_gb_per_s": host, "host_from": "probe" if probed else "default",
            "probe_file": c.source if probed else None, "ceiling": which, "ceiling_gb_per_s": ceiling,
            "predicted_over_ceiling": _over(predicted, ceiling)}

@@ -99,6 +99,9 @@ class Costs(NamedTuple):
     # A byte read from disk, cold, O_DIRECT, all readers together: the predicted cold wall's figure
     # (not the choice's). A probe file without it, or a plan saved before it, has the built-in one.
     disk_byte_s: float = 5.56e-10  # 1.8 GB/s
+    # A byte copied from pinned host memory to the device (`planc probe`'s 64 MiB copies, where it had a
+    # GPU): the predicted wall's link and the reports' limit. Without it, the built-in H200 host's 55.4 GB/s.
+    link_byte_s: float = 1 / 55.4e9
 
 
 SCATTER_ROW_BYTES = 24  # a scatter-table row: (slot offset, arena offset, length), int64 each

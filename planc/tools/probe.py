@@ -11,6 +11,9 @@ Each is timed warm (the file in the page cache). Cold figures (the file's pages 
 uses the warm figures, since a cold read either way brings whole pages from disk. One cold figure
 is a plan's: 16 MiB requests read with O_DIRECT (as `io.direct: auto` reads a cold file; buffered
 where the file system refuses it) give `disk_byte_s`, the predicted cold wall's disk rate.
+On a GPU, 1 GiB of pinned memory copied to the device in 64 MiB copies gives `link_byte_s`, the
+predicted wall's link and the reports' `limits` (`measure_link`; without a GPU the plan keeps the
+built-in link).
 The destination buffers are page-aligned and written before any timing, as a load's ring slots
 are: fresh ones had the timed reads fault in and zero their pages, which on the H200 host put
 2.8x the load's `page_s` into the figures (docs/tp.md).
@@ -126,10 +129,41 @@ def _direct_reader(path: Path, size: int):
 
 
 MIN_SIZE = 64 << 20  # bytes of the scratch file, at least: `probe --size` below it is refused
+LINK_BYTES = 1 << 30  # pinned bytes the link probe copies each time (at most the scratch file's size)
+LINK_COPY = 64 << 20  # bytes per copy: the link's rate, which a load's 16 MiB slot copies reach too
 
 
-def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 3, progress=None) -> dict:
-    """The probe's figures, warm and cold, as the JSON document `planc probe` writes."""
+def measure_link(dev, size: int = LINK_BYTES, piece: int = LINK_COPY, repeat: int = 3) -> dict:
+    """The pinned host -> device link of `dev` (a `planc.execute.device.seam` device): `size` pinned
+    bytes, written first, copied to the device in `piece`-byte async copies on one stream, `repeat`
+    times after one untimed copy (the median kept). The pinned and device bytes are freed on return."""
+    import statistics
+
+    piece = max(PAGE, min(piece, size))
+    size = size // piece * piece
+    host = dev.pinned_bytes(size)
+    host.fill(1)  # populated before any timing, as a load's ring slots are
+    dst = dev.device_bytes(size)
+    stream = dev.stream()
+    copies = [(dst, off, off, piece, 1, 0) for off in range(0, size, piece)]
+    times = []
+    try:
+        for k in range(repeat + 1):
+            t0 = time.perf_counter()
+            dev.stage(host, copies, stream)
+            stream.synchronize()
+            if k:
+                times.append(time.perf_counter() - t0)
+    finally:
+        del host, dst
+    t = statistics.median(times)
+    return {"link_byte_s": t / size, "link_gbps": size / t / 1e9, "link_bytes": size, "link_copy_bytes": piece}
+
+
+def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 3, progress=None,
+            link=None) -> dict:
+    """The probe's figures, warm and cold, as the JSON document `planc probe` writes; with `link` (a
+    device), its pinned host -> device link too (`measure_link`: `link_byte_s`)."""
     from ..execute.io.reader import Reader
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -188,7 +222,15 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
             "read_byte_s": w["read_byte_s"], "request_s": w["request_s"],
             # the cold load's disk figure, only where the page cache could be dropped (else the reads were warm)
             **({"disk_byte_s": doc["cold"]["disk_byte_s"]} if doc["cold"].get("dropped", True) else {}),
+            **(_link_figures(link, size, repeat, progress) if link is not None else {}),
             "warm": w, "cold": doc["cold"]}
+
+
+def _link_figures(dev, size: int, repeat: int, progress) -> dict:
+    got = measure_link(dev, min(size, LINK_BYTES), repeat=repeat)
+    if progress:
+        progress("link", "copy")
+    return {"link_byte_s": got.pop("link_byte_s"), "link": got}
 
 
 def is_probe_file(path: Path) -> bool:

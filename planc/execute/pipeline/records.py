@@ -125,7 +125,7 @@ class Limits(Record):
     predicted_gb_per_s: float | None
     measured_gb_per_s: float | None
     link_gb_per_s: float | None
-    link_from: str  # "built-in"
+    link_from: str  # "probe" (planc probe copied to a GPU) or "built-in"
     host_gb_per_s: float | None
     host_from: str  # "probe" or "default"
     probe_file: str | None
@@ -166,6 +166,7 @@ class Figures(Record):
     """Where the prediction's figures came from (`planc.plan.predict.predict`)."""
     read: str
     disk: str
+    link: str  # the probe file, or "default"
     link_disk_fixed: str
 
 
