@@ -70,3 +70,23 @@ def test_disabled_under_the_simulator():
     from planc.execute.device import seam
 
     assert not launch.enabled(seam.device())
+
+
+def test_a_thread_s_argument_buffer_is_refilled_for_each_launch():
+    """The launch's 8-byte values go into one buffer per thread and count, pointed at by the array
+    cuLaunchKernel takes; a negative value is its two's complement, as numba's ABI lays it out."""
+    import ctypes
+    import threading
+
+    from planc.execute.device.launch import _params
+
+    buf, params = _params(3)
+    buf[:] = [1, -1, 7]
+    assert _params(3) == (buf, params) and list(buf) == [1, 2**64 - 1, 7]
+    assert [params[i] for i in range(3)] == [ctypes.addressof(buf) + 8 * i for i in range(3)]
+    assert _params(4)[0] is not buf
+    other = []
+    t = threading.Thread(target=lambda: other.append(_params(3)[0]))
+    t.start()
+    t.join()
+    assert other[0] is not buf  # a thread of its own: a launch never refills another thread's arguments

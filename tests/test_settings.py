@@ -100,3 +100,14 @@ def test_the_digest_hasher_is_a_checked_setting(monkeypatch):
 
     with pytest.raises(settings.SettingError, match="'digest_hash'.*'fast' is not one of"):
         settings.Settings(digest_hash="fast")  # a Settings made directly is checked too
+
+
+def test_the_issue_path_s_lock_is_a_checked_setting(monkeypatch):
+    assert settings.issue_gil() == "hold"
+    monkeypatch.setenv("PLANC_ISSUE_GIL", "release")
+    assert settings.issue_gil() == "release"
+    monkeypatch.setenv("PLANC_ISSUE_GIL", "drop")
+    with pytest.raises(settings.SettingError, match="PLANC_ISSUE_GIL.*hold, release"):
+        settings.issue_gil()
+    with pytest.raises(settings.SettingError, match="setting 'issue_gil'"):
+        settings.Settings(issue_gil="never")

@@ -32,8 +32,11 @@ DIGEST_HASHES = ("best", "avx512", "avx2", "scalar", "package", "python")
 # piece and hashed from the slot (`pread`), or, for files read through the page cache, copied out of
 # a mapping of them and hashed from the same loads (`mapped`); files read with O_DIRECT always the former.
 DIGEST_READS = ("pread", "mapped")
+# How the load's thread calls the driver functions that only queue work (PLANC_ISSUE_GIL): holding the
+# interpreter's lock (`hold`) or releasing it for the call as ctypes does by default (`release`).
+ISSUE_GIL = ("hold", "release")
 # The settings that take one of a few names, and the names (the first is the default).
-NAMED = {"pin": PIN_METHODS, "digest_hash": DIGEST_HASHES, "digest_read": DIGEST_READS}
+NAMED = {"pin": PIN_METHODS, "digest_hash": DIGEST_HASHES, "digest_read": DIGEST_READS, "issue_gil": ISSUE_GIL}
 
 
 class SettingError(ValueError):
@@ -50,7 +53,7 @@ class SettingError(ValueError):
 NAMES = {"raw_launch": "PLANC_RAW_LAUNCH", "kernel_dir": "PLANC_KERNEL_DIR", "kernel_cache": "PLANC_KERNEL_CACHE",
          "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG",
          "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE", "digest_hash": "PLANC_DIGEST_HASH",
-         "digest_read": "PLANC_DIGEST_READ"}
+         "digest_read": "PLANC_DIGEST_READ", "issue_gil": "PLANC_ISSUE_GIL"}
 _FLAGS = ("raw_launch", "kernel_cache", "debug")
 
 
@@ -77,7 +80,9 @@ class Settings:
     `register` or `alloc`. plan_cache (PLANC_PLAN_CACHE): the folder compiled plans are kept in
     (`planc.compiler.plancache`); None (`off`) for no plan cache. digest_hash (PLANC_DIGEST_HASH):
     how a digest-verified load hashes, one of DIGEST_HASHES, default `best`. digest_read
-    (PLANC_DIGEST_READ): how it reads the bytes it hashes, one of DIGEST_READS, default `pread`."""
+    (PLANC_DIGEST_READ): how it reads the bytes it hashes, one of DIGEST_READS, default `pread`.
+    issue_gil (PLANC_ISSUE_GIL): `hold` (default) or `release`, how the driver calls that only queue
+    work are made (`issue_gil()`)."""
 
     raw_launch: bool = True
     kernel_dir: Path = Path.home() / ".cache" / "planc" / "kernels"
@@ -89,6 +94,7 @@ class Settings:
     plan_cache: Path | None = None
     digest_hash: str = "best"
     digest_read: str = "pread"
+    issue_gil: str = "hold"
 
     def __post_init__(self) -> None:
         # a Settings made directly (not through resolve) is checked too where a load would read a name
@@ -157,7 +163,7 @@ class Settings:
 def _check(name: str, v, *, from_env: bool = False):
     """Setting `name`'s value `v`, typed: a bool for a flag (or "0"/"1" as the variable holds it), a
     byte size (an int, or a string such as "1GiB") for host_reserve, a path for kernel_dir and probe,
-    one of NAMED[name] for pin, digest_hash and digest_read."""
+    one of NAMED[name] for pin, digest_hash, digest_read and issue_gil."""
     label = NAMES[name] if from_env else repr(name)
     where = NAMES[name] if from_env else f"setting {name!r} ({NAMES[name]})"
     if name in _FLAGS:
@@ -195,7 +201,7 @@ def _check(name: str, v, *, from_env: bool = False):
         if name == "plan_cache":
             return None if v == "off" else (Path(v) if v else default_plan_cache())
         return Path(v) if v else Settings.kernel_dir
-    # pin, digest_hash, digest_read: one of a few names
+    # pin, digest_hash, digest_read, issue_gil: one of a few names
     names = NAMED[name]
     if not isinstance(v, str):
         raise SettingError(f"setting {label}: expected one of {', '.join(names)}, got {type(v).__name__} "
@@ -322,3 +328,12 @@ def digest_read() -> str:
     O_DIRECT are always read with `pread`. The digests are the same."""
     return _field("digest_read")
 
+
+
+def issue_gil() -> str:
+    """PLANC_ISSUE_GIL: how a load calls the driver functions that only queue work on a stream (the
+    async copies, event records and waits, kernel launches, the current context's look-up):
+    `hold` (default) keeps the interpreter's lock through each call, a few microseconds; `release`
+    lets it go for the call, as ctypes does, and the load's thread then waits to take it back from
+    the reader threads after every call (`planc.execute.device.driver.issue_lib`)."""
+    return _field("issue_gil")

@@ -18,6 +18,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from .libc import MAP_FAILED, libc
+from ...base import settings
 from ...base.codes import Code
 
 if TYPE_CHECKING:  # numpy is imported where arrays are made: `planc run` starts the driver before it
@@ -92,6 +93,34 @@ def lib():
                 check(cu.cuInit(0), "cuInit", cu)
                 _lib = cu
     return _lib
+
+
+# The functions that only queue work on a stream (or read the thread's context): called holding the
+# interpreter's lock unless the load's settings say `release` (`issue_lib`).
+_ISSUE = ("cuMemcpyHtoDAsync_v2", "cuMemcpy2DAsync_v2", "cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel",
+          "cuCtxGetCurrent")
+_held = None
+
+
+def issue_lib():
+    """libcuda's issue path as the load's settings call it (`settings.issue_gil`): `hold` (default),
+    the functions of `_ISSUE` bound through `ctypes.PyDLL`, which keeps the interpreter's lock through
+    the call; `release`, `lib()`'s, which lets it go. Each of those calls returns in microseconds; one
+    that lets the lock go waits afterwards to take it back from whichever reader thread took it, and
+    a load's thread makes four or more such calls per slot (a copy, an event, launches)."""
+    global _held
+    cu = lib()
+    if settings.issue_gil() == "release":
+        return cu
+    if _held is None:
+        with _lock:
+            if _held is None:
+                held = ctypes.PyDLL(cu._name)
+                for name in _ISSUE:
+                    fn = getattr(held, name)
+                    fn.argtypes, fn.restype = _SIGNATURES[name], ctypes.c_int
+                _held = held
+    return _held
 
 
 def error_text(rc: int, cu=None) -> str:
@@ -189,7 +218,7 @@ def ensure_context(cu=None) -> int:
 
 def current_context(cu=None) -> int:
     h = _vp()
-    check((cu or lib()).cuCtxGetCurrent(ctypes.byref(h)), "cuCtxGetCurrent", cu)
+    check((cu or issue_lib()).cuCtxGetCurrent(ctypes.byref(h)), "cuCtxGetCurrent", cu)
     return int(h.value or 0)
 
 
@@ -561,14 +590,14 @@ class Event:
         self.handle = int(h.value)
 
     def record(self, stream: Stream) -> None:
-        check(lib().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
+        check(issue_lib().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
 
     def synchronize(self) -> None:
         check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
 
     def wait(self, stream: Stream) -> None:
         """Work issued to `stream` from now on starts after this event (numba's `Event.wait`)."""
-        check(lib().cuStreamWaitEvent(stream.handle, self.handle, 0), "cuStreamWaitEvent")
+        check(issue_lib().cuStreamWaitEvent(stream.handle, self.handle, 0), "cuStreamWaitEvent")
 
     def __del__(self):
         h, self.handle = getattr(self, "handle", 0), 0
@@ -584,7 +613,7 @@ class Event:
 
 def copy_h2d(dst_ptr: int, src_ptr: int, nbytes: int, stream_h: int) -> None:
     """Async copy of `nbytes` from pinned host memory at `src_ptr` to device memory at `dst_ptr`."""
-    rc = _lib.cuMemcpyHtoDAsync_v2(dst_ptr, src_ptr, nbytes, stream_h)
+    rc = issue_lib().cuMemcpyHtoDAsync_v2(dst_ptr, src_ptr, nbytes, stream_h)
     if rc:
         check(rc, "cuMemcpyHtoDAsync")
 
@@ -604,4 +633,4 @@ def copy_h2d_2d(dst_ptr: int, src_ptr: int, pitch: int, width: int, rows: int, s
     `src_ptr`, packed at device memory `dst_ptr` (a rank's slice of whole rows held in a slot)."""
     p = _Memcpy2D(srcMemoryType=_HOST, srcHost=src_ptr, srcPitch=pitch, dstMemoryType=_DEVICE,
                   dstDevice=dst_ptr, dstPitch=width, WidthInBytes=width, Height=rows)
-    check(lib().cuMemcpy2DAsync_v2(ctypes.byref(p), stream_h), "cuMemcpy2DAsync")
+    check(issue_lib().cuMemcpy2DAsync_v2(ctypes.byref(p), stream_h), "cuMemcpy2DAsync")

@@ -178,6 +178,24 @@ def _matches(types, sig: tuple) -> bool:
     return True
 
 
+_local = threading.local()
+
+
+def _params(n: int):
+    """This thread's argument buffer of `n` 8-byte values and the array of pointers to them that
+    `cuLaunchKernel` takes: made once per thread and count, refilled for each launch (the driver
+    copies the arguments before the call returns)."""
+    made = getattr(_local, "params", None)
+    if made is None:
+        made = _local.params = {}
+    got = made.get(n)
+    if got is None:
+        buf = (ctypes.c_uint64 * n)()
+        base = ctypes.addressof(buf)
+        got = made[n] = (buf, (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)]))
+    return got
+
+
 class DriverCalls:
     """The driver calls a launch makes: the thread's context, module loads, the launch itself, the
     argument signature and the cubin cache's folder (a test of the launcher passes a stand-in)."""
@@ -209,15 +227,13 @@ class DriverCalls:
 
     def launch(self, fn: int, grid, block, stream, args) -> None:
         vals = pack(args)
-        n = len(vals)
-        buf = (ctypes.c_uint64 * n)(*[v & 0xFFFFFFFFFFFFFFFF for v in vals])
-        base = ctypes.addressof(buf)
-        params = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+        buf, params = _params(len(vals))
+        buf[:] = vals  # ctypes wraps a negative value to its two's complement, as the ABI has it
         gx, gy, gz = _dims(grid)
         bx, by, bz = _dims(block)
         h = stream if isinstance(stream, int) else stream.handle
         h = int(getattr(h, "value", h) or 0)  # a driver.Stream's int, or a numba stream's CUstream object
-        driver.check(driver.lib().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
+        driver.check(driver.issue_lib().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, h, params, None), "cuLaunchKernel")
 
 
 class Launcher:
