@@ -16,7 +16,10 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# bench/gguf.py would shadow the `gguf` package that synth writes with: this folder leaves the path
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
 
 import numpy as np  # noqa: E402
 
@@ -76,6 +79,9 @@ def main() -> int:
         print(json.dumps({"quant": quant, "file_bytes": os.path.getsize(path), "stored_bytes": in_bytes,
                           "bf16_bytes": out_bytes, "dequant_s": round(t_deq, 4), "copy_s": round(t_copy, 4),
                           "dequant_out_GBps": round(out_bytes / t_deq / 1e9, 1),
+                          "dequant_in_GBps": round(in_bytes / t_deq / 1e9, 1),
+                          "values_per_s_G": round(out_bytes / 2 / t_deq / 1e9, 1),
+                          "values_per_stored_byte": round(out_bytes / 2 / in_bytes, 3),
                           "copy_GBps": round(in_bytes / t_copy / 1e9, 1), "bit_exact": sorted(checked)}))
     return 0
 
