@@ -6,7 +6,9 @@ plan order; a run's kernels go on a stream of their own behind an event recorded
 (`kernelruns.KernelRuns`), so they run while the next runs' copies go on. A run's first copy waits
 for the kernels that last read its landing region, and an in-place conversion runs only after its
 bytes arrived. A slot is refilled only after the event recorded after its copies has completed
-(fence and swap).
+(fence and swap): waited for by the calling thread before it hands the slot to a reader, or, with
+`PLANC_SLOT_WAIT=reader`, by that reader before its read, the calling thread handing over the oldest
+slot whose copy is queued and going on with the copies of the reads that are done.
 
 `Pipeline` is this loop, composed of the parts it is given (`execute` builds them, in one place):
 the load's regions (`allocation.Regions`: arena, landing, staging, the pinned ring), the reader
@@ -32,7 +34,8 @@ from ...base.codes import Code
 class Pipeline:
     """One load's loop over the plan's runs (`run`), composed of the parts it is given."""
 
-    def __init__(self, plan, *, dev, stream, regions, reader, submit, kernels, host, live_room, observer):
+    def __init__(self, plan, *, dev, stream, regions, reader, submit, kernels, host, live_room, observer,
+                 reader_waits: bool = False):
         self.plan, self.dev, self.stream = plan, dev, stream
         self.regions, self.reader, self.submit = regions, reader, submit
         self.kernels, self.host, self.live_room, self.observer = kernels, host, live_room, observer
@@ -43,6 +46,7 @@ class Pipeline:
         self.remaining = [len(r.requests) for r in plan.runs]
         self.guarded = -1  # the last run whose copies began (`KernelRuns.before_copies`)
         self.slot_free = getattr(reader, "slot_free", None)  # a digest reader hashing after its reads
+        self.reader_waits = reader_waits  # a slot's reader waits for its last copy (PLANC_SLOT_WAIT=reader)
 
     # -- the pipeline -----------------------------------------------------------------------
     def run(self) -> None:
@@ -52,8 +56,8 @@ class Pipeline:
             self._admit_run(r)
             self.observer(RunStarted(r.index))
             for qi, req in enumerate(r.requests):
-                slot = self._acquire_slot()
-                fut = self.submit(self._read, r, qi, req, slot)
+                slot, after = self._take_slot() if self.reader_waits else (self._acquire_slot(), None)
+                fut = self.submit(self._read, r, qi, req, slot, after)
                 self.pending.append((r, qi, req, slot, fut))
                 self._complete_ready()
             if r.host_parts:
@@ -99,8 +103,13 @@ class Pipeline:
             f"{room.available_bytes}, cgroup room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}) "
             f"with nothing else in flight; free memory, or move the rule to on: device"))
 
-    def _read(self, r, qi: int, req, slot: int) -> int:
-        """On a reader's thread: request `qi` of run `r` into its ring slot."""
+    def _read(self, r, qi: int, req, slot: int, after=None) -> int:
+        """On a reader's thread: request `qi` of run `r` into its ring slot, once `after` (the event
+        recorded after the slot's last copies, or None) has completed."""
+        if after is not None:
+            t0 = time.perf_counter()
+            after.synchronize()
+            self.observer(Timed("reader_slot_wait", start=t0))
         t0 = time.perf_counter()
         ring = self.regions.ring
         if req.stride:
@@ -131,7 +140,24 @@ class Pipeline:
         ev.record(self.stream)
         self.copying.append((slot, ev))
 
+    def _take_slot(self) -> tuple:
+        """(a ring slot for a read, the event its reader waits for first, or None): a free slot, else
+        the oldest whose copy is queued (not waited for here), once the reads that are done have their
+        copies issued; else, with reads in flight and no copy queued, after the next read is done."""
+        while not self.free_slots:
+            if self._complete_ready():
+                continue
+            if self.copying:
+                slot, ev = self.copying.popleft()
+                return self._slot(slot), ev
+            if self.pending:
+                self._wait_read()
+            else:
+                raise ExecuteError("the ring has no slot to give and nothing in flight", code=Code.RING_STUCK)
+        return self._slot(self.free_slots.popleft()), None
+
     def _acquire_slot(self) -> int:
+        """A ring slot whose last copy is done (waited for here, on the oldest copy queued)."""
         while not self.free_slots:
             if self._complete_ready():
                 continue
