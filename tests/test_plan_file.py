@@ -632,3 +632,17 @@ def test_dtype_edit_is_refused_or_loads_bit_exact(m):
         assert outcome == "refused" and why in got, (m.id, got)
     elif outcome == "accepted":
         assert load_or_typed_error(got) in ("bit-exact", "typed error plan-header-mismatch"), m.id
+
+
+def test_each_format_s_checks_are_its_own_class():
+    """The plan reader looks a format's own checks up by its name, and the executor's class of that
+    format names the same check: one class per format on each side of the seam."""
+    from planc.base.formats import FORMATS as NAMES
+    from planc.execute.kernels.formats import FORMATS
+    from planc.plan.formatcheck import CHECKS, FormatCheck
+
+    assert set(CHECKS) == {"gguf", "mxfp4", "nvfp4"} and set(CHECKS) <= set(NAMES)
+    for name, fmt in FORMATS.items():
+        assert fmt.check is CHECKS.get(name), name
+        if fmt.check is not None:
+            assert isinstance(fmt.check, FormatCheck) and fmt.check.name == name

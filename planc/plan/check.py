@@ -13,7 +13,6 @@ field-by-field check, which names what is wrong, only when something is.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 
@@ -38,6 +37,8 @@ from ..base.limits import (
 )
 from ..base import fp4
 from .hostcost import scratch_bytes
+from .checkbase import _Bad, _bad, _shown
+from .formatcheck import CHECKS
 from .records import (
     DEQUANTIZE_OPS,
     DIRECT_MODES,
@@ -67,7 +68,7 @@ from .records import (
 )
 from ..base.device import DIRECT_ALIGN, check_device
 from ..base.codes import Code
-from ..manifest.ggml_types import DEQUANTIZABLE, QUANTIZED, quant_type
+from ..manifest.ggml_types import QUANTIZED
 
 FORMAT = 8
 _GGML = ("", *sorted(QUANTIZED))  # a part's `ggml`: a GGML block type, or none
@@ -93,54 +94,6 @@ _TOP = ("kind", "format", "planc", "fields", "spec", "checkpoint", "device", "te
 
 
 # -- encode ---------------------------------------------------------------------------------------
-
-
-class _Bad(Exception):
-    def __init__(self, path: str, problem: str):
-        self.path, self.problem = path, problem
-
-
-def _bad(path: str, problem: str) -> _Bad:
-    return _Bad(path, problem)
-
-
-def _shown(v) -> str:
-    """`v` for an error line: at most 60 characters, whatever its size or nesting (a value nested a
-    thousand deep is not handed to a recursive encoder: `_compact` stops at `_SHOWN_DEPTH`)."""
-    s = printable(repr(v) if type(v) is str else _compact(v, 0, [60]))
-    return s if len(s) <= 60 else s[:57] + "..."
-
-
-_SHOWN_DEPTH = 8
-
-
-def _compact(v, depth: int, room: list) -> str:
-    """JSON text of `v`, cut short ("...") past `_SHOWN_DEPTH` levels or once `room[0]` characters are spent."""
-    if room[0] <= 0:
-        return "..."
-    if type(v) in (list, dict):
-        if depth >= _SHOWN_DEPTH:
-            text = "[...]" if type(v) is list else "{...}"
-        else:
-            items = []
-            for x in (v if type(v) is list else v.items()):
-                if room[0] <= 0:
-                    items.append("...")
-                    break
-                items.append(_compact(x, depth + 1, room) if type(v) is list else
-                             f"{_scalar(x[0])}: {_compact(x[1], depth + 1, room)}")
-            text = ("[%s]" if type(v) is list else "{%s}") % ", ".join(items)
-    else:
-        text = _scalar(v)
-    room[0] -= len(text)
-    return text
-
-
-def _scalar(v) -> str:
-    try:
-        return json.dumps(v)
-    except (TypeError, ValueError):  # not a JSON value (a Plan field of a caller's own making)
-        return type(v).__name__
 
 
 def _int(v, path: str, lo: int = 0, hi: int | None = None) -> int:
@@ -536,9 +489,10 @@ class _Checker:
         if n.unpermute and n.op != "gguf":
             raise _bad(f"{at}.unpermute", f"only a gguf dequantization writes rows in transformers' order, not a {n.op}")
         if n.ggml or n.op == "gguf":
-            return self._gguf_semantics(n, at)
-        if len(n.inputs) >= 2 and fp4.format_of(w.dtype, n.inputs[1].dtype) and n.op in DEQUANTIZE_OPS:
-            return self._fp4_semantics(n, at)
+            return CHECKS["gguf"].part(n, at)
+        fmt = fp4.format_of(w.dtype, n.inputs[1].dtype) if len(n.inputs) >= 2 else None
+        if fmt and n.op in DEQUANTIZE_OPS:
+            return CHECKS[fmt].part(n, at)
         if w.role != "weight" or (len(n.inputs) == 2) != (n.op == "dequantize") or len(n.inputs) > 2 or (
                 len(n.inputs) == 2 and n.inputs[1].role != "scale"):
             raise _bad(f"{at}.inputs", f"a {n.op} part reads a weight" + (" and its scale" if n.op == "dequantize" else ""))
@@ -773,16 +727,11 @@ class _Checker:
             raise _bad(at(".more"), f"only conversions and GGUF dequantizations of several parts share a kernel, not a {op}")
         if len(set(more)) != len(more) or pid in more:
             raise _bad(at(".more"), "lists a part twice")
-        if op == "gguf":
-            self._gguf_kernel(pid, more, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows,
-                              cols, block, limits, unpermute)
-            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
-                                add, unpermute))
-        if fmt in fp4.FORMATS and pid in in_run:
-            self._fp4_kernel(parts[pid], at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
-                             limits)
-            return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, (), fmt,
-                                add, 0))
+        if op == "gguf" or (fmt in fp4.FORMATS and pid in in_run):  # the format's own checks
+            k = new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
+                             add, unpermute))
+            CHECKS[fmt].kernel(k, parts, in_run, at, limits)
+            return k
         want_numel, want_dst = 0, dst
         for q in (pid, *more):
             if q not in in_run:
@@ -820,151 +769,6 @@ class _Checker:
             raise _bad(at(), "only a same-size conversion runs in place in the arena")
         return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
                             add, 0))
-
-    def _gguf_semantics(self, n: Part, at: str) -> None:
-        """GGUF blocks: read as U8 rows of whole blocks of the part's GGML type; kept (`copy`, U8 out,
-        the same bytes) or dequantized (`gguf`, F32 / F16 / BF16, one value per element)."""
-        w = n.inputs[0]
-        qt = quant_type(n.ggml)
-        if qt is None:
-            raise _bad(f"{at}.ggml", f"a {n.op} part of GGUF blocks names their GGML type, got {_shown(n.ggml)}")
-        if n.op not in ("copy", "gguf"):
-            raise _bad(f"{at}.op", f"GGUF {n.ggml} blocks are kept (copy) or dequantized (gguf), not {n.op}")
-        if len(n.inputs) != 1 or w.role != "weight" or w.dtype != "U8" or len(w.shape) != 2:
-            raise _bad(f"{at}.inputs", f"a {n.op} of GGUF blocks reads one weight of U8 rows, got "
-                                       f"{[(i.role, i.dtype, list(i.shape)) for i in n.inputs]}")
-        rows, row = w.shape
-        if row == 0 or row % qt.block_bytes:
-            raise _bad(f"{at}.inputs[0].shape", f"rows of {row:,} bytes are not whole {n.ggml} blocks of "
-                                                f"{qt.block_bytes} bytes")
-        if n.block:
-            raise _bad(f"{at}.block", f"a part of GGUF blocks has no block edge, got {n.block}")
-        if n.op == "copy":
-            if n.out_dtype != "U8" or n.out_bytes != w.nbytes:
-                raise _bad(f"{at}.out_dtype", f"kept {n.ggml} blocks are their {w.nbytes:,} U8 bytes, got "
-                                              f"{n.out_dtype} x {n.out_bytes:,} bytes")
-            if n.path != "direct" or n.landing_bytes or n.host_bytes:
-                raise _bad(f"{at}.path", "kept GGUF blocks go straight to their place (direct, nothing landed)")
-            return
-        if n.ggml not in DEQUANTIZABLE:
-            raise _bad(f"{at}.ggml", f"planc dequantizes {', '.join(sorted(DEQUANTIZABLE))}, not {n.ggml}")
-        if n.out_dtype not in ("BF16", "F16", "F32"):
-            raise _bad(f"{at}.out_dtype", f"a gguf dequantize produces BF16, F16 or F32, got {n.out_dtype}")
-        if n.unpermute and (n.unpermute % 2 or rows % n.unpermute):
-            raise _bad(f"{at}.unpermute", f"is {n.unpermute:,}: rows are unpermuted by heads of an even number of rows "
-                                          f"that divides the part's {rows:,}")
-        numel = rows * (row // qt.block_bytes) * qt.block
-        want = numel * DTYPES[n.out_dtype].itemsize
-        if n.out_bytes != want:
-            raise _bad(f"{at}.out_bytes", f"is {n.out_bytes:,}, but {rows:,} rows of {row // qt.block_bytes:,} {n.ggml} "
-                                          f"blocks are {numel:,} values of {n.out_dtype}, {want:,} bytes")
-        if n.path == "host":
-            host = w.nbytes + n.out_bytes + scratch_bytes(n.op, w.dtype, n.out_dtype, n.out_bytes,
-                                                          DTYPES[n.out_dtype].itemsize)
-            if n.host_bytes != host or n.landing_bytes:
-                raise _bad(f"{at}.host_bytes", f"a host-path gguf holds {host:,} bytes (reads + output + scratch), "
-                                               f"got {n.host_bytes:,} (and landing {n.landing_bytes:,})")
-        elif n.host_bytes or n.landing_bytes != w.nbytes:
-            raise _bad(f"{at}.landing_bytes", f"a direct-path gguf lands its {w.nbytes:,} block bytes and holds no "
-                                              f"host bytes, got {n.landing_bytes:,} and {n.host_bytes:,}")
-
-    def _gguf_kernel(self, pid, more, parts, in_run, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows,
-                     cols, block, limits, unpermute) -> None:
-        """A GGUF dequantization of part `pid` and the parts in `more`: each a direct-path gguf part of
-        this run, of one GGML type and row width; their blocks read end to end from `src`, their
-        values written end to end from `dst`: the kernel's rows and values are theirs summed."""
-        want_rows = want_numel = 0
-        want_dst = dst
-        for q in (pid, *more):
-            if q not in in_run:
-                raise _bad(at(".part"), f"part {q} is not a part of this run")
-            p = parts[q]
-            w = p.inputs[0]
-            if p.op != "gguf" or p.path != "direct":
-                raise _bad(at(".part"), f"part {q} is not a direct-path gguf part")
-            if unpermute != p.unpermute:
-                raise _bad(at(".unpermute"), f"is {unpermute:,}, but part {q}'s is {p.unpermute:,} (rows per head "
-                                             f"written in transformers' order; 0: as stored)")
-            if (src_dtype, dst_dtype, want_dst, block, cols, p.ggml, unpermute) != (
-                    w.dtype, p.out_dtype, p.dst_offset, p.block, w.shape[1], parts[pid].ggml, p.unpermute):
-                raise _bad(at(), f"does not match part {q} ({p.ggml} blocks {list(w.shape)} -> {p.out_dtype} at arena "
-                                 f"{p.dst_offset:,}" + (f", rows unpermuted by heads of {p.unpermute}" if p.unpermute
-                                                        else "") + ")")
-            want_rows += w.shape[0]
-            want_numel += p.out_bytes // DTYPES[p.out_dtype].itemsize
-            want_dst += p.out_bytes
-        if rows != want_rows:
-            raise _bad(at(".rows"), f"is {rows:,}, its parts have {want_rows:,} rows of blocks")
-        if numel != want_numel:
-            raise _bad(at(".numel"), f"is {numel:,}, its parts have {want_numel:,} values")
-        if space != "landing" or scale is not None:
-            raise _bad(at(".src_space"), "a gguf dequantize reads its blocks from the landing region (and no scale)")
-        if src + rows * cols > limits["landing"]:
-            raise _bad(at(".src_offset"), f"[{src:,}, {src + rows * cols:,}) reaches past the landing region "
-                                          f"({limits['landing']:,} bytes)")
-        if want_dst > limits["arena"]:
-            raise _bad(at(".dst_offset"), f"[{dst:,}, {want_dst:,}) reaches past the arena")
-
-    def _fp4_semantics(self, n: Part, at: str) -> None:
-        """An FP4 dequantization's sizes follow from its inputs (`planc.base.fp4`)."""
-        w, s = n.inputs[0], n.inputs[1]
-        fmt = fp4.format_of(w.dtype, s.dtype)
-        roles = ("weight", "scale", "scale2")[:len(n.inputs)]
-        if tuple(i.role for i in n.inputs) != roles or len(n.inputs) != (3 if fmt == "nvfp4" else 2):
-            raise _bad(f"{at}.inputs", f"a {fmt} dequantize reads a weight and its scale"
-                       + (" and its per-tensor scale" if fmt == "nvfp4" else ""))
-        why = fp4.weight_problem(fmt, w.shape, w.dtype, n.op == "dequantize_t")
-        if why:
-            raise _bad(f"{at}.inputs[0]", f"is not a {fmt} weight: {why}")
-        if s.shape != fp4.scale_shape(fmt, w.shape):
-            raise _bad(f"{at}.inputs[1].shape", f"a {fmt} weight {list(w.shape)} has scales "
-                                                f"{list(fp4.scale_shape(fmt, w.shape))}, got {list(s.shape)}")
-        if fmt == "nvfp4" and (n.inputs[2].dtype != fp4.SCALE2_DTYPE or not fp4.scale2_ok(n.inputs[2].shape)):
-            raise _bad(f"{at}.inputs[2]", "an nvfp4 per-tensor scale is one F32")
-        if n.block != fp4.BLOCK[fmt]:
-            raise _bad(f"{at}.block", f"a {fmt} block is {fp4.BLOCK[fmt]} values, got {n.block}")
-        if n.out_dtype not in ("BF16", "F16", "F32"):
-            raise _bad(f"{at}.out_dtype", f"a dequantize produces BF16, F16 or F32, got {n.out_dtype}")
-        batch, rows, cols = fp4.geometry(fmt, w.shape)
-        want = batch * rows * cols * DTYPES[n.out_dtype].itemsize
-        if n.out_bytes != want:
-            raise _bad(f"{at}.out_bytes", f"is {n.out_bytes:,}, but {batch * rows * cols:,} values of {n.out_dtype} "
-                                          f"are {want:,} bytes")
-        reads = sum(i.nbytes for i in n.inputs)
-        if n.path == "host":
-            host = reads + n.out_bytes + scratch_bytes(n.op, w.dtype, n.out_dtype, n.out_bytes,
-                                                       DTYPES[n.out_dtype].itemsize)
-            if n.host_bytes != host or n.landing_bytes:
-                raise _bad(f"{at}.host_bytes", f"a host-path {n.op} holds {host:,} bytes (reads + output + "
-                                               f"scratch), got {n.host_bytes:,} (and landing {n.landing_bytes:,})")
-        elif n.host_bytes or n.landing_bytes != reads:
-            raise _bad(f"{at}.landing_bytes", f"a direct-path {n.op} lands its {reads:,} read bytes and holds no "
-                                              f"host bytes, got {n.landing_bytes:,} and {n.host_bytes:,}")
-
-    def _fp4_kernel(self, p: Part, at, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block,
-                    limits) -> None:
-        w, s = p.inputs[0], p.inputs[1]
-        fmt = fp4.format_of(w.dtype, s.dtype)
-        batch, want_rows, want_cols = fp4.geometry(fmt, w.shape)
-        if p.path != "direct":
-            raise _bad(at(".part"), f"part {p.id} takes the host path; its work is not a device kernel")
-        if (src_dtype, dst_dtype, dst, block) != (w.dtype, p.out_dtype, p.dst_offset, p.block):
-            raise _bad(at(), f"does not match part {p.id} ({fmt} {w.dtype} -> {p.out_dtype} at arena "
-                             f"{p.dst_offset:,}, block {p.block})")
-        if (rows, cols, numel) != (want_rows, want_cols, batch * want_rows * want_cols):
-            raise _bad(at(), f"geometry [{rows}, {cols}] x {numel:,} values does not match part {p.id}'s "
-                             f"{fmt} weight {list(w.shape)}")
-        if space != "landing" or scale is None:
-            raise _bad(at(".src_space"), f"a {fmt} dequantize reads its weight and scales from the landing region")
-        ends = [("src_offset", src, w.nbytes), ("scale_offset", scale, s.nbytes)]
-        if fmt == "nvfp4":
-            ends.append(("scale_offset", fp4.scale2_offset(scale, s.nbytes), 4))
-        for field, a, n in ends:
-            if a + n > limits["landing"]:
-                raise _bad(at(f".{field}"), f"[{a:,}, {a + n:,}) reaches past the landing region "
-                                            f"({limits['landing']:,} bytes)")
-        if dst + p.out_bytes > limits["arena"]:
-            raise _bad(at(".dst_offset"), f"[{dst:,}, {dst + p.out_bytes:,}) reaches past the arena")
 
     def _host_part(self, h, at, n_h, parts, in_run, io) -> HostPart:
         _list(h, at, n_h)

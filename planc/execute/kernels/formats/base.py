@@ -11,9 +11,11 @@ class Format:
     bytes from its inputs' bytes; `warm_key(plan, k)`: what tells this format's kernels apart for the
     warm-up (one warm launch per key); `warm(dev, key, buf, out, stream)`: that launch on scratch
     device bytes (`buf` 256, `out` 1024); `launches()`: its (kernel name, signature) pairs, the
-    shipped PTX's."""
+    shipped PTX's; `check`: the plan reader's checks of its parts and kernel records
+    (`planc.plan.formatcheck`), None for the element-wise formats, which the reader checks alike."""
 
     name = ""
+    check = None
 
     def launch(self, runs, r, k) -> None:
         raise NotImplementedError

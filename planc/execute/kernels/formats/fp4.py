@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ....base import fp4
 from ....base.dtypes import FLOAT_CONVERTIBLE
+from ....plan.formatcheck import CHECKS
 from .. import fp4_dispatch, fp4ref, signatures
 from .base import Format
 
@@ -13,6 +14,7 @@ from .base import Format
 class Fp4(Format):
     def __init__(self, name: str):
         self.name = name
+        self.check = CHECKS[name]
 
     def launch(self, runs, r, k) -> None:
         d_size = 4 if k.dst_dtype == "F32" else 2

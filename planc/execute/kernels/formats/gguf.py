@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....base.dtypes import DTYPES, FLOAT_CONVERTIBLE
+from ....plan.formatcheck import CHECKS
 from .. import signatures
 from ..gguf_dispatch import dequantize_gguf
 from .base import Format
@@ -14,6 +15,7 @@ from .base import Format
 
 class Gguf(Format):
     name = "gguf"
+    check = CHECKS["gguf"]
 
     def launch(self, runs, r, k) -> None:
         src = runs.regions.dst(k.src_space, r, k.src_offset, k.rows * k.cols)
