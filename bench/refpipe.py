@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loaders import _status  # noqa: E402  (the process's VmRSS / VmHWM, as every loader's)
+from procstatus import status as _status  # noqa: E402  (the process's VmRSS / VmHWM, as every loader's)
 
 import numpy as np
 
