@@ -6,7 +6,8 @@ Each run is a fresh process that makes its CUDA context and reads the plan first
 loads it `--loads` times in a row with every step of the pipeline timed by the load's own events
 (`planc.execute.pipeline.events`, given to `execute(observer=...)`; nothing is wrapped): pinning each ring
 slot (`pin`), the device allocations (`device_alloc`), each read, each request's copies (`copy`),
-each run's kernels, the waits on slot events (`slot_wait`), the final synchronize (`stream_sync`),
+each run's kernels, the waits on slot events (`slot_wait`; the readers' `reader_slot_wait` with
+PLANC_SLOT_WAIT=reader) and the other timed waits, the final synchronize (`stream_sync`),
 the allocation, run and release phases (`allocate`, `run`, `free`). Prints, per load, when each phase starts and ends relative to the start of
 `execute()`, and writes OUT/timeline.jsonl (one line per load, with every event).
 
@@ -77,18 +78,20 @@ def child(plan_path: str, loads: int) -> list[dict]:
             self._lanes = Lanes(self._lanes)
 
     def observe(e) -> None:  # the load's events (planc.execute.pipeline.events): one line each, as the steps ran
-        extra = ()
+        nbytes, key = 0, (None, None)
         if isinstance(e, ev.ReadDone):
-            what, extra = ("read_strided" if e.strided else "read"), (e.nbytes,)
+            what, nbytes, key = ("read_strided" if e.strided else "read"), e.nbytes, (e.run, e.request)
         elif isinstance(e, ev.CopyIssued):
-            what = "copy"
+            what, key = "copy", (e.run, e.request)
         elif isinstance(e, ev.KernelsLaunched):
             what = "kernels"
         elif isinstance(e, ev.Step):
             what = {"final_sync": "stream_sync"}.get(e.name, e.name)
+        elif isinstance(e, ev.Timed):
+            what = e.name  # wait_reads, wait_pin, reader_slot_wait (PLANC_SLOT_WAIT=reader), ...
         else:
             return
-        events.append((what, e.thread, e.start - t_zero[0], e.end - t_zero[0], *extra))
+        events.append((what, e.thread, e.start - t_zero[0], e.end - t_zero[0], nbytes, *key))
 
     parts = Parts(reader=lambda p: allocation.open_reader(p, LaneTimedReader))
     out = []
@@ -142,8 +145,8 @@ def summarize(ev: list) -> dict:
     """Per step: how many, first start, last end, thread-seconds busy; for reads (plain and strided)
     also their bytes and GB/s per busy thread-second, which falls when readers contend."""
     by: dict[str, list] = {}
-    for name, thread, a, b, *nbytes in ev:
-        by.setdefault(name, []).append((a, b, thread, nbytes[0] if nbytes else 0))
+    for name, thread, a, b, *rest in ev:
+        by.setdefault(name, []).append((a, b, thread, rest[0] if rest else 0))
     s = {}
     for name, xs in by.items():
         s[name] = {"n": len(xs), "first_start": min(a for a, *_ in xs), "last_end": max(b for _, b, *_ in xs),
@@ -153,6 +156,25 @@ def summarize(ev: list) -> dict:
             s[name]["bytes"] = nbytes
             s[name]["gbps_per_thread"] = nbytes / max(s[name]["busy"], 1e-9) / 1e9
     return s
+
+
+def issue_lag(ev: list) -> dict:
+    """How long each read's bytes waited in their slot for their copies to be issued: the copy's start
+    less the read's end, per request (events of this bench since the requests were named in them).
+    The reference pipeline issues a copy as its read completes; a loading thread busy elsewhere (waiting
+    for a slot, launching kernels) makes them wait, and the slot with them."""
+    ends, lags = {}, []
+    for name, _thread, a, b, *rest in ev:
+        if name in ("read", "read_strided") and len(rest) >= 3:
+            ends[(rest[1], rest[2])] = b
+    for name, _thread, a, b, *rest in ev:
+        if name == "copy" and len(rest) >= 3 and (rest[1], rest[2]) in ends:
+            lags.append(max(0.0, a - ends[(rest[1], rest[2])]))
+    if not lags:
+        return {}
+    lags.sort()
+    return {"n": len(lags), "median_ms": statistics.median(lags) * 1e3, "p90_ms": lags[int(0.9 * (len(lags) - 1))] * 1e3,
+            "max_ms": lags[-1] * 1e3, "total_s": sum(lags)}
 
 
 def main() -> int:
@@ -202,6 +224,10 @@ def main() -> int:
                       f"growth/pred {r['growth_over_predicted']:.3f} vmstat {r.get('vmstat')}", flush=True)
                 for k, v in brief.items():
                     print(f"    {k:14s} {v}")
+                lag = issue_lag(r["events"])
+                if lag:
+                    print(f"    {'issue lag':14s} read done -> copy issued: median {lag['median_ms']:.2f} ms, p90 "
+                          f"{lag['p90_ms']:.2f}, max {lag['max_ms']:.2f}, {lag['total_s']:.3f} s over {lag['n']} requests")
     print("\nmedians: pin, load -> execute s, wall s, GB/s")
     for (pin, k), xs in sorted(rows.items()):
         ex = statistics.median(r["execute_s"] for r, _ in xs)
