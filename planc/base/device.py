@@ -44,25 +44,3 @@ def brief(value, limit: int = 80) -> str:
 def index(device: str) -> int:
     """The GPU index of `cuda` or `cuda:N`."""
     return int(device.partition(":")[2] or 0)
-
-
-def capacity(device: str) -> tuple[int | None, str]:
-    """(bytes, how it was found) of `device`'s memory on this host, for `budget.device: auto`.
-
-    Asked of the CUDA driver through ctypes (`execute.driver.total_memory`: no context, no numba);
-    (None, why) under the simulator, without a driver, or when this host has no such device: the
-    device budget is then not checked at compile (the executor still checks free device memory)."""
-    from . import simulation
-
-    if simulation.simulated():
-        return None, f"auto: {device} is simulated (NUMBA_ENABLE_CUDASIM=1), its capacity is unknown"
-    try:
-        from ..execute.device import driver
-
-        n = driver.device_count()
-        idx = index(device)
-        if idx >= n:
-            return None, f"auto: this host has no {device} ({n} CUDA device(s))"
-        return driver.total_memory(idx), f"auto: {device} capacity from the CUDA driver"
-    except Exception as e:  # noqa: BLE001 - no driver, a driver error: the budget stays unchecked, said why
-        return None, f"auto: no CUDA driver on this host ({str(e)[:120]})"

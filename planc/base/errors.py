@@ -7,12 +7,16 @@ Exit codes (kept by every command): 0 success, 2 invalid input, 3 refused by adm
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .codes import Code
 
-if TYPE_CHECKING:
-    from ..plan.records import Refusal
+
+class Refusal(Protocol):
+    """What an `AdmissionError` needs of the refusal it carries (`planc.plan.records.Refusal`)."""
+
+    code: str
+    message: str
 
 NAME_LIMIT = 120  # characters of one name (tensor, file, key) in an error line
 

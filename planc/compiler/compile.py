@@ -38,7 +38,8 @@ def compile_all_ranks(spec_path: str | Path) -> list[Plan]:
 
 def device_budget(loaded: LoadedSpec, capacity=None) -> tuple[int | None, str]:
     """(`budget.device` in bytes or None, how it was found): a size as written, `auto` the named
-    device's capacity (`device.capacity`, or the `capacity(device) -> (bytes | None, why)` given)."""
+    device's capacity (`planc.execute.device.seam.capacity`, or the `capacity(device) -> (bytes | None,
+    why)` given)."""
     spec = loaded.spec
     b = spec.budget.device
     if b is None:
@@ -46,7 +47,7 @@ def device_budget(loaded: LoadedSpec, capacity=None) -> tuple[int | None, str]:
     if b != "auto":
         return b, "spec"
     if capacity is None:
-        from ..base.device import capacity
+        from ..execute.device.seam import capacity
     return capacity(spec.device)
 
 

@@ -341,6 +341,26 @@ def current_device() -> int:
     return device().current_device()
 
 
+def capacity(device_name: str) -> tuple[int | None, str]:
+    """(bytes, how it was found) of `device_name`'s memory on this host, for `budget.device: auto`.
+
+    Asked of the CUDA driver through ctypes (`driver.total_memory`: no context, no numba); (None,
+    why) under the simulator, without a driver, or when this host has no such device: the device
+    budget is then not checked at compile (the executor still checks free device memory)."""
+    if choice.simulated():
+        return None, f"auto: {device_name} is simulated (NUMBA_ENABLE_CUDASIM=1), its capacity is unknown"
+    try:
+        from . import driver
+
+        n = driver.device_count()
+        idx = index_of(device_name)
+        if idx >= n:
+            return None, f"auto: this host has no {device_name} ({n} CUDA device(s))"
+        return driver.total_memory(idx), f"auto: {device_name} capacity from the CUDA driver"
+    except Exception as e:  # noqa: BLE001 - no driver, a driver error: the budget stays unchecked, said why
+        return None, f"auto: no CUDA driver on this host ({str(e)[:120]})"
+
+
 def memory_info() -> tuple[int, int] | None:
     """(free, total) device bytes, or None under the simulator (which has no real device memory)."""
     return device().memory_info()

@@ -166,7 +166,7 @@ class LoadedModel:
     def state_dict(self) -> dict:
         """name -> torch.Tensor in the true dtype, sharing the arena (copied to host under the simulator)."""
         self._state.check("state_dict")
-        from ...face.torch import state_dict
+        from .torchview import state_dict
 
         return state_dict(self)
 
