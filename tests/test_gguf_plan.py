@@ -580,3 +580,26 @@ def test_synth_falls_back_as_llamacpp_does_on_narrow_rows(tmp_path):
     got = {t.name: t.dtype for t in read_manifest(res.path).tensors}
     real = {t.name: t.dtype for t in read_manifest(LLAMACPP_Q4_K_M).tensors}
     assert {n: t for n, t in got.items() if n in real} == real
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "float", "mxfp4"])
+def test_a_gguf_kernel_of_a_part_outside_its_run_is_refused_by_name(tmp_path, fmt):
+    """A kernel record naming a part that is not its run's, whatever format it claims: the reader's
+    error names the field (the formats' own checks never see a part they cannot find)."""
+    import json
+
+    from planc.base.errors import PlanFormatError
+    from planc.plan.codec import load_plan, save_plan
+    from planc.tools.synth_gguf import write_gguf
+
+    res = write_gguf(tmp_path / "ck", quant="Q8_0", layers=1)
+    plan = compile_spec(_shipped_gguf_spec(tmp_path, res.path, "float32"))
+    path = tmp_path / "p.plan.json"
+    save_plan(plan, path)
+    doc = json.loads(path.read_text())
+    fields, ki = doc["fields"]["kernel"], doc["fields"]["run"].index("kernels")
+    k = next(r for r in doc["runs"] if r[ki])[ki][0]  # a run's first kernel
+    k[fields.index("part")], k[fields.index("format")] = 10**6, fmt
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanFormatError, match=r"kernels\[0\]\.(part|format)"):
+        load_plan(path)

@@ -352,3 +352,18 @@ def test_a_probed_link_prices_the_link_and_the_limit_says_so(tmp_path, monkeypat
     from planc.plan.explain import limits_text
 
     assert "of the link's 20.00 GB/s (probe)" in limits_text(lim)
+
+
+def test_a_link_figure_too_small_to_give_a_rate_gives_none(tmp_path, monkeypatch):
+    """A probe's link of 5e-324 seconds per byte (a positive float, accepted) would be an infinite
+    rate: the limits say null, never Infinity, which JSON cannot carry."""
+    from planc.plan.costs import DEFAULTS
+    from planc.plan.predict import limits
+
+    probe = tmp_path / "probe.json"
+    figures = {k: getattr(DEFAULTS, k) for k in ("page_s", "copy_byte_s", "read_byte_s", "request_s")}
+    probe.write_text(json.dumps({**figures, "link_byte_s": 5e-324}))
+    monkeypatch.setenv("PLANC_PROBE", str(probe))
+    lim = limits(_plan(tmp_path / "t", 32), wall=0.5)
+    assert lim["link_gb_per_s"] is None and lim["measured_over_link"] is None
+    json.dumps(lim, allow_nan=False)

@@ -157,3 +157,37 @@ def test_a_probe_file_s_link_figure_is_checked(tmp_path):
     for bad in ("fast", 0, -1e-10, 3.0, None):
         p.write_text(json.dumps({**base, "link_byte_s": bad}))
         assert costmodel.load_costs(p) == costmodel.DEFAULTS, bad
+
+
+def test_a_link_probe_that_fails_keeps_the_read_figures(tmp_path):
+    """The device refusing the link probe's pinned memory: the document keeps every read figure and
+    says why it has no link, instead of losing a minute of measuring."""
+    from planc.base.codes import Code
+    from planc.base.errors import ExecuteError
+    from planc.execute.device import seam
+    from planc.tools.probe import measure, measure_link
+
+    class NoPinning:
+        def __getattr__(self, name):
+            return getattr(seam.default_device(), name)
+
+        def pinned_bytes(self, n):
+            raise ExecuteError("cuMemHostAlloc failed: out of memory", code=Code.CUDA)
+
+    (tmp_path / "scratch").mkdir()
+    doc = measure(tmp_path / "scratch", 64 << 20, 2, 1, link=NoPinning())
+    assert 0 < doc["read_byte_s"] < 1 and "link_byte_s" not in doc
+    assert doc["link"]["measured"] is False
+    assert doc["link"]["why"].startswith("the link probe failed: cuMemHostAlloc failed: out of memory")
+    for size, repeat in ((4095, 1), (1 << 20, 0)):
+        with pytest.raises(ValueError, match="at least"):
+            measure_link(seam.default_device(), size, repeat=repeat)
+
+
+def test_probe_refuses_a_bad_setting_before_measuring(tmp_path, capsys, monkeypatch):
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setenv("PLANC_ISSUE_GIL", "bogus")
+    out = tmp_path / "probe.json"
+    assert main(["probe", str(tmp_path / "scratch"), "--size", "64MiB", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "PLANC_ISSUE_GIL" in err and "bad-env" in err and not out.exists()

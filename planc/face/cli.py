@@ -297,6 +297,10 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
     dest = output or probe_path()
     if os.path.lexists(dest) or dest.parent.is_dir():  # refused before a minute of measuring
         outputs.target(dest, "probe output", ours=is_probe_file)
+    if link:  # the driver calls follow the settings: a bad PLANC_* variable is exit 2 before a minute of measuring
+        from ..execute.pipeline.run import resolve_settings
+
+        resolve_settings(None)
     gpu, no_link = _link_device(device) if link else (None, "not asked (--no-link)")
     try:
         doc = measure(folder, size_bytes, workers, repeat, link=gpu)
@@ -306,6 +310,8 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
     doc["saved"] = str(where)
     if gpu is None:
         doc["link"] = {"measured": False, "why": no_link}
+    elif "link_byte_s" not in doc:
+        no_link = doc["link"]["why"]
     if as_json:
         _emit_json(doc)
         return

@@ -727,10 +727,14 @@ class _Checker:
             raise _bad(at(".more"), f"only conversions and GGUF dequantizations of several parts share a kernel, not a {op}")
         if len(set(more)) != len(more) or pid in more:
             raise _bad(at(".more"), "lists a part twice")
-        if op == "gguf" or (fmt in fp4.FORMATS and pid in in_run):  # the format's own checks
+        # the format's own checks: a gguf kernel's by its op (its parts are held to the run there), an
+        # FP4 kernel's by its format, which was held to its part's above (a part outside the run is
+        # named by the loop below)
+        own = CHECKS["gguf"] if op == "gguf" else CHECKS[fmt] if fmt in fp4.FORMATS and pid in in_run else None
+        if own is not None:
             k = new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
                              add, unpermute))
-            CHECKS[fmt].kernel(k, parts, in_run, at, limits)
+            own.kernel(k, parts, in_run, at, limits)
             return k
         want_numel, want_dst = 0, dst
         for q in (pid, *more):

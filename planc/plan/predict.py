@@ -225,7 +225,8 @@ def _gbps(nbytes: float, seconds: float | None) -> float | None:
     """`nbytes` per `seconds` in GB/s; None where there is no rate (no time, or not finite)."""
     if not seconds or not math.isfinite(seconds) or seconds <= 0:
         return None
-    return nbytes / seconds / 1e9
+    rate = nbytes / seconds / 1e9
+    return rate if math.isfinite(rate) else None  # a figure of a few seconds per 1e300 bytes: no rate
 
 
 def _over(a: float | None, b: float | None) -> float | None:

@@ -139,6 +139,8 @@ def measure_link(dev, size: int = LINK_BYTES, piece: int = LINK_COPY, repeat: in
     times after one untimed copy (the median kept). The pinned and device bytes are freed on return."""
     import statistics
 
+    if size < PAGE or repeat < 1:
+        raise ValueError(f"the link probe copies at least {PAGE} bytes at least once, got {size} bytes x {repeat}")
     piece = max(PAGE, min(piece, size))
     size = size // piece * piece
     host = dev.pinned_bytes(size)
@@ -227,9 +229,17 @@ def measure(folder: Path, size: int = 1 << 30, workers: int = 16, repeat: int = 
 
 
 def _link_figures(dev, size: int, repeat: int, progress) -> dict:
-    got = measure_link(dev, min(size, LINK_BYTES), repeat=repeat)
-    if progress:
-        progress("link", "copy")
+    """The link's figures for the probe document; where the device fails them (no memory to pin or
+    allocate, a driver error), the reason instead, and the read figures are kept."""
+    from ..base.errors import PlancError
+
+    try:
+        got = measure_link(dev, min(size, LINK_BYTES), repeat=repeat)
+    except (PlancError, MemoryError, OSError) as e:
+        return {"link": {"measured": False, "why": f"the link probe failed: {str(e).splitlines()[0][:200]}"}}
+    finally:
+        if progress:
+            progress("link", "copy")
     return {"link_byte_s": got.pop("link_byte_s"), "link": got}
 
 

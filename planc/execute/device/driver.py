@@ -593,7 +593,10 @@ class Event:
         check(issue_lib().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
 
     def synchronize(self) -> None:
-        check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
+        """Wait for the event; on any thread (a reader waiting for its slot's copy has no context of
+        its own: the event's is made current for the wait)."""
+        with _Current(self.ctx):
+            check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
 
     def wait(self, stream: Stream) -> None:
         """Work issued to `stream` from now on starts after this event (numba's `Event.wait`)."""
