@@ -3,6 +3,10 @@
     python3 bench/peers.py DATA_DIR OUT_DIR [--cases dense] [--modes warm,cold] [--repeat 3]
                                             [--loaders planc,st_load_file,...] [--size 15GiB]
 
+A loader named `NAME@VAR=VALUE[+VAR=VALUE...]` is NAME in an environment with those variables: an
+A/B of a setting in the same alternation, e.g. `--loaders planc,planc@PLANC_SLOT_WAIT=reader`
+(each variant of planc is printed with its ratio to plain `planc`).
+
 Writes the checkpoints once (reused after), then for each case and cache mode runs every loader
 in a fresh process `--repeat` times (page cache warmed by a read first, or dropped before each cold
 run), appending one JSON line per load to OUT_DIR/peers.jsonl and printing medians and ratios.
@@ -54,9 +58,22 @@ def warm(files) -> None:
                 pass
 
 
+def variant(label: str) -> tuple[str, dict]:
+    """`NAME@VAR=VALUE+VAR=VALUE` -> (NAME, {VAR: VALUE, ...}); a plain NAME -> (NAME, {})."""
+    name, _, rest = label.partition("@")
+    env = {}
+    for kv in filter(None, rest.split("+")):
+        var, eq, value = kv.partition("=")
+        if not eq or not var:
+            raise SystemExit(f"loader {label!r}: expected NAME@VAR=VALUE[+VAR=VALUE...]")
+        env[var] = value
+    return name, env
+
+
 def one(loader: str, ckpt: Path, spec: Path | None, timeout: int = 600) -> dict:
-    cmd = [sys.executable, str(HERE / "loaders.py"), loader, str(ckpt)] + ([str(spec)] if spec else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    name, env = variant(loader)
+    cmd = [sys.executable, str(HERE / "loaders.py"), name, str(ckpt)] + ([str(spec)] if spec else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
     if p.returncode != 0:
         return {"loader": loader, "error": p.stderr[-1500:]}
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -88,11 +105,11 @@ def main() -> int:
             direct = "auto"
             spec = write_spec(ck, rules, direct=direct, name=f"{ck.name}.{rules}.yaml",
                               **{k: (int(v) if v.isdigit() else v) for k, v in io.items()})
-            loaders = [x for x in a.loaders.split(",") if peers or x in CEILINGS + ("planc",)]
+            loaders = [x for x in a.loaders.split(",") if peers or variant(x)[0] in CEILINGS + ("planc",)]
             if mode == "warm":
-                loaders = [x for x in loaders if x not in ("plain_direct", "fastsafetensors_direct")]
+                loaders = [x for x in loaders if variant(x)[0] not in ("plain_direct", "fastsafetensors_direct")]
             else:
-                loaders = [x for x in loaders if x not in ("pinned_copy", "plain_warm", "reference")]
+                loaders = [x for x in loaders if variant(x)[0] not in ("pinned_copy", "plain_warm", "reference")]
             results: dict = {}
             for rep in range(a.repeat):
                 for ld in loaders:
@@ -102,8 +119,8 @@ def main() -> int:
                         if not drop_page_cache():
                             print("cannot drop the page cache here: cold runs skipped", flush=True)
                             break
-                    r = one(ld, ck, spec if ld == "planc" else None)
-                    r.update(case=case, mode=mode, rep=rep, time=time.time())
+                    r = one(ld, ck, spec if variant(ld)[0] == "planc" else None)
+                    r.update(case=case, mode=mode, rep=rep, time=time.time(), loader=ld)
                     log.write(json.dumps(r) + "\n")
                     log.flush()
                     results.setdefault(ld, []).append(r)
@@ -131,7 +148,10 @@ def summarize(case: str, mode: str, results: dict) -> None:
         for ref in CEILINGS:
             if ref in med:
                 print(f"  planc / {ref} = {p / med[ref][0]:.2f}", flush=True)
-        peers = [v[0] for k, v in med.items() if k not in CEILINGS + ("planc",)]
+        for k, v in med.items():
+            if k.startswith("planc@"):
+                print(f"  {k} / planc = {v[0] / p:.2f}", flush=True)
+        peers = [v[0] for k, v in med.items() if variant(k)[0] not in CEILINGS + ("planc",)]
         if peers:
             print(f"  planc / best peer = {p / max(peers):.2f}", flush=True)
 
