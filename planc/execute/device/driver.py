@@ -593,10 +593,13 @@ class Event:
         check(issue_lib().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
 
     def synchronize(self) -> None:
-        """Wait for the event; on any thread (a reader waiting for its slot's copy has no context of
-        its own: the event's is made current for the wait)."""
+        check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+    def synchronize_anywhere(self) -> None:
+        """Wait for the event on a thread that may have no context of its own (a reader waiting for
+        its slot's last copy, `PLANC_SLOT_WAIT=reader`): the event's is made current for the wait."""
         with _Current(self.ctx):
-            check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
+            self.synchronize()
 
     def wait(self, stream: Stream) -> None:
         """Work issued to `stream` from now on starts after this event (numba's `Event.wait`)."""

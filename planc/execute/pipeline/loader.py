@@ -108,7 +108,7 @@ class Pipeline:
         recorded after the slot's last copies, or None) has completed."""
         if after is not None:
             t0 = time.perf_counter()
-            after.synchronize()
+            self.dev.wait_for(after)
             self.observer(Timed("reader_slot_wait", start=t0))
         t0 = time.perf_counter()
         ring = self.regions.ring
