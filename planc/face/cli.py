@@ -310,8 +310,6 @@ def probe(folder: Path = typer.Argument(Path("."), help="Scratch folder, on the 
     doc["saved"] = str(where)
     if gpu is None:
         doc["link"] = {"measured": False, "why": no_link}
-    elif "link_byte_s" not in doc:
-        no_link = doc["link"]["why"]
     if as_json:
         _emit_json(doc)
         return

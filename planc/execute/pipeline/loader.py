@@ -56,7 +56,7 @@ class Pipeline:
             self._admit_run(r)
             self.observer(RunStarted(r.index))
             for qi, req in enumerate(r.requests):
-                slot, after = self._take_slot() if self.reader_waits else (self._acquire_slot(), None)
+                slot, after = self._take_slot(self.reader_waits)
                 fut = self.submit(self._read, r, qi, req, slot, after)
                 self.pending.append((r, qi, req, slot, fut))
                 self._complete_ready()
@@ -140,38 +140,31 @@ class Pipeline:
         ev.record(self.stream)
         self.copying.append((slot, ev))
 
-    def _take_slot(self) -> tuple:
-        """(a ring slot for a read, the event its reader waits for first, or None): a free slot, else
-        the oldest whose copy is queued (not waited for here), once the reads that are done have their
-        copies issued; else, with reads in flight and no copy queued, after the next read is done."""
+    def _take_slot(self, hand_over: bool = False) -> tuple:
+        """(a ring slot for a read, the event its reader waits for first, or None). Once the reads that
+        are done have their copies issued: a free slot; else the oldest whose copy is queued, waited for
+        here, or with `hand_over` (PLANC_SLOT_WAIT=reader) handed over with its event; else, with reads
+        in flight and no copy queued, after the next read is done."""
         while not self.free_slots:
             if self._complete_ready():
                 continue
             if self.copying:
                 slot, ev = self.copying.popleft()
-                return self._slot(slot), ev
-            if self.pending:
+                if hand_over:
+                    return self._slot(slot), ev
+                t0 = time.perf_counter()
+                ev.synchronize()
+                self.observer(Step("slot_wait", start=t0))
+                self.free_slots.append(slot)
+            elif self.pending:
                 self._wait_read()
             else:
                 raise ExecuteError("the ring has no slot to give and nothing in flight", code=Code.RING_STUCK)
         return self._slot(self.free_slots.popleft()), None
 
     def _acquire_slot(self) -> int:
-        """A ring slot whose last copy is done (waited for here, on the oldest copy queued)."""
-        while not self.free_slots:
-            if self._complete_ready():
-                continue
-            if self.pending and not self.copying:
-                self._wait_read()
-            elif self.copying:
-                slot, ev = self.copying.popleft()
-                t0 = time.perf_counter()
-                ev.synchronize()
-                self.observer(Step("slot_wait", start=t0))
-                self.free_slots.append(slot)
-            else:
-                raise ExecuteError("the ring has no slot to give and nothing in flight", code=Code.RING_STUCK)
-        return self._slot(self.free_slots.popleft())
+        """A ring slot whose last copy is done (the host path's)."""
+        return self._take_slot()[0]
 
     def _sendable(self) -> list:
         """The pending requests that may be sent on once read: those of the oldest run with requests
