@@ -194,22 +194,32 @@ def test_device_dequant_bit_exact_under_simulator(qtype):
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_kernel_values_typed_by_numba_match_gguf(qtype):
-    """The kernels' per-element functions compiled by numba's CPU target, whose typing is the GPU's:
+    """The kernels' per-element (or, for `QUADS`, four-value) functions compiled by numba's CPU target, whose typing is the GPU's:
     the simulator runs any Python, so code numba cannot type (a device function reached through a
     namespace object) or integer widths it types otherwise pass there and fail on the GPU."""
     import numba
 
     from planc.execute.kernels.gguf_kernels import _value_fns
     from planc.execute.kernels.kernels import _scalar_ops
+    from planc.execute.kernels.signatures import QUADS
     from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
 
     ops = _scalar_ops(numba.njit)
     fn = _value_fns(numba.njit, ops.f16_to_f32, lambda a, b: np.float32(a * b))[qtype]
 
+    size = QUADS.get(qtype, 0)
+
     @numba.njit
     def run(src, dst):
-        for i in range(dst.size):
-            dst[i] = fn(src, i)
+        if size:  # four values a call: quant byte m of half h of each block
+            for t in range(dst.size // 4):
+                b, h, m = t // 64, (t % 64) // 32, t % 32
+                v = fn(src, b * size, h, m)
+                for s in range(4):
+                    dst[b * 256 + h * 128 + m + 32 * s] = v[s]
+        else:
+            for i in range(dst.size):
+                dst[i] = fn(src, i)
 
     raw = tensor_bytes(GGUFTensor(f"n.{qtype}", qtype, (2, 256)))
     ref = gguf.quants.dequantize(raw.reshape(2, -1), T[qtype]).reshape(-1)

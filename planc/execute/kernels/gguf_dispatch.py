@@ -11,7 +11,7 @@ load's wall on the H200.)
 from __future__ import annotations
 
 from ...base.dtypes import FLOAT_CONVERTIBLE
-from .signatures import GGUF_DEQUANTIZABLE
+from .signatures import GGUF_DEQUANTIZABLE, QUADS
 
 NAMES = frozenset(f"gguf_{t}_{o}" for t in GGUF_DEQUANTIZABLE for o in FLOAT_CONVERTIBLE)  # e.g. gguf_Q4_K_BF16
 
@@ -27,7 +27,9 @@ def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, str
         raise ValueError(f"no GGUF dequantization kernel {name}")
     if numel <= 0:
         return
-    blocks, threads = dev.grid.map(numel)
     if hd and (hd % 2 or row <= 0 or numel % (row * hd)):
         raise ValueError(f"{name}: {numel} values are not whole heads of {hd} rows of {row}")
+    if type_name in QUADS and (numel % 256 or (hd and row % 256)):
+        raise ValueError(f"{name}: {numel} values in rows of {row or numel} are not whole blocks of 256")
+    blocks, threads = dev.grid.map(numel // 4 if type_name in QUADS else numel)
     dev.launch(name, blocks, threads, stream, src_u8, dst, numel, row if hd else 0, hd)

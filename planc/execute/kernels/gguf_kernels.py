@@ -30,7 +30,7 @@ from numba.cuda import libdevice
 from planc.base.simulation import GPU, SIM
 
 from .kernels import CACHE, _ops, _scalar_ops
-from .signatures import GGUF_DEQUANTIZABLE
+from .signatures import GGUF_DEQUANTIZABLE, QUADS
 
 # IQ4_NL's and IQ4_XS's 16 non-linear levels (llama.cpp's kvalues_iq4nl; `gguf_dequant.IQ4_LEVELS`,
 # which a test holds equal): a tuple, which numba indexes as a constant array
@@ -119,30 +119,39 @@ def _value_fns(jit, f16_to_f32, mul_rn_py) -> dict:
         return np.float32(mul_rn(d, np.float32(q)) + m)
 
     @jit
-    def q2_k(src, i):
-        base = (i // 256) * 84
-        j = i % 256
-        sc = np.int64(src[base + j // 16])
-        d = half(src, base + 80)
-        dmin = half(src, base + 82)
-        q = (np.int64(src[base + 16 + (j // 128) * 32 + j % 32]) >> (2 * ((j // 32) % 4))) & 3
+    def q2_k_value(d, dmin, sc, q):
         dl = np.float32(d * np.float32(sc & 0xF))
         ml = mul_rn(dmin, np.float32(sc >> 4))
         return np.float32(mul_rn(dl, np.float32(q)) - ml)
 
     @jit
-    def q3_k(src, i):
-        base = (i // 256) * 110
-        j = i % 256
-        g = j // 16
-        lo = (np.int64(src[base + 96 + g % 8]) >> (4 * (g // 8))) & 0xF
-        hi = (np.int64(src[base + 104 + g % 4]) >> (2 * (g // 4))) & 3
-        sc = (lo | (hi << 4)) - 32
-        ql = (np.int64(src[base + 32 + (j // 128) * 32 + j % 32]) >> (2 * ((j // 32) % 4))) & 3
-        qh = ((np.int64(src[base + j % 32]) >> (j // 32)) & 1) ^ 1  # the high bit set means no offset
-        d = half(src, base + 108)
-        dl = np.float32(d * np.float32(sc))
+    def q2_k(src, base, h, m):
+        d = half(src, base + 80)
+        dmin = half(src, base + 82)
+        b = np.int64(src[base + 16 + h * 32 + m])
+        g = base + h * 8 + m // 16  # the scale byte of value j = h*128 + m; + 2 per step of 32 values
+        return (q2_k_value(d, dmin, np.int64(src[g]), b & 3),
+                q2_k_value(d, dmin, np.int64(src[g + 2]), (b >> 2) & 3),
+                q2_k_value(d, dmin, np.int64(src[g + 4]), (b >> 4) & 3),
+                q2_k_value(d, dmin, np.int64(src[g + 6]), b >> 6))
+
+    @jit
+    def q3_k_value(src, base, dl32, h, m, s, b, hm):
+        g = 2 * s + m // 16  # sub-block h*8 + g of 16
+        lo = (np.int64(src[base + 96 + g]) >> (4 * h)) & 0xF
+        hi = (np.int64(src[base + 104 + g % 4]) >> (2 * (2 * h + g // 4))) & 3
+        ql = (b >> (2 * s)) & 3
+        qh = ((hm >> (4 * h + s)) & 1) ^ 1  # the high bit set means no offset
+        dl = np.float32(dl32 * np.float32((lo | (hi << 4)) - 32))
         return np.float32(dl * np.float32(ql - (qh << 2)))
+
+    @jit
+    def q3_k(src, base, h, m):
+        d = half(src, base + 108)
+        b = np.int64(src[base + 32 + h * 32 + m])
+        hm = np.int64(src[base + m])
+        return (q3_k_value(src, base, d, h, m, 0, b, hm), q3_k_value(src, base, d, h, m, 1, b, hm),
+                q3_k_value(src, base, d, h, m, 2, b, hm), q3_k_value(src, base, d, h, m, 3, b, hm))
 
     @jit
     def k_scale(src, sb, s):
@@ -185,19 +194,20 @@ def _value_fns(jit, f16_to_f32, mul_rn_py) -> dict:
         return np.float32(mul_rn(ds, np.float32(lo | (hi << 4))) - dm)
 
     @jit
-    def q6_k(src, i):
-        base = (i // 256) * 210
-        j = i % 256
-        h = j // 128
-        lo = np.int64(src[base + h * 64 + j % 64])
-        lo = (lo >> (4 * ((j // 64) % 2))) & 0xF
-        hi = np.int64(src[base + 128 + h * 32 + j % 32])
-        hi = (hi >> (2 * ((j // 32) % 4))) & 3
+    def q6_k_value(src, base, d, lo, hi, g):
         q = (lo | (hi << 4)) - 32
-        sc = signed(np.int64(src[base + 192 + j // 16]))
-        d = half(src, base + 208)
-        ds = np.float32(d * np.float32(sc))
+        ds = np.float32(d * np.float32(signed(np.int64(src[base + 192 + g]))))
         return np.float32(ds * np.float32(q))
+
+    @jit
+    def q6_k(src, base, h, m):
+        d = half(src, base + 208)
+        a = np.int64(src[base + h * 64 + m])  # low nibbles of values m (s 0) and m + 64 (s 2), of 128
+        c = np.int64(src[base + h * 64 + 32 + m])  # of values m + 32 (s 1) and m + 96 (s 3)
+        hb = np.int64(src[base + 128 + h * 32 + m])  # the four values' high two bits
+        g = h * 8 + m // 16
+        return (q6_k_value(src, base, d, a & 0xF, hb & 3, g), q6_k_value(src, base, d, c & 0xF, (hb >> 2) & 3, g + 2),
+                q6_k_value(src, base, d, a >> 4, (hb >> 4) & 3, g + 4), q6_k_value(src, base, d, c >> 4, hb >> 6, g + 6))
 
     levels = _IQ4_LEVELS
 
@@ -241,6 +251,36 @@ def _kernel(value, out_bits):
     return kernel
 
 
+def _quad_kernel(quad, size, out_bits):
+    """A kernel of a 256-value K-quant block of `size` bytes whose quant byte m of half h (of two)
+    holds values h*128 + m + 32*s, s = 0..3 (Q2_K, Q3_K, Q6_K): a thread computes those four from one
+    read of their bytes and one conversion of the block's float16 factors. A row holds whole blocks,
+    so the four share a row and its head's reorder."""
+    @cuda.jit(cache=CACHE)
+    def kernel(src, dst, n, row, hd):
+        t = cuda.grid(1)
+        s = cuda.gridsize(1)
+        half = hd // 2
+        quads = n // 4
+        while t < quads:
+            b = t // 64
+            k = t % 64
+            h = k // 32
+            m = k % 32
+            v0, v1, v2, v3 = quad(src, b * size, h, m)
+            o = b * 256 + h * 128 + m
+            if hd > 0:
+                r = (o // row) % hd
+                o += ((r % 2) * half + r // 2 - r) * row
+            dst[o] = out_bits(np.int64(v0.view(np.uint32)))
+            dst[o + 32] = out_bits(np.int64(v1.view(np.uint32)))
+            dst[o + 64] = out_bits(np.int64(v2.view(np.uint32)))
+            dst[o + 96] = out_bits(np.int64(v3.view(np.uint32)))
+            t += s
+
+    return kernel
+
+
 _BITS = {"F32": _ops.identity, "F16": _ops.f32_to_f16, "BF16": _ops.f32_to_bf16}
 _MUL = {GPU: _mul_rn_py, SIM: _mul_plain_py}
 _built: dict = {}
@@ -262,7 +302,8 @@ def kernels(target: str) -> dict:
             jit, f16_to_f32 = _plain, plain.f16_to_f32
             bits = {"F32": plain.identity, "F16": plain.f32_to_f16, "BF16": plain.f32_to_bf16}
         values = _value_fns(jit, f16_to_f32, _MUL[target])
-        got = _built[target] = {f"gguf_{t}_{o}": _kernel(values[t], b) for t in GGUF_DEQUANTIZABLE for o, b in bits.items()}
+        got = _built[target] = {f"gguf_{t}_{o}": _quad_kernel(values[t], QUADS[t], b) if t in QUADS else _kernel(values[t], b)
+                                for t in GGUF_DEQUANTIZABLE for o, b in bits.items()}
     return got
 
 

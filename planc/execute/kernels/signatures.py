@@ -58,6 +58,9 @@ TRANSPOSE_SIZES = (1, 2, 4, 8)
 # GGML block types the device dequantizes: `planc.manifest.ggml_types.DEQUANTIZABLE` (a test holds
 # them equal; spelled here because importing planc.manifest brings in the safetensors reader).
 GGUF_DEQUANTIZABLE = ("IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
+# The K-quants whose kernels compute four values a thread (`gguf_kernels._quad_kernel`), with their block
+# bytes: their launches cover a quarter as many threads as values.
+QUADS = {"Q2_K": 84, "Q3_K": 110, "Q6_K": 210}
 SCATTER_WIDTHS = (1, 2, 4, 8)
 
 
