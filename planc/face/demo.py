@@ -12,7 +12,8 @@ from pathlib import Path
 from rich.console import Console
 from ..base.codes import Code
 
-from ..base.simulation import choose_simulator, simulated
+from ..base.simulation import choose_simulator
+from .prestart import gpu_present
 
 DEFAULT_SPEC = "specs/demo.yaml"
 _CHECKPOINT_LINE = re.compile(r"^checkpoint: .*$", re.M)
@@ -54,18 +55,6 @@ def _write_unless_same(folder: Path, family: str):
             shutil.move(str(f), str(dst))
     files = tuple(str(folder / Path(x).name) for x in res.files)
     return dataclasses.replace(res, path=str(folder / Path(res.path).name), files=files)
-
-
-def gpu_present() -> bool:
-    if simulated():
-        return False
-    import ctypes
-
-    try:  # the driver library, without importing numba (which fixes simulator mode at import)
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Console) -> None:

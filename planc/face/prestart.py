@@ -86,10 +86,23 @@ def start_run(argv: list[str]) -> None:
     on a thread (nothing under the simulator); no BLAS thread per core in numpy's import (a value
     the user set is kept)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if simulation.simulated() or "--help" in argv:
+    if "--help" in argv or not gpu_present():
         return
     from ..execute.device import driver
 
     dev = run_device(argv)
     driver.prewarm(None if dev is None else (int(dev.split(":", 1)[1]) if ":" in dev else 0))
 
+
+def gpu_present() -> bool:
+    """Whether this process loads onto a GPU: not the simulator, a CUDA driver library, a device node.
+    Asked before numpy or numba is imported (`planc run`'s head start, the demo)."""
+    if simulation.simulated():
+        return False
+    import ctypes
+
+    try:  # the driver library, without importing numba (which fixes simulator mode at import)
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return any(Path("/dev").glob("nvidia[0-9]*"))

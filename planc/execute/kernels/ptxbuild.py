@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from ...base.simulation import GPU, choose_gpu, simulated
+from ...base.simulation import GPU, choose_gpu
 from . import ptxindex, signatures
 
 _ENTRY = re.compile(r"^\s*\.(?:visible\s+)?\.entry\s+([A-Za-z0-9_$.]+)\s*\(", re.M)
@@ -82,7 +82,9 @@ def build(out: Path, ccs=signatures.CCS, log=print) -> dict:
     """Write one PTX file per (launch, capability) and the index to `out`; returns the index."""
     from numba import cuda
 
-    if simulated():
+    from ..device.seam import default_device
+
+    if default_device().target != GPU:  # the device says which target this process builds for
         raise PtxBuildError("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1); PTX needs the real target")
     reg = registry()
     out.mkdir(parents=True, exist_ok=True)
