@@ -192,6 +192,41 @@ def test_device_dequant_bit_exact_under_simulator(qtype):
         np.testing.assert_array_equal(dst.copy_to_host(), want, err_msg=f"{qtype}->{out}")
 
 
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q6_K", "Q4_K", "Q8_0"])
+def test_device_dequant_unpermutes_heads_bit_exact(qtype):
+    """A q / k weight's kernel (`hd` > 0) writes stored row h*hd + 2i + j to row h*hd + j*hd/2 + i, for the
+    four-value kernels (`signatures.QUADS`: a thread's four values share a row) as for the others; rows of
+    512 values, two blocks a row for the K-quants, so a thread's block is not its row's first."""
+    from numba import cuda
+
+    from planc.base import simulation
+
+    if not simulation.simulated() and not cuda.is_available():
+        pytest.skip("no simulator and no GPU")
+    from planc.execute.device.seam import default_device
+    from planc.execute.kernels.gguf_dispatch import dequantize_gguf
+    from planc.manifest.gguf_names import unpermute_rows
+    from planc.tools.synth_gguf import GGUFTensor, tensor_bytes
+
+    rows, row, hd = 8, 512, 4  # two heads of four rows
+    raw = tensor_bytes(GGUFTensor(f"q.{qtype}", qtype, (rows, row)))
+    ref = gguf.quants.dequantize(raw.reshape(rows, -1), T[qtype]).reshape(rows, row)
+    want = unpermute_rows(ref, rows // hd).reshape(-1).view(np.uint32)
+    dst = cuda.to_device(np.zeros(rows * row, np.uint32))
+    dequantize_gguf(cuda.to_device(raw), dst, qtype, "F32", rows * row, dev=default_device(), row=row, hd=hd)
+    np.testing.assert_array_equal(dst.copy_to_host(), want, err_msg=qtype)
+
+
+def test_four_value_kernels_refuse_values_that_are_not_whole_blocks_of_their_rows():
+    from planc.execute.device.seam import default_device
+    from planc.execute.kernels.gguf_dispatch import dequantize_gguf
+
+    with pytest.raises(ValueError, match="not whole blocks of 256"):
+        dequantize_gguf(None, None, "Q2_K", "F32", 384, dev=default_device())
+    with pytest.raises(ValueError, match="not whole blocks of 256"):
+        dequantize_gguf(None, None, "Q6_K", "F32", 2048, dev=default_device(), row=128, hd=4)
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_kernel_values_typed_by_numba_match_gguf(qtype):
     """The kernels' per-element (or, for `QUADS`, four-value) functions compiled by numba's CPU target, whose typing is the GPU's:
