@@ -14,7 +14,12 @@ multiply-add (and its libdevice calls return NaN), so there the products are pla
 builds the set for the target its caller's device names.
 
 Element i of the output is element j = i % B of block b = i // B (B the type's block); a block's
-scale bytes are read by each of its elements' threads, from cache after the first. A kernel given a
+scale bytes are read by each of its elements' threads, from cache after the first. Q2_K, Q3_K and
+Q6_K (`signatures.QUADS`) hold values j, j + 32, j + 64 and j + 96 of each half of a block in one
+quant byte: their kernels run a thread per such byte (`_quad_kernel`), which reads it once,
+converts the block's float16 factor(s) once and writes the four values, each the same float32
+products as a thread per value would compute (the load of those types was as slow as their
+kernels: docs/gguf.md). A kernel given a
 head size `hd` (a GGUF Llama q / k weight, `Part.unpermute`) writes the value of stored row r to
 row (k % 2) * hd/2 + k // 2 of its head (k = r % hd): transformers' order
 (`planc.manifest.gguf_names.unpermute_rows`); `row` is the values per row, `hd` 0 keeps the order.
