@@ -229,9 +229,10 @@ def test_four_value_kernels_refuse_values_that_are_not_whole_blocks_of_their_row
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_kernel_values_typed_by_numba_match_gguf(qtype):
-    """The kernels' per-element (or, for `QUADS`, four-value) functions compiled by numba's CPU target, whose typing is the GPU's:
-    the simulator runs any Python, so code numba cannot type (a device function reached through a
-    namespace object) or integer widths it types otherwise pass there and fail on the GPU."""
+    """The kernels' per-element (for `QUADS`, four-value) functions compiled by numba's CPU target,
+    whose typing is the GPU's: the simulator runs any Python, so code numba cannot type (a device
+    function reached through a namespace object) or integer widths it types otherwise pass there and
+    fail on the GPU."""
     import numba
 
     from planc.execute.kernels.gguf_kernels import _value_fns

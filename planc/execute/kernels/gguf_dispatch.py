@@ -29,7 +29,8 @@ def dequantize_gguf(src_u8, dst, type_name: str, out_dtype: str, numel: int, str
         return
     if hd and (hd % 2 or row <= 0 or numel % (row * hd)):
         raise ValueError(f"{name}: {numel} values are not whole heads of {hd} rows of {row}")
-    if type_name in QUADS and (numel % 256 or (hd and row % 256)):
+    per = 4 if type_name in QUADS else 1  # values a thread computes
+    if per > 1 and (numel % 256 or (hd and row % 256)):
         raise ValueError(f"{name}: {numel} values in rows of {row or numel} are not whole blocks of 256")
-    blocks, threads = dev.grid.map(numel // 4 if type_name in QUADS else numel)
+    blocks, threads = dev.grid.map(numel // per)
     dev.launch(name, blocks, threads, stream, src_u8, dst, numel, row if hd else 0, hd)

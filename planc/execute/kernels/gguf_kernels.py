@@ -19,8 +19,9 @@ Q6_K (`signatures.QUADS`) hold values j, j + 32, j + 64 and j + 96 of each half 
 quant byte: their kernels run a thread per such byte (`_quad_kernel`), which reads it once,
 converts the block's float16 factor(s) once and writes the four values, each the same float32
 products as a thread per value would compute (the load of those types was as slow as their
-kernels: docs/gguf.md). A kernel given a
-head size `hd` (a GGUF Llama q / k weight, `Part.unpermute`) writes the value of stored row r to
+kernels: docs/gguf.md).
+
+A kernel given a head size `hd` (a GGUF Llama q / k weight, `Part.unpermute`) writes the value of stored row r to
 row (k % 2) * hd/2 + k // 2 of its head (k = r % hd): transformers' order
 (`planc.manifest.gguf_names.unpermute_rows`); `row` is the values per row, `hd` 0 keeps the order.
 """
