@@ -205,6 +205,10 @@ def _planc_setup(files, spec):
     from planc.execute.device import seam
 
     plan = compile_spec(spec)
+    if os.environ.get("PLANC_RING") == "kept":  # the ring pinned before the clock, as the reference's
+        import planc
+
+        return planc.warm_up(plan)
     seam.select(plan.to_dict()["device"])
     seam.warm_up()
     return plan

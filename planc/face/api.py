@@ -81,6 +81,66 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
     return model
 
 
+def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None, settings=None):
+    """Get the process ready for fast loads of `spec_or_plan` (what `load` takes): the device's
+    context made, and the plan's pinned ring pinned now and kept (`planc.execute.io.ring.KEPT`), so
+    that the loads of this process on that device take it pinned instead of pinning their own, and
+    give it back when they are done, until `release_ring()`. Returns the `Plan` (load it with `load`,
+    no compile again). The ring is host memory held from now on: it is admitted against the live room
+    like a load's (an `AdmissionError` when it does not fit), and each load's report counts it in its
+    host growth (`host.kept_ring_bytes`)."""
+    from ..base import settings as _settings
+    from ..base.device import device_arg
+    from ..base.errors import AdmissionError
+    from ..base.units import gib
+    from ..execute.device import seam
+    from ..execute.device.memory import live_room
+    from ..execute.io.ring import KEPT
+    from ..execute.pipeline.run import resolve_settings
+    from ..plan.records import ALLOC_RING, Refusal
+
+    if device is not None:
+        device = device_arg(device)
+    s = resolve_settings(settings)
+    with _settings.using(s):
+        plan = _plan(spec_or_plan, rank)
+        dev = seam.default_device()
+        dev.select(seam.index_of(device or plan.device))
+        slot = plan.io.slot_bytes
+        n = plan.layout.ring_bytes // slot
+        missing = n - min(n, KEPT.available(dev, slot))
+        room = live_room(s.host_reserve)
+        if missing * slot > room.room_bytes:
+            raise AdmissionError.of(Refusal(
+                Code.LIVE_ROOM, 0, ALLOC_RING, missing * slot, room.room_bytes,
+                f"refused before pinning: the plan's ring is {missing * slot:,} bytes ({gib(missing * slot)}), the "
+                f"live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}); lower io.slots/io.slot"))
+        pairs = KEPT.take(dev, slot, n)
+        try:
+            while len(pairs) < n:
+                pairs.append(seam.pinned_ring(dev, slot))
+        except BaseException:
+            del pairs
+            seam.release()
+            raise
+        KEPT.keep(True)
+        seam.release_later(KEPT.give(dev, slot, pairs))
+    return plan
+
+
+def release_ring() -> int:
+    """Give back the pinned ring `warm_up` (or PLANC_RING=kept) kept; returns its bytes. Later loads
+    pin their own again, and unpin it when they are done (unless PLANC_RING=kept)."""
+    from ..execute.device.seam import release
+    from ..execute.io.ring import KEPT
+
+    n = KEPT.held_bytes()
+    pairs = KEPT.drop()
+    del pairs
+    release()
+    return n
+
+
 @dataclass
 class LoadResult:
     """What `load_into` did. `missing_keys` and `unexpected_keys` as `load_state_dict` reports them."""

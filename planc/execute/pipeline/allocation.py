@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..kernels import dispatch
 from .events import DeviceReady, Step, ignore
 from ..io.reader import Reader
-from ..io.ring import Background, Pinner, Slots
+from ..io.ring import KEPT, Background, Pinner, Slots
 from ..device.seam import release, release_later
 
 
@@ -86,21 +86,28 @@ class Regions:
         self.ring = self.ring_owner = None
         self.events: list | None = None
         self.pinner: Pinner | None = None
+        self.keep_ring = False  # a finished load's ring stays pinned for the next (`io.ring.KEPT`)
+        self.kept_bytes = 0  # of the ring, the bytes taken pinned from `KEPT`
         self.device_job: Background | None = Background(self._allocate_device, "planc-alloc", dev)
 
     @classmethod
     def start(cls, plan, dev, stream, observer=ignore) -> "Regions":
         return cls(plan, dev, stream, observer)
 
-    def pin_ring(self) -> None:
+    def pin_ring(self, keep: bool = False) -> None:
         """Start pinning the ring's slots, in order: slot k's pinning overlaps the reads and copies
-        already running in slots < k instead of stalling the thread that issues them."""
+        already running in slots < k instead of stalling the thread that issues them. Slots kept
+        pinned by earlier loads (`io.ring.KEPT`) come first and are not pinned again; `keep`: this
+        load's ring is kept when it is done (also when `KEPT` is keeping rings: `planc.warm_up`)."""
         n = self.plan.layout.ring_bytes // self.slot
         self.ring = Slots([None] * n)
         self.ring_owner = Slots([None] * n)
         self.events = [None] * n
+        self.keep_ring = keep or KEPT.keeping
+        taken = KEPT.take(self.dev, self.slot, n)
+        self.kept_bytes = len(taken) * self.slot
         self.pinner = Pinner(self.ring, self.ring_owner, self.slot, self.dev,
-                             on_pin=lambda t0: self.observer(Step("pin", start=t0)))
+                             on_pin=lambda t0: self.observer(Step("pin", start=t0)), pinned=taken)
 
     def _allocate_device(self) -> None:
         t0 = time.perf_counter()
@@ -155,6 +162,10 @@ class Regions:
         load, its ring unpinned off the caller's path."""
         self.stop()
         held = [self.ring, self.ring_owner]
+        if self.keep_ring and not full and self.ring is not None:  # kept pinned for the next load
+            pairs = [(o, v) for o, v in zip(self.ring_owner, self.ring) if v is not None]
+            held = [KEPT.give(self.dev, self.slot, pairs)]
+            del pairs
         self.landing = self.ring = self.ring_owner = self.staging = self.table = self.events = None
         if not full:
             release_later(held)

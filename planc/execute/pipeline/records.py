@@ -107,6 +107,7 @@ class HostMemory(Record):
     growth_bytes: int
     live_room_bytes: int
     rss_after_bytes: int
+    kept_ring_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,7 @@ class LoadMemory:
     live_room_bytes: int  # at admission
     free_before: tuple | None  # the device's (free, total) bytes before the load; None: unknown
     free_alloc: tuple | None  # the same with the load's regions allocated
+    kept_ring_bytes: int = 0  # of the ring, the bytes pinned before the baseline (`io.ring.KEPT`)
 
 
 @dataclass(frozen=True)
@@ -307,9 +309,11 @@ class Report(Record):
                 baseline_rss_bytes=memory.baseline_rss_bytes,
                 hwm_bytes=memory.hwm_bytes,
                 hwm_reset=memory.hwm_reset,
-                growth_bytes=memory.hwm_bytes - memory.baseline_rss_bytes,
+                # the kept ring is in the baseline already: counted in, as the ring pinned by the load is
+                growth_bytes=memory.hwm_bytes - memory.baseline_rss_bytes + memory.kept_ring_bytes,
                 live_room_bytes=memory.live_room_bytes,
                 rss_after_bytes=memory.rss_after_bytes,
+                kept_ring_bytes=memory.kept_ring_bytes,
             ),
             device_memory=DeviceMemory(
                 predicted_peak_bytes=plan.peak.device_bytes,

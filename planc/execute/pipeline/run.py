@@ -109,14 +109,15 @@ def _unpermute_matches(part, i, entry, metadata, where: str) -> None:
                               code=Code.PLAN_HEADER_MISMATCH)
 
 
-def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False) -> tuple:
+def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False, kept_bytes: int = 0) -> tuple:
     """The whole plan against the live room (`room`, a `memory.LiveRoom`) and free device memory of
     `dev` (a `seam.Device`); returns (room, the device's (free, total) bytes or None).
     `reused_bytes`: device bytes the load writes into without allocating them (a reload's arena).
+    `kept_bytes`: bytes of its ring pinned already (`io.ring.KEPT`): held, so not wanted from the room.
     With `verify`, what `--verify` holds after the load (`planc.plan.verifycost`) counts too, where it is
     more than the load's host peak."""
-    need = plan.peak.host_bytes
-    what = "the plan's host peak"
+    need = plan.peak.host_bytes - kept_bytes
+    what = "the plan's host peak" + (f" less {kept_bytes:,} bytes of its ring kept pinned" if kept_bytes else "")
     if verify:
         from ...plan.verifycost import verify_host_bytes
 
@@ -220,8 +221,12 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     dev_name = plan.device if device is None else device_arg(device)
     idx = index_of(dev_name)
     dev.select(idx)  # attaches to its primary context (made here if no one made it yet)
+    from ..io.ring import KEPT
+
+    slot = plan.io.slot_bytes
+    kept = min(KEPT.available(dev, slot), plan.layout.ring_bytes // slot) * slot
     room, _ = admit_live(plan, parts.live_room(settings.host_reserve), dev, into.arena_bytes if into is not None else 0,
-                         verify)
+                         verify, kept)
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()
     free_before = dev.memory_info()
@@ -247,7 +252,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
                 reader = digestread.DigestReader(reader, verifier, native, after=digestread.AFTER_READ,
                                                  simd=settings.digest_hash, mapped=settings.digest_read == "mapped")
             pool = parts.pool(plan)
-            regions.pin_ring()
+            regions.pin_ring(keep=settings.ring == "kept")
             kernels = parts.kernels(plan, dev, stream, regions, warmer, observer)
             host = parts.host(plan, dev, stream, regions, reader, observer)
             pipeline = Pipeline(plan, dev=dev, stream=stream, regions=regions, reader=reader, submit=pool.submit,
@@ -310,7 +315,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
         meter.record("execute", time.perf_counter() - t_call)
     memory = LoadMemory(pinned_by=dev.pin_method(), baseline_rss_bytes=base_rss, hwm_bytes=hwm, hwm_reset=hwm_reset,
                         rss_after_bytes=rss_after, live_room_bytes=room.room_bytes, free_before=free_before,
-                        free_alloc=free_alloc)
+                        free_alloc=free_alloc, kept_ring_bytes=regions.kept_bytes)
     report = Report.build(plan, meter, memory, reader, Prediction.of(plan, wall), device=dev_name,
                           simulator=dev.simulated, wall=wall, kernel_code=launch.since(kernel_code, dev.kernel_stats()),
                           verify=checked, digest=digested)

@@ -1,0 +1,121 @@
+"""A pinned ring kept between loads (PLANC_RING=kept, `planc.warm_up`), under the CUDA simulator.
+
+The second load takes the first's slots pinned (the same buffers, none pinned again), loads the same
+bytes, and counts the kept ring in its host growth (`host.kept_ring_bytes`), so that growth still
+stands beside the plan's host peak; `release_ring` gives it back; a failed load keeps nothing.
+"""
+
+import os
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import pytest  # noqa: E402
+
+import planc  # noqa: E402
+from execute_support import assert_model, fail_read_at, load_checked, spec_file, synth  # noqa: E402
+from planc.base.errors import ExecuteError, PlancError  # noqa: E402
+from planc.base.settings import SettingError  # noqa: E402
+from planc.compiler.compile import compile_spec  # noqa: E402
+from planc.execute import execute  # noqa: E402
+from planc.execute.io.ring import KEPT  # noqa: E402
+
+IO = {"slot": "64KiB", "slots": 4, "workers": 2}
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    path, want = synth(tmp_path, "dense", size_bytes=1 << 20, layers=2, seed=3)
+    spec = spec_file(tmp_path, path, [{"match": "*"}], io=IO)
+    yield spec, want
+    planc.release_ring()
+    assert KEPT.held_bytes() == 0
+
+
+def _slots():
+    with KEPT.lock:
+        return [id(v) for _, pairs in KEPT.held.values() for _, v in pairs]
+
+
+def test_fresh_ring_is_not_kept(ckpt):
+    spec, want = ckpt
+    models = []
+    _, m = load_checked(spec, models)
+    assert_model(m, want)
+    assert m.report.host.kept_ring_bytes == 0
+    assert KEPT.held_bytes() == 0
+    for x in models:
+        x.free()
+
+
+def test_kept_ring_is_taken_by_the_next_load(ckpt):
+    spec, want = ckpt
+    models = []
+    plan, first = load_checked(spec, models, settings={"ring": "kept"})
+    ring = plan.layout.ring_bytes
+    assert first.report.host.kept_ring_bytes == 0
+    assert KEPT.held_bytes() == ring
+    kept = _slots()
+    _, second = load_checked(spec, models, settings={"ring": "kept"})
+    assert_model(second, want)
+    h = second.report.host
+    assert h.kept_ring_bytes == ring
+    assert h.growth_bytes >= ring  # the kept ring counted in, as the first load's own ring was
+    assert "pin" not in second.report.timings or second.report.timings.get("wait_pin", 0) == 0
+    assert _slots() == kept  # the same pinned buffers, given back again
+    # a load with the default setting still takes them, and unpins them when it is done
+    _, third = load_checked(spec, models)
+    assert third.report.host.kept_ring_bytes == ring
+    assert KEPT.held_bytes() == 0
+    for x in models:
+        x.free()
+
+
+def test_warm_up_pins_the_ring_ahead_and_release_gives_it_back(ckpt):
+    spec, want = ckpt
+    plan = planc.warm_up(spec)
+    ring = plan.layout.ring_bytes
+    assert KEPT.held_bytes() == ring
+    m = planc.load(plan)
+    assert_model(m, want)
+    assert m.report.host.kept_ring_bytes == ring
+    assert KEPT.held_bytes() == ring  # kept again: warm_up keeps rings until release_ring
+    m.free()
+    assert planc.warm_up(plan) is not None and KEPT.held_bytes() == ring  # again: nothing pinned twice
+    assert planc.release_ring() == ring
+    assert KEPT.held_bytes() == 0
+    m = planc.load(plan)
+    assert m.report.host.kept_ring_bytes == 0 and KEPT.held_bytes() == 0
+    m.free()
+
+
+def test_a_ring_of_another_slot_size_is_not_taken(ckpt, tmp_path):
+    spec, _ = ckpt
+    planc.warm_up(spec)
+    other = compile_spec(spec_file(tmp_path, compile_spec(spec).checkpoint.root, [{"match": "*"}],
+                                   io={**IO, "slot": "128KiB"}, name="other.yaml"))
+    m = execute(other)
+    assert m.report.host.kept_ring_bytes == 0
+    m.free()
+
+
+def test_a_failed_load_keeps_no_ring(ckpt, monkeypatch):
+    spec, _ = ckpt
+    planc.warm_up(spec)
+    fail_read_at(monkeypatch, 2)
+    with pytest.raises(PlancError):
+        planc.load(spec)
+    assert KEPT.held_bytes() == 0  # taken by the load, dropped with it
+
+
+def test_ring_setting_is_checked():
+    with pytest.raises(SettingError, match="ring"):
+        planc.load("nothing.yaml", settings={"ring": "forever"})
+
+
+def test_warm_up_refuses_a_ring_past_the_live_room(ckpt):
+    spec, _ = ckpt
+    from planc.base.errors import AdmissionError
+
+    with pytest.raises(AdmissionError, match="ring"):
+        planc.warm_up(spec, settings={"host_reserve": "1000TiB"})
+    assert KEPT.held_bytes() == 0
