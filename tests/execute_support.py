@@ -270,8 +270,8 @@ def watch_regions(monkeypatch) -> list:
             self._seen["regions"] = weakref.ref(self)
             super().__init__(*a, **k)
 
-        def pin_ring(self, keep=False):
-            super().pin_ring(keep)
+        def pin_ring(self):
+            super().pin_ring()
             self._seen["ring"] = weakref.ref(self.ring_owner)
 
         def _allocate_device(self):

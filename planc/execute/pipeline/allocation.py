@@ -94,16 +94,19 @@ class Regions:
     def start(cls, plan, dev, stream, observer=ignore) -> "Regions":
         return cls(plan, dev, stream, observer)
 
-    def pin_ring(self, keep: bool = False) -> None:
+    def pin_ring(self) -> None:
         """Start pinning the ring's slots, in order: slot k's pinning overlaps the reads and copies
         already running in slots < k instead of stalling the thread that issues them. Slots kept
-        pinned by earlier loads (`io.ring.KEPT`) come first and are not pinned again; `keep`: this
-        load's ring is kept when it is done (also when `KEPT` is keeping rings: `planc.warm_up`)."""
+        pinned by earlier loads (`io.ring.KEPT`) come first and are not pinned again; this load's
+        ring is kept when it is done with the load's setting PLANC_RING=kept, or while `KEPT` keeps
+        rings (`planc.warm_up`)."""
+        from ...base.settings import ring
+
         n = self.plan.layout.ring_bytes // self.slot
         self.ring = Slots([None] * n)
         self.ring_owner = Slots([None] * n)
         self.events = [None] * n
-        self.keep_ring = keep or KEPT.keeping
+        self.keep_ring = ring() == "kept" or KEPT.keeping
         taken = KEPT.take(self.dev, self.slot, n)
         self.kept_bytes = len(taken) * self.slot
         self.pinner = Pinner(self.ring, self.ring_owner, self.slot, self.dev,

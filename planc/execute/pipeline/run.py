@@ -252,7 +252,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
                 reader = digestread.DigestReader(reader, verifier, native, after=digestread.AFTER_READ,
                                                  simd=settings.digest_hash, mapped=settings.digest_read == "mapped")
             pool = parts.pool(plan)
-            regions.pin_ring(keep=settings.ring == "kept")
+            regions.pin_ring()
             kernels = parts.kernels(plan, dev, stream, regions, warmer, observer)
             host = parts.host(plan, dev, stream, regions, reader, observer)
             pipeline = Pipeline(plan, dev=dev, stream=stream, regions=regions, reader=reader, submit=pool.submit,
