@@ -200,7 +200,9 @@ def reference_run(files, pipe):
 
 # -- planc ---------------------------------------------------------------------------------------
 def _planc_setup(files, spec):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # PLANC_BENCH_ROOT: another tree's planc (an earlier commit's, `git archive C planc | tar -x -C DIR`)
+    # for a side-by-side A/B in one call: `--loaders planc,planc@PLANC_BENCH_ROOT=DIR`
+    sys.path.insert(0, os.environ.get("PLANC_BENCH_ROOT") or str(Path(__file__).resolve().parent.parent))
     from planc.compiler.compile import compile_spec
     from planc.execute.device import seam
 

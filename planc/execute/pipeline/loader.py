@@ -5,7 +5,9 @@ copies on the load's stream, a run's requests as their reads finish, in any orde
 plan order; a run's kernels go on a stream of their own behind an event recorded after its copies
 (`kernelruns.KernelRuns`), so they run while the next runs' copies go on. A run's first copy waits
 for the kernels that last read its landing region, and an in-place conversion runs only after its
-bytes arrived. A slot is refilled only after the event recorded after its copies has completed
+bytes arrived. A read is sent on once it is done if its run is the oldest with reads in flight, or
+if its run touches no landing region (`unordered`: copies into the arena only, kernels that read
+only the arena, no host parts), so that a slow read at a run's end holds up no slot of the next. A slot is refilled only after the event recorded after its copies has completed
 (fence and swap): waited for by the calling thread before it hands the slot to a reader, or, with
 `PLANC_SLOT_WAIT=reader`, by that reader before its read, the calling thread handing over the oldest
 slot whose copy is queued and going on with the copies of the reads that are done.
@@ -28,7 +30,17 @@ from ...plan.records import Refusal
 from ...base.units import gib
 from ..kernels import dispatch
 from .events import CopyIssued, ReadDone, RunDone, RunStarted, RunWaited, Step, Timed
+from .kernelruns import reads_landing
 from ...base.codes import Code
+
+
+def unordered(r) -> bool:
+    """Whether run r's reads may be sent on before an earlier run's are: it lands nothing in a landing
+    region or the staging area (every copy into the arena), its kernels read only the arena, and it
+    has no host parts. Its copies then write only its own tensors' arena bytes, which no other run's
+    copy or kernel touches, and its kernels still follow its copies (`KernelRuns`)."""
+    return (not r.host_parts and not reads_landing(r)
+            and all(not q.scatter and all(c.space == "arena" for c in q.copies) for q in r.requests))
 
 
 class Pipeline:
@@ -44,6 +56,7 @@ class Pipeline:
         self.copying: deque = deque()  # (slot, event)
         self.pending: deque = deque()  # (run, request index, request, slot, future)
         self.remaining = [len(r.requests) for r in plan.runs]
+        self.unordered = [unordered(r) for r in plan.runs]
         self.guarded = -1  # the last run whose copies began (`KernelRuns.before_copies`)
         self.slot_free = getattr(reader, "slot_free", None)  # a digest reader hashing after its reads
         self.reader_waits = reader_waits  # a slot's reader waits for its last copy (PLANC_SLOT_WAIT=reader)
@@ -168,12 +181,13 @@ class Pipeline:
 
     def _sendable(self) -> list:
         """The pending requests that may be sent on once read: those of the oldest run with requests
-        in flight, in any order. A later run's wait: it may land in the region its run shares with
-        that run's neighbour, whose kernels have not been launched yet."""
+        in flight, and those of any `unordered` run, in any order. Another later run's wait: it may
+        land in the region its run shares with that run's neighbour, whose kernels have not been
+        launched yet."""
         if not self.pending:
             return []
-        run = self.pending[0][0].index
-        return [e for e in self.pending if e[0].index == run]
+        run, free = self.pending[0][0].index, self.unordered
+        return [e for e in self.pending if e[0].index == run or free[e[0].index]]
 
     def _ready(self) -> list:
         """The sendable requests whose reads are done."""
@@ -204,8 +218,8 @@ class Pipeline:
         self.regions.ready()
         t1 = time.perf_counter()
         self.observer(Timed("wait_reads", start=t0, end=t1))
-        if self.guarded != r.index:
-            self.guarded = r.index
+        if self.guarded != r.index and not self.unordered[r.index]:  # an unordered run lands nothing
+            self.guarded = r.index                                     # a kernel may still read
             self.kernels.before_copies(r)
         g = self.regions
         buf = g.ring[slot]
