@@ -119,3 +119,13 @@ def test_warm_up_refuses_a_ring_past_the_live_room(ckpt):
     with pytest.raises(AdmissionError, match="ring"):
         planc.warm_up(spec, settings={"host_reserve": "1000TiB"})
     assert KEPT.held_bytes() == 0
+
+
+def test_warm_up_without_the_ring_pins_nothing(ckpt):
+    spec, want = ckpt
+    plan = planc.warm_up(spec, ring=False)
+    assert KEPT.held_bytes() == 0
+    m = planc.load(plan)
+    assert_model(m, want)
+    assert m.report.host.kept_ring_bytes == 0 and KEPT.held_bytes() == 0
+    m.free()

@@ -81,14 +81,16 @@ def load(spec_or_plan, *, rank: int | None = None, device: str | None = None, ve
     return model
 
 
-def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None, settings=None):
-    """Get the process ready for fast loads of `spec_or_plan` (what `load` takes): the device's
-    context made, and the plan's pinned ring pinned now and kept (`planc.execute.io.ring.KEPT`), so
-    that the loads of this process on that device take it pinned instead of pinning their own, and
-    give it back when they are done, until `release_ring()`. Returns the `Plan` (load it with `load`,
-    no compile again). The ring is host memory held from now on: it is admitted against the live room
-    like a load's (an `AdmissionError` when it does not fit), and each load's report counts it in its
-    host growth (`host.kept_ring_bytes`)."""
+def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None, settings=None,
+            ring: bool = True):
+    """Get the process ready for fast loads of `spec_or_plan` (what `load` takes): the plan compiled
+    (or read), the device's context made, the executor's modules imported, and with `ring` (the
+    default) the plan's pinned ring pinned now and kept (`planc.execute.io.ring.KEPT`), so that the
+    loads of this process on that device take it pinned instead of pinning their own, and give it
+    back when they are done, until `release_ring()`. Returns the `Plan` (load it with `load`, no
+    compile again). A kept ring is host memory held from now on: it is admitted against the live
+    room like a load's (an `AdmissionError` when it does not fit), and each load's report counts it in
+    its host growth (`host.kept_ring_bytes`)."""
     from ..base import settings as _settings
     from ..base.device import device_arg
     from ..base.errors import AdmissionError
@@ -96,7 +98,7 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
     from ..execute.device import seam
     from ..execute.device.memory import live_room
     from ..execute.io.ring import KEPT
-    from ..execute.pipeline.run import resolve_settings
+    from ..execute.pipeline.run import import_parts, resolve_settings
     from ..plan.records import ALLOC_RING, Refusal
 
     if device is not None:
@@ -106,6 +108,9 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
         plan = _plan(spec_or_plan, rank)
         dev = seam.default_device()
         dev.select(seam.index_of(device or plan.device))
+        import_parts()
+        if not ring:
+            return plan
         slot = plan.io.slot_bytes
         n = plan.layout.ring_bytes // slot
         missing = n - min(n, KEPT.available(dev, slot))

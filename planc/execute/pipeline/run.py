@@ -323,6 +323,14 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     return LoadedModel(tensors, report, arena, report.simulator, load=execute)
 
 
+def import_parts() -> None:
+    """Import what a load imports on its first use (its parts, the device's launcher, the report), so
+    that a process's first load does not spend its time there (`planc.warm_up`)."""
+    from ...plan import predict  # noqa: F401
+    from ..device import launch, memory  # noqa: F401
+    from . import loader, meter, model, parts, records  # noqa: F401
+
+
 def _verifier(plan, digest):
     """The load's `planc.manifest.digestcheck.Verifier` (None without `digest`), its files' fingerprints checked."""
     if digest is None or digest is False:
