@@ -9,6 +9,7 @@ the checkout, with the installed package first on the path.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -36,9 +37,10 @@ def _setuptools_recent() -> bool:
 def test_wheel_installs_and_runs_the_demo(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "planc", src / "planc", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(ROOT / "planc", src / "planc", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so",
+                                                                                 "native.json"))
     flags = ["--no-build-isolation"] if _setuptools_recent() else []  # else pip fetches setuptools for the build
     p = _pip("wheel", ".", "--no-deps", *flags, "-w", str(tmp_path / "dist"), cwd=src)
     if p.returncode and "No matching distribution" in p.stderr:
@@ -53,6 +55,9 @@ def test_wheel_installs_and_runs_the_demo(tmp_path):
     ptx = target / "planc" / "execute" / "kernels" / "ptx"  # the kernels' PTX ships: no compile at load time
     assert (ptx / "index.json").is_file() and len(list(ptx.glob("*.ptx"))) == len(list((ROOT / "planc" / "execute" / "kernels" / "ptx").glob("*.ptx")))
     assert (ptx / "cubins.json").is_file() and len(list(ptx.glob("*.cubin"))) == len(list(ptx.glob("*.ptx")))
+    native = target / "planc" / "execute" / "io" / "native"  # the digest's loop, built by the wheel's build
+    if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and shutil.which("cc"):
+        assert (native / "readhash.x86_64-linux.so").is_file() and (native / "native.json").is_file()
 
     away = tmp_path / "elsewhere"
     away.mkdir()

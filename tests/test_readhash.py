@@ -5,6 +5,9 @@ import hashlib
 import json
 import os
 import platform
+import runpy
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,15 +21,49 @@ from planc.execute.io.reader import Reader
 ON_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
 
 
-def test_the_shipped_object_is_built_from_the_current_source():
+ROOT = Path(__file__).resolve().parent.parent
+HAS_CC = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+
+
+def _setup():
+    return runpy.run_path(str(ROOT / "setup.py"), run_name="planc_setup")
+
+
+@pytest.mark.skipif(not (ON_X86_LINUX and HAS_CC), reason="the loop is built for x86-64 Linux, with a C compiler")
+def test_the_installed_object_is_built_from_the_current_source():
+    """Installing planc built it (setup.py); after an edit of readhash.c it is stale until rebuilt."""
     doc = json.loads(readhash.INDEX.read_text())[readhash.OBJECT.name]
     assert doc["source_sha256"] == hashlib.sha256(readhash.SOURCE.read_bytes()).hexdigest(), \
-        "planc/execute/io/native/readhash.c changed: run tools/build_native.sh"
+        "planc/execute/io/native/readhash.c changed: run tools/build_native.sh (or install planc again)"
     assert doc["sha256"] == hashlib.sha256(readhash.OBJECT.read_bytes()).hexdigest()
     assert readhash.stale_reason() is None
 
 
-@pytest.mark.skipif(not ON_X86_LINUX, reason="the loop is shipped for x86-64 Linux")
+@pytest.mark.skipif(not (ON_X86_LINUX and HAS_CC), reason="the loop is built for x86-64 Linux, with a C compiler")
+def test_the_build_step_builds_it_from_the_source_and_says_so(tmp_path):
+    """setup.py's build step, as the install runs it: the object and native.json naming its source;
+    an object that is absent or was built from another source is not used, with how to rebuild."""
+    ns = _setup()
+    assert ns["build_native"](tmp_path, werror=True) is None
+    obj, index = tmp_path / readhash.OBJECT.name, tmp_path / readhash.INDEX.name
+    assert readhash.stale_reason(obj, index) is None
+    other = tmp_path / "other.c"
+    other.write_bytes(readhash.SOURCE.read_bytes() + b"\n")
+    assert "built from another" in readhash.stale_reason(obj, index, other)
+    obj.write_bytes(obj.read_bytes() + b"\0")
+    assert "not the object" in readhash.stale_reason(obj, index)
+    obj.unlink()
+    assert "install planc again" in readhash.stale_reason(obj, index)
+
+
+def test_no_compiler_leaves_the_install_without_the_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    why = _setup()["build_native"](tmp_path / "out")
+    assert why and ("no-such-cc" in why or "not x86-64" in why)
+    assert not (tmp_path / "out" / readhash.OBJECT.name).exists()
+
+
+@pytest.mark.skipif(not (ON_X86_LINUX and HAS_CC), reason="the loop is built for x86-64 Linux, with a C compiler")
 def test_it_loads_here():
     assert readhash.load() is not None, readhash.why_not
 
@@ -172,13 +209,6 @@ def test_a_stripe_path_that_errs_is_not_used(native, monkeypatch):
 
     monkeypatch.setattr(native, "read", wrong_at_scalar)
     assert readhash._self_check(native) == "the read-and-hash loop's digests (scalar) differ from the xxhash package's"
-
-
-def test_a_replaced_object_is_stale(tmp_path, monkeypatch):
-    obj = tmp_path / readhash.OBJECT.name
-    obj.write_bytes(readhash.OBJECT.read_bytes() + b"\0")
-    monkeypatch.setattr(readhash, "OBJECT", obj)
-    assert "not the object" in readhash.stale_reason()
 
 
 # -- copying out of a mapping of the file (PLANC_DIGEST_READ=mapped) --------------------------------

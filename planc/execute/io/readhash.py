@@ -1,5 +1,5 @@
-"""The digest's read-and-hash loop in machine code (`native/readhash.c`, shipped built for x86-64
-Linux): one request read a piece at a time into its ring slot, each piece hashed into its leaf's
+"""The digest's read-and-hash loop in machine code (`native/readhash.c`, built for x86-64 Linux when
+planc is installed: `setup.py`, or `tools/build_native.sh` in place): one request read a piece at a time into its ring slot, each piece hashed into its leaf's
 xxh3-128 state while it is in the core's cache, the whole request in one call that lets the other
 readers run. Hashing in Python instead costs either a second pass over the slot from memory
 (leaf-sized pieces: the host's memory traffic grows by a third) or the interpreter's lock traded
@@ -11,9 +11,9 @@ bytes with XXH3's long-input path written in it, with AVX-512 or AVX2 where the 
 system have them (`PLANC_DIGEST_HASH`), and shorter leaves (or all, with `package`) with the xxhash
 package's own `XXH3_128bits_reset` / `_update` / `_digest`: the package's library is built for SSE2
 and hashes about half as fast a byte. Either way the digests are `xxhash.xxh3_128`'s, and `load()`
-checks them against the package before the loop is used. `load()` is None where the shipped object
-or those functions are missing (another architecture, an xxhash build that does not export them):
-the verifier then hashes in Python, with the same digests.
+checks them against the package before the loop is used. `load()` is None where the built object
+or those functions are missing (another architecture, an install without a C compiler, an xxhash
+build that does not export them): the verifier then hashes in Python, with the same digests.
 """
 
 from __future__ import annotations
@@ -46,16 +46,22 @@ class _Digest(ctypes.Structure):
     _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
 
 
-def stale_reason() -> str | None:
-    """Why the shipped object must not be used (built from another source), or None."""
+REBUILD = "install planc again (pip install -e .) or run tools/build_native.sh"
+
+
+def stale_reason(obj: Path = OBJECT, index: Path = INDEX, source: Path = SOURCE) -> str | None:
+    """Why the built object `obj` must not be used (absent, or not what `index` says was built from
+    `source`), or None."""
+    if not obj.is_file():
+        return f"{obj.name} was not built when planc was installed (no C compiler?): {REBUILD}"
     try:
-        doc = json.loads(INDEX.read_text())[OBJECT.name]
+        doc = json.loads(index.read_text())[obj.name]
     except (OSError, ValueError, KeyError, TypeError):
-        return f"{INDEX} does not list {OBJECT.name}"
-    if doc.get("source_sha256") != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
-        return f"{OBJECT.name} was built from another {SOURCE.name}: run tools/build_native.sh"
-    if doc.get("sha256") != hashlib.sha256(OBJECT.read_bytes()).hexdigest():
-        return f"{OBJECT.name} is not the object {INDEX.name} lists: run tools/build_native.sh"
+        return f"{index} does not list {obj.name}: {REBUILD}"
+    if doc.get("source_sha256") != hashlib.sha256(source.read_bytes()).hexdigest():
+        return f"{obj.name} was built from another {source.name}: {REBUILD}"
+    if doc.get("sha256") != hashlib.sha256(obj.read_bytes()).hexdigest():
+        return f"{obj.name} is not the object {index.name} lists: {REBUILD}"
     return None
 
 
@@ -345,7 +351,7 @@ def load() -> ReadHash | None:
         rh = None
         try:
             if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-                why_not = f"no shipped read-and-hash code for {platform.system()} {platform.machine()}"
+                why_not = f"no read-and-hash code for {platform.system()} {platform.machine()}"
             elif (why := stale_reason()) is not None:
                 why_not = why
             else:
