@@ -49,8 +49,7 @@ def _args(argv=None):
     p.add_argument("--piece", default="", help="reader piece sizes to compare for the digest loads, comma-separated "
                    "(default: the verifier's own, a leaf)")
     p.add_argument("--hasher", default="native", help="digest hashing to compare, comma-separated: native (the "
-                   "reader's read-and-hash loop), python, after (hasher threads after the reads: --after-threads)")
-    p.add_argument("--after-threads", default="8", help="hasher threads for --hasher after, comma-separated to compare")
+                   "reader's read-and-hash loop), python")
     p.add_argument("--native-piece", default="", help="read-and-hash loop piece sizes to compare, comma-separated "
                    "(default: planc.execute.io.readhash.PIECE)")
     p.add_argument("--simd", default="best", help="read-and-hash loop levels to compare, comma-separated: best, "
@@ -119,7 +118,7 @@ def digest(args, out: Path) -> dict:
     from planc.base.units import parse_bytes
     from planc.compiler.compile import compile_spec
     from planc.manifest import digest as dg
-    from planc.execute.io import digestread, readhash
+    from planc.execute.io import readhash
     from planc.manifest import digestcheck as dgc
 
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)
@@ -133,7 +132,6 @@ def digest(args, out: Path) -> dict:
     variants = [("native", (p, simd, rd)) for rd in reads for p in (chunks if rd == "mapped" else native_pieces)
                 for simd in simds if "native" in args.hasher.split(",")]
     variants += [("python", p) for p in pieces if "python" in args.hasher.split(",")]
-    variants += [("after", int(n)) for n in args.after_threads.split(",") if "after" in args.hasher.split(",")]
     if any(h == "native" for h, _ in variants) and readhash.load() is None:
         raise SystemExit(f"no read-and-hash loop here: {readhash.why_not}")
     docs = {}
@@ -145,7 +143,6 @@ def digest(args, out: Path) -> dict:
         path.write_bytes(dg.encode(doc))
         for hasher, piece in variants:
             key = f"leaf_{doc['leaf_bytes'] >> 20}MiB_{hasher}" + (
-                f"_{piece}_threads" if hasher == "after" else
                 f"_{piece[1]}_{piece[2]}_piece_{piece[0] >> 10}KiB" if hasher == "native" else f"_piece_{piece >> 10}KiB" if piece else "")
             docs[key] = (path, doc, made, piece, hasher)
     total = sum(f["size_bytes"] for f in next(iter(docs.values()))[1]["files"])
@@ -155,7 +152,6 @@ def digest(args, out: Path) -> dict:
         order = list(rows) if rnd % 2 == 0 else list(reversed(rows))
         for k in order:
             if k != "plain":  # read when each load begins
-                digestread.AFTER_READ = docs[k][3] if docs[k][4] == "after" else 0
                 if docs[k][4] == "native" and docs[k][3][2] == "mapped":
                     readhash.CHUNK = docs[k][3][0]
                 elif docs[k][4] == "native":

@@ -50,13 +50,12 @@ def models():
         m.free()
 
 
-@pytest.fixture(params=["native", "native-package", "native-mapped", "python", "after-read"])
+@pytest.fixture(params=["native", "native-package", "native-mapped", "python"])
 def hasher(request, monkeypatch):
     """A digest-verified load's hashing: the reader's read-and-hash loop (at its widest level, or
     through the xxhash package's functions only; copying out of a mapping of the file, or reading
-    with pread), Python's on the reader's thread, or hasher threads after the reads
-    (`digestread.AFTER_READ`). The report's `hasher` is returned."""
-    from planc.execute.io import digestread, readhash
+    with pread), or Python's on the reader's thread. The report's `hasher` is returned."""
+    from planc.execute.io import readhash
 
     native = request.param.startswith("native")
     if native and readhash.load() is None:
@@ -64,7 +63,6 @@ def hasher(request, monkeypatch):
     monkeypatch.setenv("PLANC_DIGEST_HASH", {"native": "best", "native-package": "package",
                                              "native-mapped": "best"}.get(request.param, "python"))
     monkeypatch.setenv("PLANC_DIGEST_READ", "mapped" if request.param == "native-mapped" else "pread")
-    monkeypatch.setattr(digestread, "AFTER_READ", 3 if request.param == "after-read" else 0)
     return "native" if native else request.param
 
 
@@ -669,46 +667,6 @@ def test_a_digest_with_verify_false_or_true_is_refused_and_reload_takes_verify_d
     rep = model.reload(sb, verify="digest", digest=d)
     assert rep["digest"]["ok"]
     assert_model(model, want_b)
-
-
-def test_hashing_after_the_reads_hashes_whole_leaves_on_hasher_threads_and_catches_a_flipped_byte(tmp_path, models,
-                                                                                                   monkeypatch):
-    """`digestread.AFTER_READ`: a read that is exactly its whole leaves hands them to a hasher
-    thread, its copy issued at once; its slot is refilled only once they are hashed; every byte
-    hashed once, and a byte flipped in such a leaf fails the load with the extent's range."""
-    import threading
-
-    from planc.execute.io import digestread
-
-    monkeypatch.setattr(digestread, "AFTER_READ", 2)
-    threads = []
-    real = digestread.DigestReader._hash_leaves
-
-    def counted(self, *a):
-        threads.append(threading.current_thread().name)
-        return real(self, *a)
-
-    monkeypatch.setattr(digestread.DigestReader, "_hash_leaves", counted)
-    spec, plan, d, root, want = _two_mb(tmp_path, dict(slot="256KiB", slots=3, workers=3, run="1MiB"), "after.yaml", LEAF)
-    size = plan.checkpoint.files[0].size_bytes
-    model = planc.load(plan, verify="digest", digest=d)
-    models.append(model)
-    assert_model(model, want)
-    rep = model.report["digest"]
-    assert rep["ok"] and rep["hasher"] == "after-read" and rep["hashed_bytes"] + rep["fill_bytes"] == size
-    assert rep["reread_bytes"] == 0
-    assert len(threads) >= 3 and all(t.startswith("planc-hash") for t in threads)
-    assert "wait_hash" in model.report["timings"]
-    model.free()
-    models.remove(model)
-    victim = root / plan.checkpoint.files[0].path
-    data = bytearray(victim.read_bytes())
-    at = 3 * LEAVED + LEAF + 1000  # in a leaf that one read covers whole
-    data[at] ^= 0x08
-    victim.write_bytes(bytes(data))
-    with pytest.raises(DigestError) as e:
-        planc.load(spec, verify="digest", digest=d)
-    assert e.value.code == "digest-mismatch" and f"[{3 * LEAVED:,}, {4 * LEAVED:,})" in str(e.value)
 
 
 def test_the_digest_hasher_setting_chooses_the_hasher(tmp_path, models, monkeypatch):

@@ -17,14 +17,9 @@ bytes handed over after each read instead.
 from __future__ import annotations
 
 import inspect
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from . import readhash
-
-AFTER_READ = 0  # hasher threads that hash a read's whole leaves after it, while its copy is queued and
-# running (0: on the reader's thread, as the bytes land); for measurements (bench/reload.py --hasher after)
 
 
 def _takes_sink(reader) -> bool:
@@ -36,16 +31,11 @@ def _takes_sink(reader) -> bool:
 
 
 class DigestReader:
-    def __init__(self, reader, verifier, native=None, after: int = 0, simd: str | None = None,
-                 mapped: bool = False):
+    def __init__(self, reader, verifier, native=None, simd: str | None = None, mapped: bool = False):
         self._reader, self.verifier = reader, verifier
         self._pieces = _takes_sink(reader)
-        self._after = ThreadPoolExecutor(after, thread_name_prefix="planc-hash") if after > 0 else None
-        self._hashing: dict = {}  # slot address -> the future hashing its bytes (`after`)
-        self._lock = threading.Lock()
-        native = None if self._after is not None else native
         self._native = native if native is not None and hasattr(reader, "read_hashing") else None
-        verifier.hasher = "native" if self._native is not None else "after-read" if self._after else "python"
+        verifier.hasher = "native" if self._native is not None else "python"
         self._simd = None
         if self._native is not None:
             verifier.hash_extent = self._native.digest
@@ -68,8 +58,6 @@ class DigestReader:
         v, deferred = self.verifier, []
         try:
             n = self._read_hashing(rel, offset, length, buf, needed, deferred) if self._native is not None else None
-            if n is None and self._after is not None:
-                n = self._read_then_hash(rel, offset, length, buf, needed)
             if n is not None:
                 return n
             if self._pieces:
@@ -188,58 +176,6 @@ class DigestReader:
                     st.restore()
         return done
 
-    # -- hashing after the read (`after` hasher threads)
-    def _read_then_hash(self, rel: str, offset: int, length: int, buf, needed: int) -> int | None:
-        """A read with whole leaves: read, its whole leaves handed to a hasher thread (so that its
-        copy is issued at once; the slot is refilled only once they are hashed: `slot_free`), the
-        parts of leaves at its ends hashed here. None for a read with no whole leaf, or one whose
-        extents still have leaves no read touches to claim (hashed as the bytes land)."""
-        v = self.verifier
-        leaves = v.whole_leaves(rel, offset, needed)
-        if not leaves or not v.alone(leaves):
-            return None
-        n = self._reader.read_into(rel, offset, length, buf, needed)
-        mv = memoryview(buf).cast("B")
-        fut = self._after.submit(self._hash_leaves, rel, leaves, mv, offset)
-        with self._lock:
-            self._hashing[_address(buf)] = fut
-        head, tail, deferred = leaves[0][2] - offset, leaves[-1][3] - offset, []
-        if head > 0:
-            v.feed(rel, offset, mv[:head], deferred)
-        if tail < needed:
-            v.feed(rel, offset + tail, mv[tail:needed], deferred)
-        v.settle(deferred)
-        return n
-
-    def _hash_leaves(self, rel: str, leaves: list, mv, offset: int) -> None:
-        from ...manifest.digest import leaf_digest
-
-        t0 = time.perf_counter()
-        try:
-            digests = [leaf_digest(mv[l0 - offset:l1 - offset]) for _, _, l0, l1 in leaves]
-            self.verifier.record_leaves(rel, leaves, digests, time.perf_counter() - t0)
-        except BaseException as e:
-            self.verifier.abort(e)
-            raise
-
-    def slot_free(self, buf) -> None:
-        """Before a ring slot is refilled: the hashing of its bytes done (its mismatch raised here)."""
-        if self._after is None:
-            return
-        with self._lock:
-            fut = self._hashing.pop(_address(buf), None)
-        if fut is not None:
-            fut.result()
-
-    def drain(self) -> None:
-        """After the last read: every hashing done (the first mismatch raised)."""
-        if self._after is None:
-            return
-        with self._lock:
-            futs, self._hashing = list(self._hashing.values()), {}
-        for f in futs:
-            f.result()
-
     def read_strided(self, rel: str, offset: int, length: int, stride: int, count: int, buf) -> int:
         v, deferred = self.verifier, []
         try:
@@ -267,11 +203,4 @@ class DigestReader:
 
     def close(self) -> None:
         self.verifier.abort()  # a read still waiting for an earlier one stops waiting
-        if self._after is not None:
-            self._after.shutdown(wait=True, cancel_futures=True)  # no hasher reads a slot once the ring may be freed
         self._reader.close()
-
-
-def _address(buf) -> int:
-    iface = getattr(buf, "__array_interface__", None)
-    return iface["data"][0] if iface else id(buf)

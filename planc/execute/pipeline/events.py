@@ -105,7 +105,7 @@ class Step(Event):
 
 @dataclass(frozen=True)
 class Timed(Event):
-    """A span the report's `timings[name]` adds up: `wait_reads`, `wait_pin`, `wait_hash`, `admit`,
+    """A span the report's `timings[name]` adds up: `wait_reads`, `wait_pin`, `admit`,
     `wait_warm`, `prepare`, `release`."""
     name: str
 

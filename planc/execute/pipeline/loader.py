@@ -58,7 +58,6 @@ class Pipeline:
         self.remaining = [len(r.requests) for r in plan.runs]
         self.unordered = [unordered(r) for r in plan.runs]
         self.guarded = -1  # the last run whose copies began (`KernelRuns.before_copies`)
-        self.slot_free = getattr(reader, "slot_free", None)  # a digest reader hashing after its reads
         self.reader_waits = reader_waits  # a slot's reader waits for its last copy (PLANC_SLOT_WAIT=reader)
 
     # -- the pipeline -----------------------------------------------------------------------
@@ -138,10 +137,6 @@ class Pipeline:
             t0 = time.perf_counter()
             self.regions.pinner.wait(k)
             self.observer(Timed("wait_pin", start=t0))
-        if self.slot_free is not None:
-            t0 = time.perf_counter()
-            self.slot_free(self.regions.ring[k])
-            self.observer(Timed("wait_hash", start=t0))
         return k
 
     def _fence(self, slot: int) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from .events import CopyIssued, DeviceReady, Event, HostPartDone, KernelsLaunched, RunWaited, Step, Timed
 
 # the phases every report times, in the order the report lists them (others follow as they happen)
-PHASES = ("allocate", "wait_reads", "wait_slots", "wait_pin", "wait_hash", "issue", "launch", "admit", "final_sync")
+PHASES = ("allocate", "wait_reads", "wait_slots", "wait_pin", "issue", "launch", "admit", "final_sync")
 _STEPS = {"allocate": "allocate", "final_sync": "final_sync", "free": "free", "slot_wait": "wait_slots"}
 
 

@@ -249,8 +249,8 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
                 from ..io import digestread, readhash
 
                 native = readhash.load() if settings.digest_hash != "python" else None
-                reader = digestread.DigestReader(reader, verifier, native, after=digestread.AFTER_READ,
-                                                 simd=settings.digest_hash, mapped=settings.digest_read == "mapped")
+                reader = digestread.DigestReader(reader, verifier, native, simd=settings.digest_hash,
+                                                 mapped=settings.digest_read == "mapped")
             pool = parts.pool(plan)
             regions.pin_ring()
             kernels = parts.kernels(plan, dev, stream, regions, warmer, observer)
@@ -262,8 +262,6 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             if bar:
                 bar[0].start()
             pipeline.run()
-            if verifier is not None:
-                reader.drain()  # hashing after the reads: every slot's hashed
             digested = verifier.finish() if verifier is not None else None
             free_alloc = dev.memory_info()  # arena, landing and staging all still held
         finally:
@@ -326,9 +324,11 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
 def import_parts() -> None:
     """Import what a load imports on its first use (its parts, the device's launcher, the report), so
     that a process's first load does not spend its time there (`planc.warm_up`)."""
-    from ...plan import predict  # noqa: F401
-    from ..device import launch, memory  # noqa: F401
-    from . import loader, meter, model, parts, records  # noqa: F401
+    import importlib
+
+    for name in ("...plan.predict", "..device.launch", "..device.memory", ".loader", ".meter", ".model", ".parts",
+                 ".records"):
+        importlib.import_module(name, __package__)
 
 
 def _verifier(plan, digest):
