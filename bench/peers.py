@@ -4,7 +4,7 @@
                                             [--loaders planc,st_load_file,...] [--size 15GiB]
 
 A loader named `NAME@VAR=VALUE[+VAR=VALUE...]` is NAME in an environment with those variables: an
-A/B of a setting in the same alternation, e.g. `--loaders planc,planc@PLANC_SLOT_WAIT=reader`
+A/B of a setting in the same alternation, e.g. `--loaders planc,planc@PLANC_RING=kept`
 (each variant of planc is printed with its ratio to plain `planc`).
 
 Writes the checkpoints once (reused after), then for each case and cache mode runs every loader

@@ -6,8 +6,7 @@ Each run is a fresh process that makes its CUDA context and reads the plan first
 loads it `--loads` times in a row with every step of the pipeline timed by the load's own events
 (`planc.execute.pipeline.events`, given to `execute(observer=...)`; nothing is wrapped): pinning each ring
 slot (`pin`), the device allocations (`device_alloc`), each read, each request's copies (`copy`),
-each run's kernels, the waits on slot events (`slot_wait`; the readers' `reader_slot_wait` with
-PLANC_SLOT_WAIT=reader) and the other timed waits, the final synchronize (`stream_sync`),
+each run's kernels, the waits on slot events (`slot_wait`) and the other timed waits, the final synchronize (`stream_sync`),
 the allocation, run and release phases (`allocate`, `run`, `free`). Prints, per load, when each phase starts and ends relative to the start of
 `execute()`, and writes OUT/timeline.jsonl (one line per load, with every event).
 
@@ -88,7 +87,7 @@ def child(plan_path: str, loads: int) -> list[dict]:
         elif isinstance(e, ev.Step):
             what = {"final_sync": "stream_sync"}.get(e.name, e.name)
         elif isinstance(e, ev.Timed):
-            what = e.name  # wait_reads, wait_pin, reader_slot_wait (PLANC_SLOT_WAIT=reader), ...
+            what = e.name  # wait_reads, wait_pin, ...
         else:
             return
         events.append((what, e.thread, e.start - t_zero[0], e.end - t_zero[0], nbytes, *key))

@@ -292,14 +292,14 @@ def test_torch_calls_against_a_stand_in(rp, ckpt, monkeypatch):
 
 
 def test_a_loader_variant_names_its_environment():
-    """`bench/peers.py --loaders planc,planc@PLANC_SLOT_WAIT=reader`: the same loader in an environment
+    """`bench/peers.py --loaders planc,planc@PLANC_RING=kept`: the same loader in an environment
     of its own, alternated with the others (an A/B of a setting side by side)."""
     peers = _module("peers")
     assert peers.variant("planc") == ("planc", {})
-    assert peers.variant("planc@PLANC_SLOT_WAIT=reader+PLANC_ISSUE_GIL=release") == (
-        "planc", {"PLANC_SLOT_WAIT": "reader", "PLANC_ISSUE_GIL": "release"})
+    assert peers.variant("planc@PLANC_RING=kept+PLANC_ISSUE_GIL=release") == (
+        "planc", {"PLANC_RING": "kept", "PLANC_ISSUE_GIL": "release"})
     assert peers.variant("reference@REFPIPE_SLOTS=16") == ("reference", {"REFPIPE_SLOTS": "16"})
     assert peers.variant("planc@") == ("planc", {})
-    for bad in ("planc@PLANC_SLOT_WAIT", "planc@=reader"):
+    for bad in ("planc@PLANC_RING", "planc@=kept"):
         with pytest.raises(SystemExit, match="NAME@VAR=VALUE"):
             peers.variant(bad)

@@ -58,14 +58,6 @@ def load():
         m.free()
 
 
-@pytest.fixture(params=["loader", "reader"])
-def slot_wait(request, monkeypatch):
-    """The load's PLANC_SLOT_WAIT: the loading thread waits for a slot's last copy before handing it to
-    a reader, or the reader does (the same bytes, requests and copies either way)."""
-    monkeypatch.setenv("PLANC_SLOT_WAIT", request.param)
-    return request.param
-
-
 @pytest.fixture
 def dense(tmp_path):
     return synth(tmp_path, "dense", layers=1)
@@ -110,7 +102,7 @@ def _odd_sizes(tmp_path):
     })
 
 
-def test_tensor_larger_than_a_slot(tmp_path, load, slot_wait):
+def test_tensor_larger_than_a_slot(tmp_path, load):
     path, want = _odd_sizes(tmp_path)
     rules = [{"match": "b.big", "dtype": "bfloat16"}, {"match": "d.big16", "dtype": "bfloat16"}, {"match": "*"}]
     plan, model = load(spec_file(tmp_path, path, rules, io={"slot": 4096, "slots": 2, "workers": 2}))
@@ -152,7 +144,7 @@ def test_landing_regions_are_aligned_for_any_element_type(tmp_path, load):
     assert_model(model, {"a": cast(a, "F32"), "b": cast(b, "BF16")})
 
 
-def test_ring_of_one_slot(tmp_path, load, dense, slot_wait):
+def test_ring_of_one_slot(tmp_path, load, dense):
     path, want = dense
     rules = [{"match": "model.layers.0.self_attn.k_proj.weight", "dtype": "float32"},
              {"match": "model.layers.0.self_attn.v_proj.weight", "dtype": "float16"}, {"match": "*"}]
@@ -169,7 +161,7 @@ def test_more_workers_than_parts(tmp_path, load):
     assert_model(model, want)
 
 
-def test_several_runs_with_kernels(tmp_path, load, dense, slot_wait):
+def test_several_runs_with_kernels(tmp_path, load, dense):
     """Small runs: landing regions alternate between runs and are reused two runs later."""
     path, want = dense
     rules = [{"match": "model.layers.0.self_attn.*", "dtype": "float32"},
@@ -269,7 +261,7 @@ def test_stack_moe_experts_converted_in_place(tmp_path, load):
     assert_model(model, out)
 
 
-def test_stack_moe_experts_through_the_scatter_kernel(tmp_path, load, slot_wait):
+def test_stack_moe_experts_through_the_scatter_kernel(tmp_path, load):
     """Slots of many experts each: a request goes whole to a device staging slot and one kernel
     scatters it; the in-place conversion of the stacked tensor runs after the scatter."""
     path, want = synth(tmp_path, "moe")
@@ -319,7 +311,7 @@ def test_scatter_blocks_follow_the_bytes_not_the_pieces(tmp_path, load):
 
 @pytest.mark.parametrize("target", ["float16", "float32"])
 def test_a_slow_read_does_not_hold_up_the_reads_after_it_but_runs_stay_in_order(tmp_path, monkeypatch, load,
-                                                                                 slot_wait, target):
+                                                                                 target):
     """The first request of every run is read slowly: the requests after it in its run are sent on
     as their reads finish, before it; no request of a run that lands in a landing region (float32:
     converted from one) is sent on before every request of the run before it (it may land in a region
@@ -404,7 +396,7 @@ def test_dequantize_fp8_on_device(tmp_path, load, target):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_mixed_plan_through_a_one_slot_ring(tmp_path, load, slot_wait):
+def test_mixed_plan_through_a_one_slot_ring(tmp_path, load):
     """Host-path and device-path parts interleaved in small runs, all staged through one slot."""
     path, want = synth(tmp_path, "fp8", layers=1)
     rules = [{"match": "*.self_attn.[qk]_proj.weight", "source_dtype": ["F8_E4M3"], "dequantize": {}},
@@ -868,20 +860,3 @@ def test_a_checkpoint_file_that_cannot_be_stat_ed_is_a_typed_fingerprint_error(t
             shutil.rmtree(path)
 
 
-def test_readers_wait_for_their_slot_s_last_copy(tmp_path, load, dense, monkeypatch):
-    """PLANC_SLOT_WAIT=reader: with fewer slots than requests every slot goes back to a reader with
-    the event of its last copies, which the reader waits for (`reader_slot_wait`); the loading thread
-    never waits on a slot itself; bit-exact, and the counts are the plan's (load_checked)."""
-    monkeypatch.setenv("PLANC_SLOT_WAIT", "reader")
-    path, want = dense
-    plan, model = load(spec_file(tmp_path, path, [{"match": "*"}], io={"slot": 4096, "slots": 2, "workers": 4}))
-    requests = sum(len(r.requests) for r in plan.runs)
-    assert requests > 4 * plan.layout.ring_bytes // 4096
-    t = model.report.timings
-    assert "reader_slot_wait" in t and t.get("wait_slots", 0.0) == 0.0
-    assert_model(model, want)
-    monkeypatch.setenv("PLANC_SLOT_WAIT", "loader")
-    (tmp_path / "b").mkdir()
-    _, again = load(spec_file(tmp_path / "b", path, [{"match": "*"}], io={"slot": 4096, "slots": 2, "workers": 4}))
-    assert "reader_slot_wait" not in again.report.timings
-    assert_model(again, want)

@@ -113,10 +113,10 @@ def test_the_issue_path_s_lock_is_a_checked_setting(monkeypatch):
         settings.Settings(issue_gil="never")
 
 
-def test_which_thread_waits_for_a_slot_is_a_checked_setting(monkeypatch):
-    assert settings.slot_wait() == "loader"
-    monkeypatch.setenv("PLANC_SLOT_WAIT", "reader")
-    assert settings.slot_wait() == "reader" and settings.Settings.resolve().slot_wait == "reader"
-    monkeypatch.setenv("PLANC_SLOT_WAIT", "both")
-    with pytest.raises(settings.SettingError, match="PLANC_SLOT_WAIT.*loader, reader"):
-        settings.slot_wait()
+def test_the_ring_setting_is_checked(monkeypatch):
+    assert settings.ring() == "fresh"
+    monkeypatch.setenv("PLANC_RING", "kept")
+    assert settings.ring() == "kept" and settings.Settings.resolve().ring == "kept"
+    monkeypatch.setenv("PLANC_RING", "forever")
+    with pytest.raises(settings.SettingError, match="PLANC_RING.*fresh, kept"):
+        settings.ring()

@@ -35,15 +35,12 @@ DIGEST_READS = ("pread", "mapped")
 # How the load's thread calls the driver functions that only queue work (PLANC_ISSUE_GIL): holding the
 # interpreter's lock (`hold`) or releasing it for the call as ctypes does by default (`release`).
 ISSUE_GIL = ("hold", "release")
-# Which thread waits for a ring slot's last copy before the slot is read into again (PLANC_SLOT_WAIT):
-# the loading thread before it hands the slot to a reader (`loader`), or that reader (`reader`).
-SLOT_WAITS = ("loader", "reader")
 # What a finished load does with its pinned ring (PLANC_RING): unpins it (`fresh`), or keeps it pinned
 # for the next load of this process (`kept`; `planc.warm_up` pins one ahead of the first).
 RINGS = ("fresh", "kept")
 # The settings that take one of a few names, and the names (the first is the default).
 NAMED = {"pin": PIN_METHODS, "digest_hash": DIGEST_HASHES, "digest_read": DIGEST_READS, "issue_gil": ISSUE_GIL,
-         "slot_wait": SLOT_WAITS, "ring": RINGS}
+         "ring": RINGS}
 
 
 class SettingError(ValueError):
@@ -60,8 +57,7 @@ class SettingError(ValueError):
 NAMES = {"raw_launch": "PLANC_RAW_LAUNCH", "kernel_dir": "PLANC_KERNEL_DIR", "kernel_cache": "PLANC_KERNEL_CACHE",
          "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG",
          "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE", "digest_hash": "PLANC_DIGEST_HASH",
-         "digest_read": "PLANC_DIGEST_READ", "issue_gil": "PLANC_ISSUE_GIL", "slot_wait": "PLANC_SLOT_WAIT",
-         "ring": "PLANC_RING"}
+         "digest_read": "PLANC_DIGEST_READ", "issue_gil": "PLANC_ISSUE_GIL", "ring": "PLANC_RING"}
 _FLAGS = ("raw_launch", "kernel_cache", "debug")
 
 
@@ -90,8 +86,7 @@ class Settings:
     how a digest-verified load hashes, one of DIGEST_HASHES, default `best`. digest_read
     (PLANC_DIGEST_READ): how it reads the bytes it hashes, one of DIGEST_READS, default `pread`.
     issue_gil (PLANC_ISSUE_GIL): `hold` (default) or `release`, how the driver calls that only queue
-    work are made (`issue_gil()`). slot_wait (PLANC_SLOT_WAIT): `loader` (default) or `reader`, which
-    thread waits for a ring slot's last copy (`slot_wait()`). ring (PLANC_RING): `fresh` (default) or
+    work are made (`issue_gil()`). ring (PLANC_RING): `fresh` (default) or
     `kept`, whether a finished load's pinned ring stays pinned for the next (`ring()`)."""
 
     raw_launch: bool = True
@@ -105,7 +100,6 @@ class Settings:
     digest_hash: str = "best"
     digest_read: str = "pread"
     issue_gil: str = "hold"
-    slot_wait: str = "loader"
     ring: str = "fresh"
 
     def __post_init__(self) -> None:
@@ -175,7 +169,7 @@ class Settings:
 def _check(name: str, v, *, from_env: bool = False):
     """Setting `name`'s value `v`, typed: a bool for a flag (or "0"/"1" as the variable holds it), a
     byte size (an int, or a string such as "1GiB") for host_reserve, a path for kernel_dir and probe,
-    one of NAMED[name] for pin, digest_hash, digest_read, issue_gil, slot_wait and ring."""
+    one of NAMED[name] for pin, digest_hash, digest_read, issue_gil and ring."""
     label = NAMES[name] if from_env else repr(name)
     where = NAMES[name] if from_env else f"setting {name!r} ({NAMES[name]})"
     if name in _FLAGS:
@@ -213,7 +207,7 @@ def _check(name: str, v, *, from_env: bool = False):
         if name == "plan_cache":
             return None if v == "off" else (Path(v) if v else default_plan_cache())
         return Path(v) if v else Settings.kernel_dir
-    # pin, digest_hash, digest_read, issue_gil, slot_wait, ring: one of a few names
+    # pin, digest_hash, digest_read, issue_gil, ring: one of a few names
     names = NAMED[name]
     if not isinstance(v, str):
         raise SettingError(f"setting {label}: expected one of {', '.join(names)}, got {type(v).__name__} "
@@ -349,15 +343,6 @@ def issue_gil() -> str:
     lets it go for the call, as ctypes does, and the load's thread then waits to take it back from
     the reader threads after every call (`planc.execute.device.driver.issue_lib`)."""
     return _field("issue_gil")
-
-
-def slot_wait() -> str:
-    """PLANC_SLOT_WAIT: which thread waits for a ring slot's last copy before the slot is read into
-    again: `loader` (default: the loading thread, before it hands the slot to a reader; meanwhile it
-    issues no copy) or `reader` (the reader the slot goes to, before its read: the loading thread
-    hands over the oldest slot whose copy is queued and goes on issuing copies of the reads that are
-    done). The bytes, requests and copies are the same (`planc.execute.pipeline.loader`)."""
-    return _field("slot_wait")
 
 
 def ring() -> str:

@@ -120,13 +120,15 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
                 Code.LIVE_ROOM, 0, ALLOC_RING, missing * slot, room.room_bytes,
                 f"refused before pinning: the plan's ring is {missing * slot:,} bytes ({gib(missing * slot)}), the "
                 f"live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}); lower io.slots/io.slot"))
-        pairs = KEPT.take(dev, slot, n)
+        taken = KEPT.take(dev, slot, n)
+        pairs = list(taken)
         try:
             while len(pairs) < n:
                 pairs.append(seam.pinned_ring(dev, slot))
-        except BaseException:
-            del pairs
-            seam.release()
+        except BaseException:  # what was kept stays kept; what was pinned here is unpinned
+            pinned, pairs = pairs[len(taken):], None
+            seam.release_later(KEPT.give(dev, slot, taken) + pinned)
+            del pinned, taken
             raise
         KEPT.keep(True)
         seam.release_later(KEPT.give(dev, slot, pairs))

@@ -595,12 +595,6 @@ class Event:
     def synchronize(self) -> None:
         check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
 
-    def synchronize_anywhere(self) -> None:
-        """Wait for the event on a thread that may have no context of its own (a reader waiting for
-        its slot's last copy, `PLANC_SLOT_WAIT=reader`): the event's is made current for the wait."""
-        with _Current(self.ctx):
-            self.synchronize()
-
     def wait(self, stream: Stream) -> None:
         """Work issued to `stream` from now on starts after this event (numba's `Event.wait`)."""
         check(issue_lib().cuStreamWaitEvent(stream.handle, self.handle, 0), "cuStreamWaitEvent")

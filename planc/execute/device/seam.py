@@ -61,7 +61,6 @@ class Device(Protocol):
     def pin_method(self) -> str: ...
     def stream(self): ...
     def event(self): ...
-    def wait_for(self, event) -> None: ...
     def pointer(self, arr) -> int: ...
     def stage(self, buf: np.ndarray, copies, stream) -> int: ...
     @property
@@ -169,10 +168,6 @@ class Gpu:
     def event(self):
         return self.d.Event()
 
-    def wait_for(self, event) -> None:
-        """Wait on this thread for `event`, which may be another thread's (its context made current)."""
-        event.synchronize_anywhere()
-
     def pointer(self, arr) -> int:
         return arr.ptr
 
@@ -262,9 +257,6 @@ class Simulator:
 
     def event(self):
         return self.cuda.event()
-
-    def wait_for(self, event) -> None:
-        event.synchronize()
 
     def pointer(self, arr) -> int:
         raise RuntimeError("raw device pointers do not exist under the CUDA simulator")

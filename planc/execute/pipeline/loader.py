@@ -7,10 +7,10 @@ plan order; a run's kernels go on a stream of their own behind an event recorded
 for the kernels that last read its landing region, and an in-place conversion runs only after its
 bytes arrived. A read is sent on once it is done if its run is the oldest with reads in flight, or
 if its run touches no landing region (`unordered`: copies into the arena only, kernels that read
-only the arena, no host parts), so that a slow read at a run's end holds up no slot of the next. A slot is refilled only after the event recorded after its copies has completed
-(fence and swap): waited for by the calling thread before it hands the slot to a reader, or, with
-`PLANC_SLOT_WAIT=reader`, by that reader before its read, the calling thread handing over the oldest
-slot whose copy is queued and going on with the copies of the reads that are done.
+only the arena, no host parts), so that a slow read at a run's end holds up no slot of the next. A
+slot is refilled only after the event recorded after its copies has completed (fence and swap),
+waited for by the calling thread before it hands the slot to a reader. (Having the reader wait for
+it instead, as `bench/refpipe.py` does, measured 0.97x: docs/benchmarks.md.)
 
 `Pipeline` is this loop, composed of the parts it is given (`execute` builds them, in one place):
 the load's regions (`allocation.Regions`: arena, landing, staging, the pinned ring), the reader
@@ -46,8 +46,7 @@ def unordered(r) -> bool:
 class Pipeline:
     """One load's loop over the plan's runs (`run`), composed of the parts it is given."""
 
-    def __init__(self, plan, *, dev, stream, regions, reader, submit, kernels, host, live_room, observer,
-                 reader_waits: bool = False):
+    def __init__(self, plan, *, dev, stream, regions, reader, submit, kernels, host, live_room, observer):
         self.plan, self.dev, self.stream = plan, dev, stream
         self.regions, self.reader, self.submit = regions, reader, submit
         self.kernels, self.host, self.live_room, self.observer = kernels, host, live_room, observer
@@ -58,7 +57,6 @@ class Pipeline:
         self.remaining = [len(r.requests) for r in plan.runs]
         self.unordered = [unordered(r) for r in plan.runs]
         self.guarded = -1  # the last run whose copies began (`KernelRuns.before_copies`)
-        self.reader_waits = reader_waits  # a slot's reader waits for its last copy (PLANC_SLOT_WAIT=reader)
 
     # -- the pipeline -----------------------------------------------------------------------
     def run(self) -> None:
@@ -68,8 +66,8 @@ class Pipeline:
             self._admit_run(r)
             self.observer(RunStarted(r.index))
             for qi, req in enumerate(r.requests):
-                slot, after = self._take_slot(self.reader_waits)
-                fut = self.submit(self._read, r, qi, req, slot, after)
+                slot = self._take_slot()
+                fut = self.submit(self._read, r, qi, req, slot)
                 self.pending.append((r, qi, req, slot, fut))
                 self._complete_ready()
             if r.host_parts:
@@ -115,13 +113,8 @@ class Pipeline:
             f"{room.available_bytes}, cgroup room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}) "
             f"with nothing else in flight; free memory, or move the rule to on: device"))
 
-    def _read(self, r, qi: int, req, slot: int, after=None) -> int:
-        """On a reader's thread: request `qi` of run `r` into its ring slot, once `after` (the event
-        recorded after the slot's last copies, or None) has completed."""
-        if after is not None:
-            t0 = time.perf_counter()
-            self.dev.wait_for(after)
-            self.observer(Timed("reader_slot_wait", start=t0))
+    def _read(self, r, qi: int, req, slot: int) -> int:
+        """On a reader's thread: request `qi` of run `r` into its ring slot."""
         t0 = time.perf_counter()
         ring = self.regions.ring
         if req.stride:
@@ -148,18 +141,15 @@ class Pipeline:
         ev.record(self.stream)
         self.copying.append((slot, ev))
 
-    def _take_slot(self, hand_over: bool = False) -> tuple:
-        """(a ring slot for a read, the event its reader waits for first, or None). Once the reads that
-        are done have their copies issued: a free slot; else the oldest whose copy is queued, waited for
-        here, or with `hand_over` (PLANC_SLOT_WAIT=reader) handed over with its event; else, with reads
-        in flight and no copy queued, after the next read is done."""
+    def _take_slot(self) -> int:
+        """A ring slot for a read. Once the reads that are done have their copies issued: a free slot;
+        else the oldest whose copy is queued, once that copy is done; else, with reads in flight and
+        no copy queued, after the next read is done."""
         while not self.free_slots:
             if self._complete_ready():
                 continue
             if self.copying:
                 slot, ev = self.copying.popleft()
-                if hand_over:
-                    return self._slot(slot), ev
                 t0 = time.perf_counter()
                 ev.synchronize()
                 self.observer(Step("slot_wait", start=t0))
@@ -168,11 +158,11 @@ class Pipeline:
                 self._wait_read()
             else:
                 raise ExecuteError("the ring has no slot to give and nothing in flight", code=Code.RING_STUCK)
-        return self._slot(self.free_slots.popleft()), None
+        return self._slot(self.free_slots.popleft())
 
     def _acquire_slot(self) -> int:
         """A ring slot whose last copy is done (the host path's)."""
-        return self._take_slot()[0]
+        return self._take_slot()
 
     def _sendable(self) -> list:
         """The pending requests that may be sent on once read: those of the oldest run with requests

@@ -257,7 +257,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
             host = parts.host(plan, dev, stream, regions, reader, observer)
             pipeline = Pipeline(plan, dev=dev, stream=stream, regions=regions, reader=reader, submit=pool.submit,
                                 kernels=kernels, host=host, live_room=lambda run: parts.live_room(settings.host_reserve, run=run),
-                                observer=observer, reader_waits=settings.slot_wait == "reader")
+                                observer=observer)
             observer(Step("allocate", start=t0))
             if bar:
                 bar[0].start()
