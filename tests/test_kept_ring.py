@@ -33,7 +33,7 @@ def ckpt(tmp_path):
 
 def _slots():
     with KEPT.lock:
-        return [id(v) for _, pairs in KEPT.held.values() for _, v in pairs]
+        return [id(v) for e in KEPT.held.values() for _, v in e[2]]
 
 
 def test_fresh_ring_is_not_kept(ckpt):
@@ -129,3 +129,95 @@ def test_warm_up_without_the_ring_pins_nothing(ckpt):
     assert_model(m, want)
     assert m.report.host.kept_ring_bytes == 0 and KEPT.held_bytes() == 0
     m.free()
+
+
+def test_one_ring_per_device_the_latest_slot_size_replacing_the_last(ckpt, tmp_path):
+    spec, _ = ckpt
+    plan = planc.warm_up(spec)  # 4 slots of 64 KiB, kept
+    root = plan.checkpoint.root
+    for slot, name in (("128KiB", "a.yaml"), ("256KiB", "b.yaml"), ("32KiB", "c.yaml")):
+        other = compile_spec(spec_file(tmp_path, root, [{"match": "*"}], io={**IO, "slot": slot}, name=name))
+        m = execute(other)
+        assert m.report.host.kept_ring_bytes == 0
+        m.free()
+        assert KEPT.held_bytes() == other.layout.ring_bytes  # that load's ring replaced the one before
+
+
+def test_a_smaller_ring_taken_from_a_larger_one_gives_it_back_whole(ckpt, tmp_path):
+    spec, _ = ckpt
+    plan = planc.warm_up(spec)
+    two = compile_spec(spec_file(tmp_path, plan.checkpoint.root, [{"match": "*"}], io={**IO, "slots": 2},
+                                 name="two.yaml"))
+    m = execute(two)
+    assert m.report.host.kept_ring_bytes == two.layout.ring_bytes == plan.layout.ring_bytes // 2
+    m.free()
+    assert KEPT.held_bytes() == plan.layout.ring_bytes  # not shrunk to the smaller load's two slots
+    m = execute(plan)
+    assert m.report.host.kept_ring_bytes == plan.layout.ring_bytes
+    m.free()
+
+
+def test_loads_at_once_never_count_the_same_kept_slots(ckpt):
+    import threading
+
+    spec, want = ckpt
+    plan = planc.warm_up(spec)
+    out, errors = [], []
+
+    def one():
+        try:
+            m = execute(plan)
+            out.append((m.report.host.kept_ring_bytes, m))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sum(k for k, _ in out) <= plan.layout.ring_bytes  # each kept slot in one load's report at most
+    for _, m in out:
+        assert_model(m, want)
+        m.free()
+    assert KEPT.held_bytes() == plan.layout.ring_bytes
+
+
+def test_release_ring_during_a_load_is_final(ckpt):
+    from planc.execute.pipeline.events import RunStarted
+
+    spec, want = ckpt
+    plan = planc.warm_up(spec)
+    released = []
+
+    def observe(event):
+        if isinstance(event, RunStarted) and not released:
+            released.append(planc.release_ring())
+
+    m = execute(plan, observer=observe)
+    assert_model(m, want)
+    assert m.report.host.kept_ring_bytes == plan.layout.ring_bytes  # taken before the release
+    m.free()
+    assert released == [0] and KEPT.held_bytes() == 0  # the load did not keep it after the release
+
+
+@pytest.mark.parametrize("ring", ["no", None, 0, 1])
+def test_warm_up_takes_ring_as_a_bool_only(ckpt, ring):
+    from planc.base.errors import BindError
+
+    spec, _ = ckpt
+    with pytest.raises(BindError) as e:
+        planc.warm_up(spec, ring=ring)
+    assert e.value.code == "bad-ring" and KEPT.held_bytes() == 0
+
+
+def test_warm_up_refuses_a_refused_plan(ckpt, tmp_path):
+    from planc.base.errors import AdmissionError
+
+    spec, _ = ckpt
+    plan = compile_spec(spec)
+    small = spec_file(tmp_path, plan.checkpoint.root, [{"match": "*"}], io=IO, host="64KiB", name="small.yaml")
+    with pytest.raises(AdmissionError):
+        planc.warm_up(small)
+    assert KEPT.held_bytes() == 0

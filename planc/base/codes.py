@@ -167,6 +167,7 @@ class Code(StrEnum):
     OUTPUT_IS_INPUT = "output-is-input", 2, "an output path is an input of the same command"
     OUTPUT_NOT_OURS = "output-not-ours", 2, "an output path holds a file planc did not write"
     BAD_VERIFY = "bad-verify", 2, "verify= is not False, True or \"digest\""
+    BAD_RING = "bad-ring", 2, "warm_up's ring= is not True or False"
     DIGEST = "digest", 2, "a digest file cannot be used, or the bytes a load read do not match it"
     DIGEST_ABORTED = "digest-aborted", 2, "the load failed elsewhere while a read waited to be hashed"
     DIGEST_EDITED = "digest-edited", 2, "a digest file's own check does not match its contents (edited or damaged)"

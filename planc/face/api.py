@@ -93,7 +93,7 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
     its host growth (`host.kept_ring_bytes`)."""
     from ..base import settings as _settings
     from ..base.device import device_arg
-    from ..base.errors import AdmissionError
+    from ..base.errors import AdmissionError, ExecuteError, PlancError
     from ..base.units import gib
     from ..execute.device import seam
     from ..execute.device.memory import live_room
@@ -101,16 +101,22 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
     from ..execute.pipeline.run import import_parts, resolve_settings
     from ..plan.records import ALLOC_RING, Refusal
 
+    if not isinstance(ring, bool):
+        raise BindError(f"ring= must be True or False, got {type(ring).__name__} {str(ring)[:40]!r}",
+                        code=Code.BAD_RING)
     if device is not None:
         device = device_arg(device)
     s = resolve_settings(settings)
     with _settings.using(s):
         plan = _plan(spec_or_plan, rank)
+        if not plan.fits:
+            raise AdmissionError.of(plan.refusal)
         dev = seam.default_device()
         dev.select(seam.index_of(device or plan.device))
         import_parts()
         if not ring:
             return plan
+        seam.settle_released()  # an earlier load's ring unpinned before the room is measured
         slot = plan.io.slot_bytes
         n = plan.layout.ring_bytes // slot
         missing = n - min(n, KEPT.available(dev, slot))
@@ -125,11 +131,14 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
         try:
             while len(pairs) < n:
                 pairs.append(seam.pinned_ring(dev, slot))
-        except BaseException:  # what was kept stays kept; what was pinned here is unpinned
+        except BaseException as e:  # what was kept stays kept; what was pinned here is unpinned
             pinned, pairs = pairs[len(taken):], None
             seam.release_later(KEPT.give(dev, slot, taken) + pinned)
             del pinned, taken
-            raise
+            if isinstance(e, (PlancError, KeyboardInterrupt)):
+                raise
+            raise ExecuteError(f"pinning the plan's ring failed: {type(e).__name__}: {e}; nothing was kept "
+                               f"that was not kept before", code=Code.HOST_MEMORY) from None
         KEPT.keep(True)
         seam.release_later(KEPT.give(dev, slot, pairs))
     return plan

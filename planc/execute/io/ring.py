@@ -124,54 +124,65 @@ class Pinner:
 
 
 class KeptRing:
-    """Pinned ring slots kept between the loads of this process, by device and slot size.
+    """Pinned ring slots kept between the loads of this process: at most one ring per device.
 
-    A load takes what is kept for its device (the same `Device` object at the same index, pinned the
-    same way) and slot size before it pins any (`take`), and, when its rings are kept (PLANC_RING=kept,
-    or `keep(True)`: `planc.warm_up`), gives its slots back when it is done (`give`); otherwise they
-    are unpinned as before. At most one ring per device and slot size is held (the largest given);
-    slots beyond it are handed back to be unpinned. `drop` gives everything back."""
+    A load takes what is kept for its device (the same `Device` object at the same index), pinned
+    the same way and of its slot size, before it pins any (`take`, at its admission), and, when its
+    rings are kept (PLANC_RING=kept, or `keep(True)`: `planc.warm_up`), gives its slots back when it
+    is done (`give`); otherwise they are unpinned as before. The ring held for a device has at most
+    as many slots as the largest ring given for it with that slot size; a ring of another slot size
+    or pin method replaces it (the one it replaces is handed back to be unpinned), so two rings of a
+    device are never held at once. `drop` gives everything back."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.held: dict = {}  # (id(dev), index, pin method, slot bytes) -> (dev, [(owner, view), ...])
+        # (id(dev), index) -> [dev, (pin method, slot bytes), [(owner, view), ...], most slots given]
+        self.held: dict = {}
         self.keeping = False  # `keep(True)`: rings are kept whatever the load's setting
 
     @staticmethod
-    def _key(dev, slot: int) -> tuple:
-        return id(dev), dev.current_device(), dev.pin_method(), slot
+    def _where(dev) -> tuple:
+        """The key of `dev`'s ring, and how `dev` pins."""
+        return (id(dev), dev.current_device()), dev.pin_method()
+
+    def _entry(self, dev, slot: int):
+        """`dev`'s kept ring when it is of `slot` bytes pinned as `dev` pins, else None."""
+        key, pin = self._where(dev)
+        e = self.held.get(key)
+        return key, e if e is not None and e[0] is dev and e[1] == (pin, slot) else None
 
     def available(self, dev, slot: int) -> int:
         """How many slots of `slot` bytes are kept for `dev`."""
         with self.lock:
-            entry = self.held.get(self._key(dev, slot))
-            return len(entry[1]) if entry and entry[0] is dev else 0
+            _, e = self._entry(dev, slot)
+            return len(e[2]) if e else 0
 
     def take(self, dev, slot: int, n: int) -> list:
         """Up to `n` kept slots of `slot` bytes for `dev`, as (owner, view) pairs; they are the
         caller's until it gives them back."""
         with self.lock:
-            key = self._key(dev, slot)
-            entry = self.held.get(key)
-            if not entry or entry[0] is not dev:
+            _, e = self._entry(dev, slot)
+            if not e:
                 return []
-            got, rest = entry[1][:n], entry[1][n:]
-            if rest:
-                self.held[key] = (dev, rest)
-            else:
-                del self.held[key]
+            got, e[2] = e[2][:n], e[2][n:]
             return got
 
     def give(self, dev, slot: int, pairs: list) -> list:
-        """Keep `pairs` (pinned slots of `slot` bytes on `dev`); returns those not kept (to unpin)."""
+        """Keep `pairs` (pinned slots of `slot` bytes on `dev`) with what is kept of that ring, up to
+        its largest size; returns the slots not kept (to unpin): beyond that size, or those of a ring
+        of `dev` with another slot size or pin method, which this one replaces."""
+        if not pairs:
+            return []
         with self.lock:
-            key = self._key(dev, slot)
-            entry = self.held.get(key)
-            have = entry[1] if entry and entry[0] is dev else []
-            if len(have) >= len(pairs):
-                return list(pairs)
-            self.held[key] = (dev, list(pairs))
-            return have
+            key, pin = self._where(dev)
+            old = self.held.get(key)
+            if old is not None and old[0] is dev and old[1] == (pin, slot):
+                most = max(old[3], len(pairs))
+                merged = old[2] + list(pairs)
+                old[2], old[3] = merged[:most], most
+                return merged[most:]
+            self.held[key] = [dev, (pin, slot), list(pairs), len(pairs)]
+            return old[2] if old is not None else []
 
     def keep(self, on: bool) -> None:
         with self.lock:
@@ -181,14 +192,14 @@ class KeptRing:
         """Everything kept, handed to the caller to unpin; rings are no longer kept unless the
         load's setting says so."""
         with self.lock:
-            out = [p for _, pairs in self.held.values() for p in pairs]
+            out = [p for e in self.held.values() for p in e[2]]
             self.held.clear()
             self.keeping = False
             return out
 
     def held_bytes(self) -> int:
         with self.lock:
-            return sum(len(pairs) * key[3] for key, (_, pairs) in self.held.items())
+            return sum(len(e[2]) * e[1][1] for e in self.held.values())
 
 
 KEPT = KeptRing()

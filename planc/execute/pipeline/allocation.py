@@ -86,7 +86,8 @@ class Regions:
         self.ring = self.ring_owner = None
         self.events: list | None = None
         self.pinner: Pinner | None = None
-        self.keep_ring = False  # a finished load's ring stays pinned for the next (`io.ring.KEPT`)
+        self.keep_ring = False  # PLANC_RING=kept: a finished load's ring stays pinned for the next
+        self.pinned: list = []  # slots taken pinned from `io.ring.KEPT` (at the load's admission)
         self.kept_bytes = 0  # of the ring, the bytes taken pinned from `KEPT`
         self.device_job: Background | None = Background(self._allocate_device, "planc-alloc", dev)
 
@@ -96,21 +97,22 @@ class Regions:
 
     def pin_ring(self) -> None:
         """Start pinning the ring's slots, in order: slot k's pinning overlaps the reads and copies
-        already running in slots < k instead of stalling the thread that issues them. Slots kept
-        pinned by earlier loads (`io.ring.KEPT`) come first and are not pinned again; this load's
-        ring is kept when it is done with the load's setting PLANC_RING=kept, or while `KEPT` keeps
-        rings (`planc.warm_up`)."""
+        already running in slots < k instead of stalling the thread that issues them. The slots the
+        load took pinned from `io.ring.KEPT` (`pinned`) come first and are not pinned again; this
+        load's ring is kept when it is done with the load's setting PLANC_RING=kept, or while `KEPT`
+        keeps rings then (`planc.warm_up`, until `planc.release_ring`)."""
         from ...base.settings import ring
 
         n = self.plan.layout.ring_bytes // self.slot
         self.ring = Slots([None] * n)
         self.ring_owner = Slots([None] * n)
         self.events = [None] * n
-        self.keep_ring = ring() == "kept" or KEPT.keeping
-        taken = KEPT.take(self.dev, self.slot, n)
+        self.keep_ring = ring() == "kept"
+        taken, self.pinned = self.pinned[:n], []
         self.kept_bytes = len(taken) * self.slot
         self.pinner = Pinner(self.ring, self.ring_owner, self.slot, self.dev,
                              on_pin=lambda t0: self.observer(Step("pin", start=t0)), pinned=taken)
+        del taken
 
     def _allocate_device(self) -> None:
         t0 = time.perf_counter()
@@ -164,8 +166,9 @@ class Regions:
         """Give back everything but the arena (`take_arena`, `drop_arena`); `full=False`: a finished
         load, its ring unpinned off the caller's path."""
         self.stop()
-        held = [self.ring, self.ring_owner]
-        if self.keep_ring and not full and self.ring is not None:  # kept pinned for the next load
+        held = [self.ring, self.ring_owner, self.pinned]
+        self.pinned = []
+        if (self.keep_ring or KEPT.keeping) and not full and self.ring is not None:  # kept for the next load
             pairs = [(o, v) for o, v in zip(self.ring_owner, self.ring) if v is not None]
             held = [KEPT.give(self.dev, self.slot, pairs)]
             del pairs

@@ -201,7 +201,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     from .model import DeviceTensor, LoadedModel
     from .records import LoadMemory, Prediction, Report
     from ...base.device import device_arg
-    from ..device.seam import index_of, release, settle_released
+    from ..device.seam import index_of, release, release_later, settle_released
 
     t_call = time.perf_counter()
     if not plan.fits:
@@ -224,9 +224,13 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     from ..io.ring import KEPT
 
     slot = plan.io.slot_bytes
-    kept = min(KEPT.available(dev, slot), plan.layout.ring_bytes // slot) * slot
-    room, _ = admit_live(plan, parts.live_room(settings.host_reserve), dev, into.arena_bytes if into is not None else 0,
-                         verify, kept)
+    kept = KEPT.take(dev, slot, plan.layout.ring_bytes // slot)  # pinned already: the load's from now
+    try:
+        room, _ = admit_live(plan, parts.live_room(settings.host_reserve), dev,
+                             into.arena_bytes if into is not None else 0, verify, len(kept) * slot)
+    except BaseException:
+        release_later(KEPT.give(dev, slot, kept))  # refused: what was kept stays kept
+        raise
     base_rss = rss_bytes()
     hwm_reset = reset_hwm()
     free_before = dev.memory_info()
@@ -243,6 +247,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
         try:
             stream = dev.stream()
             regions = parts.regions(plan, dev, stream, observer)
+            regions.pinned, kept = kept, None
             warmer = parts.warmer(plan, dev)
             reader = parts.reader(plan)
             if verifier is not None:
