@@ -10,13 +10,17 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
-from setuptools.command.build_py import build_py
+try:
+    from setuptools import setup
+    from setuptools.command.build_py import build_py
+except ImportError:  # run as a script to build in place (tools/build_native.sh): no setuptools needed
+    setup = build_py = None
 
 NATIVE = Path("planc") / "execute" / "io" / "native"
 SOURCE, OBJECT, INDEX = "readhash.c", "readhash.x86_64-linux.so", "native.json"
@@ -34,47 +38,52 @@ def build_native(out_dir, source_dir=NATIVE, werror: bool = False) -> str | None
     out_dir, source_dir = Path(out_dir), Path(source_dir)
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"not x86-64 Linux ({sys.platform}, {platform.machine()})"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = shlex.split(os.environ.get("CC", "")) or [c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]
     if not cc:
         return "no C compiler (cc, gcc or $CC)"
     src = source_dir / SOURCE
     out_dir.mkdir(parents=True, exist_ok=True)
-    obj, tmp = out_dir / OBJECT, out_dir / (OBJECT + ".tmp")
+    obj, tmp, index = out_dir / OBJECT, out_dir / (OBJECT + ".tmp"), out_dir / INDEX
+    for old in (obj, index):  # an object of an earlier build is never left to ship with this one
+        if old.exists():
+            old.unlink()
     try:
-        r = subprocess.run([cc, *FLAGS, *(["-Werror"] if werror else []), "-o", str(tmp), str(src)],
+        r = subprocess.run([*cc, *FLAGS, *(["-Werror"] if werror else []), "-o", str(tmp), str(src)],
                            capture_output=True, text=True, timeout=300)
         if r.returncode:
-            return f"{cc} failed: {r.stderr.strip()[-400:]}"
+            return f"{' '.join(cc)} failed: {r.stderr.strip()[-400:]}"
         strip = shutil.which("strip")
         if strip:
             subprocess.run([strip, "--strip-unneeded", str(tmp)], capture_output=True, timeout=60)
         os.replace(tmp, obj)
     except (OSError, subprocess.SubprocessError) as e:
-        return f"{cc}: {e}"
+        return f"{' '.join(cc)}: {e}"
     finally:
         if tmp.exists():
             tmp.unlink()
     doc = {OBJECT: {"source": SOURCE, "source_sha256": _sha256(src), "sha256": _sha256(obj)}}
-    (out_dir / INDEX).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    index.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return None
 
 
-class BuildPy(build_py):
-    """`build_py`, then the read-and-hash loop beside the package's files."""
+if build_py is not None:
+    class BuildPy(build_py):
+        """`build_py`, then the read-and-hash loop beside the package's files (the wheel is still
+        tagged pure Python: `planc.execute.io.readhash.load` uses the object only on x86-64 Linux)."""
 
-    def run(self):
-        super().run()
-        editable = getattr(self, "editable_mode", False)
-        why = build_native(NATIVE if editable else Path(self.build_lib) / NATIVE)
-        if why:
-            print(f"planc: the digest's read-and-hash loop was not built ({why}); digest-verified loads "
-                  f"hash in Python", file=sys.stderr)
+        def run(self):
+            super().run()
+            editable = getattr(self, "editable_mode", False)
+            why = build_native(NATIVE if editable else Path(self.build_lib) / NATIVE)
+            if why:
+                print(f"planc: the digest's read-and-hash loop was not built ({why}); digest-verified "
+                      f"loads hash in Python", file=sys.stderr)
 
-    def get_outputs(self, include_bytecode=True):
-        out = super().get_outputs(include_bytecode)
-        if not getattr(self, "editable_mode", False):
-            out += [str(Path(self.build_lib) / NATIVE / n) for n in (OBJECT, INDEX)]
-        return out
+        def get_outputs(self, include_bytecode=True):
+            out = super().get_outputs(include_bytecode)
+            if not getattr(self, "editable_mode", False):
+                out += [str(p) for p in (Path(self.build_lib) / NATIVE / n for n in (OBJECT, INDEX)) if p.exists()]
+            return out
 
 
 if __name__ == "__main__":

@@ -361,6 +361,47 @@ def test_a_slow_read_does_not_hold_up_the_reads_after_it_but_runs_stay_in_order(
     assert_model(model, want)
 
 
+def test_runs_through_landing_regions_and_in_place_runs_mixed_keep_their_order_where_it_matters(tmp_path, load):
+    """MLP weights to float32 (through a landing region) and attention weights to float16 (in place):
+    runs of both kinds, each run's first read slow. A run through a landing region is sent on only
+    after every request of every run before it; the in-place runs between them may overtake; every
+    value bit-exact."""
+    import threading
+    import time as _time
+
+    from planc.execute.pipeline.loader import unordered
+
+    path, want = synth(tmp_path, "dense")
+    rules = [{"match": "model.layers.*.mlp.*_proj.weight", "dtype": "float32"},
+             {"match": "model.layers.*.self_attn.*_proj.weight", "dtype": "float16"}, {"match": "*"}]
+    spec = spec_file(tmp_path, path, rules, io=dict(SMALL_IO, slots=4, workers=4))
+    plan = compile_spec(spec)
+    free = [unordered(r) for r in plan.runs]
+    assert any(free) and not all(free), free
+    slow = {(r.requests[0].file, r.requests[0].offset) for r in plan.runs if r.requests}
+    order, lock = [], threading.Lock()
+
+    class SlowReader(Reader):
+        def read_into(self, rel, offset, length, buf, needed):
+            if (rel, offset) in slow:
+                _time.sleep(0.05)
+            return super().read_into(rel, offset, length, buf, needed)
+
+    def observe(event):
+        if isinstance(event, CopyIssued) and event.request is not None:
+            with lock:
+                order.append(event.run)
+
+    _, model = load(spec, parts=Parts(reader=reader_of(SlowReader)), observer=observe)
+    for r in plan.runs:
+        if not free[r.index] and r.requests:
+            first = order.index(r.index)
+            assert all(run >= r.index for run in order[first:]), (r.index, order)  # all before it were sent
+    want = {k: cast(v, "F32") if ".mlp." in k and k.endswith("_proj.weight") else
+            cast(v, "F16") if ".self_attn." in k and k.endswith("_proj.weight") else v for k, v in want.items()}
+    assert_model(model, want)
+
+
 @pytest.mark.parametrize("on,target", [("device", "keep"), ("host", "keep"), ("host", "float32")])
 def test_transpose(tmp_path, load, dense, on, target):
     path, want = dense

@@ -56,7 +56,8 @@ def test_wheel_installs_and_runs_the_demo(tmp_path):
     assert (ptx / "index.json").is_file() and len(list(ptx.glob("*.ptx"))) == len(list((ROOT / "planc" / "execute" / "kernels" / "ptx").glob("*.ptx")))
     assert (ptx / "cubins.json").is_file() and len(list(ptx.glob("*.cubin"))) == len(list(ptx.glob("*.ptx")))
     native = target / "planc" / "execute" / "io" / "native"  # the digest's loop, built by the wheel's build
-    if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and shutil.which("cc"):
+    cc = shutil.which((os.environ.get("CC") or "cc").split()[0]) or shutil.which("gcc")
+    if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and cc:
         assert (native / "readhash.x86_64-linux.so").is_file() and (native / "native.json").is_file()
 
     away = tmp_path / "elsewhere"

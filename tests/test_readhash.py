@@ -22,7 +22,7 @@ ON_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64",
 
 
 ROOT = Path(__file__).resolve().parent.parent
-HAS_CC = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+HAS_CC = bool(shutil.which((os.environ.get("CC") or "cc").split()[0]) or shutil.which("gcc"))
 
 
 def _setup():
@@ -32,6 +32,7 @@ def _setup():
 @pytest.mark.skipif(not (ON_X86_LINUX and HAS_CC), reason="the loop is built for x86-64 Linux, with a C compiler")
 def test_the_installed_object_is_built_from_the_current_source():
     """Installing planc built it (setup.py); after an edit of readhash.c it is stale until rebuilt."""
+    assert readhash.OBJECT.is_file() and readhash.INDEX.is_file(), readhash.stale_reason()
     doc = json.loads(readhash.INDEX.read_text())[readhash.OBJECT.name]
     assert doc["source_sha256"] == hashlib.sha256(readhash.SOURCE.read_bytes()).hexdigest(), \
         "planc/execute/io/native/readhash.c changed: run tools/build_native.sh (or install planc again)"

@@ -404,20 +404,13 @@ class Verifier:
                     out.append((st, j, l0, l1))
         return out
 
-    @staticmethod
-    def alone(leaves: list) -> bool:
-        """Whether `whole_leaves`' leaves lie end to end and no extent of theirs has leaves no read
-        touches still to claim: then the bytes between the first and the last are theirs alone."""
-        return all(a[3] == b[2] for a, b in zip(leaves, leaves[1:])) and not any(
-            st.fills and not st.claimed for st, *_ in leaves)
-
-    def record_leaves(self, rel: str, leaves: list, digests: list, seconds: float = 0.0, loop: bool = False) -> None:
-        """The digests of `whole_leaves`' leaves, hashed by the reader (`loop`: in the read-and-hash loop)."""
+    def record_leaves(self, rel: str, leaves: list, digests: list, seconds: float = 0.0) -> None:
+        """The digests of `whole_leaves`' leaves, hashed by the reader in the read-and-hash loop."""
         by: dict = {}
         for (st, j, l0, l1), d in zip(leaves, digests, strict=True):
             by.setdefault(id(st), (st, []))[1].append((j, d))
         n = sum(l1 - l0 for *_, l0, l1 in leaves)
-        self._count(n, seconds, n if loop else 0)
+        self._count(n, seconds, n)
         for st, got in by.values():
             self._record(rel, st, got)
 

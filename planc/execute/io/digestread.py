@@ -143,7 +143,7 @@ class DigestReader:
             v.chained(rel, ctail[0], ctail[1], offset + needed, b"", 0.0, start=ctail[1].lo)
             digests = digests[:-1]
         if leaves:
-            v.record_leaves(rel, leaves, digests, seconds, loop=True)
+            v.record_leaves(rel, leaves, digests, seconds)
         covered = spans + ([(ctail[1].lo - offset, needed)] if limit < needed else [])
         exts = [st for st, *_ in leaves] + [x[0] for x in (head, chead, ctail) if x is not None]
         if (covered and covered[0][0] == 0 and covered[-1][1] == needed

@@ -46,7 +46,8 @@ class _Digest(ctypes.Structure):
     _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
 
 
-REBUILD = "install planc again (pip install -e .) or run tools/build_native.sh"
+REBUILD = ("install planc again where a C compiler is (its install builds it), or in a checkout run "
+           "tools/build_native.sh")
 
 
 def stale_reason(obj: Path = OBJECT, index: Path = INDEX, source: Path = SOURCE) -> str | None:

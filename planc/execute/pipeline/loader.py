@@ -203,8 +203,9 @@ class Pipeline:
         self.regions.ready()
         t1 = time.perf_counter()
         self.observer(Timed("wait_reads", start=t0, end=t1))
-        if self.guarded != r.index and not self.unordered[r.index]:  # an unordered run lands nothing
-            self.guarded = r.index                                     # a kernel may still read
+        # an unordered run writes nothing a kernel may still read: no wait for its landing region
+        if self.guarded != r.index and not self.unordered[r.index]:
+            self.guarded = r.index
             self.kernels.before_copies(r)
         g = self.regions
         buf = g.ring[slot]

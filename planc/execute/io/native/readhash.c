@@ -11,8 +11,9 @@
  *    in the request's buffer, so its stripes are taken from there as the pieces land, and its last
  *    stripe (the input's last 64 bytes) at the end.
  * It links nothing: pread and the package's functions come in as function pointers, so the shared
- * object is self-contained. Built by tools/build_native.sh; tests/test_readhash.py fails when it
- * is older than this file, and readhash.py checks its digests against the package's when loaded. */
+ * object is self-contained. Built when planc is installed (setup.py; tools/build_native.sh in
+ * place); readhash.py does not use an object built from another version of this file, and checks
+ * its digests against the package's when loaded. */
 
 #include <cpuid.h>
 #include <immintrin.h>
