@@ -26,6 +26,11 @@ first `both` run of each slot size with the files (after its clock); `--verify-r
 
 The same `both` pipeline is the loader `reference` of bench/loaders.py (threads, slot and slots from
 REFPIPE_THREADS, REFPIPE_SLOT, REFPIPE_SLOTS), so bench/peers.py times it beside planc.
+
+REFPIPE_PIN chooses how the ring is pinned: `torch` (the default, `pin_memory=True`), or as planc
+pins its ring (`register`: huge pages registered with the driver; `alloc`: `cuMemHostAlloc`), so
+that one call compares the copies out of each (`--loaders reference,reference@REFPIPE_PIN=register`
+in bench/peers.py, or this script's `copy` mode under each).
 """
 
 from __future__ import annotations
@@ -123,7 +128,19 @@ class TorchDevice:
         self.torch = torch
         torch.cuda.init()
         torch.empty(1, device="cuda")  # the context
-        self.ring_t = torch.empty(ring_bytes, dtype=torch.uint8, pin_memory=True)
+        how = os.environ.get("REFPIPE_PIN", "torch")
+        if how == "torch":
+            self.ring_t = torch.empty(ring_bytes, dtype=torch.uint8, pin_memory=True)
+            self.note = "ring pinned by torch (pin_memory=True)"
+        elif how in ("register", "alloc"):  # planc's ring: huge pages registered, or cuMemHostAlloc
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+            from planc.execute.device import driver
+
+            self._owner = driver.pinned_array(ring_bytes, how)  # in torch's (the primary) context
+            self.ring_t = torch.from_numpy(self._owner)
+            self.note = f"ring pinned as planc pins it (PLANC_PIN={how}), as a torch tensor"
+        else:
+            raise SystemExit(f"REFPIPE_PIN: {how!r} is not one of torch, register, alloc")
         self.ring = self.ring_t.numpy()  # the same memory, for preadv
         self.ring.fill(1)  # touched before the clock
         self.stream = torch.cuda.Stream()
@@ -133,7 +150,6 @@ class TorchDevice:
             d.copy_(self.ring_t[:n], non_blocking=True)
         self.stream.synchronize()
         del d
-        self.note = "ring pinned by torch (pin_memory=True)"
 
     def info(self) -> dict:
         t = self.torch
