@@ -149,19 +149,19 @@ class KeptRing:
         """`dev`'s kept ring when it is of `slot` bytes pinned as `dev` pins, else None."""
         key, pin = self._where(dev)
         e = self.held.get(key)
-        return key, e if e is not None and e[0] is dev and e[1] == (pin, slot) else None
+        return e if e is not None and e[0] is dev and e[1] == (pin, slot) else None
 
     def available(self, dev, slot: int) -> int:
         """How many slots of `slot` bytes are kept for `dev`."""
         with self.lock:
-            _, e = self._entry(dev, slot)
+            e = self._entry(dev, slot)
             return len(e[2]) if e else 0
 
     def take(self, dev, slot: int, n: int) -> list:
         """Up to `n` kept slots of `slot` bytes for `dev`, as (owner, view) pairs; they are the
         caller's until it gives them back."""
         with self.lock:
-            _, e = self._entry(dev, slot)
+            e = self._entry(dev, slot)
             if not e:
                 return []
             got, e[2] = e[2][:n], e[2][n:]
@@ -174,13 +174,14 @@ class KeptRing:
         if not pairs:
             return []
         with self.lock:
+            same = self._entry(dev, slot)
+            if same is not None:
+                most = max(same[3], len(pairs))
+                merged = same[2] + list(pairs)
+                same[2], same[3] = merged[:most], most
+                return merged[most:]
             key, pin = self._where(dev)
             old = self.held.get(key)
-            if old is not None and old[0] is dev and old[1] == (pin, slot):
-                most = max(old[3], len(pairs))
-                merged = old[2] + list(pairs)
-                old[2], old[3] = merged[:most], most
-                return merged[most:]
             self.held[key] = [dev, (pin, slot), list(pairs), len(pairs)]
             return old[2] if old is not None else []
 

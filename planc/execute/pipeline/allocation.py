@@ -108,7 +108,7 @@ class Regions:
         self.ring_owner = Slots([None] * n)
         self.events = [None] * n
         self.keep_ring = ring() == "kept"
-        taken, self.pinned = self.pinned[:n], []
+        taken, self.pinned = self.pinned, []  # at most n: taken for this plan's ring
         self.kept_bytes = len(taken) * self.slot
         self.pinner = Pinner(self.ring, self.ring_owner, self.slot, self.dev,
                              on_pin=lambda t0: self.observer(Step("pin", start=t0)), pinned=taken)

@@ -202,6 +202,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     from .records import LoadMemory, Prediction, Report
     from ...base.device import device_arg
     from ..device.seam import index_of, release, release_later, settle_released
+    from ..io.ring import KEPT
 
     t_call = time.perf_counter()
     if not plan.fits:
@@ -221,8 +222,6 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
     dev_name = plan.device if device is None else device_arg(device)
     idx = index_of(dev_name)
     dev.select(idx)  # attaches to its primary context (made here if no one made it yet)
-    from ..io.ring import KEPT
-
     slot = plan.io.slot_bytes
     kept = KEPT.take(dev, slot, plan.layout.ring_bytes // slot)  # pinned already: the load's from now
     try:
