@@ -5,10 +5,7 @@ request read and hashed one way per mode, the modes alternated round by round:
 - `plain`: one `preadv` per request (what a plain load's readers do);
 - `python`: `preadv` then xxh3-128 of the request from Python (the Python hasher, leaf-sized pieces);
 - `native`: the read-and-hash loop (`planc.execute.io.readhash`) at `--piece` bytes per read;
-- `native-nohash`: the same loop hashing nothing (its reads alone);
-- `mapped`: each request copied out of a read-only mapping of its file (pages made present and
-  unmapped 1 MiB at a time) with non-temporal stores, hashed from the same loads
-  (`ReadHash.copy_mapped`, PLANC_DIGEST_READ=mapped).
+- `native-nohash`: the same loop hashing nothing (its reads alone).
 
 `--dma` runs a cupy copy of pinned host memory to the GPU beside the modes (the copy engine's
 traffic a load adds: docs/reload.md), where cupy and a GPU are present.
@@ -51,10 +48,6 @@ def run(mode: str, jobs: list, threads: int, piece: int) -> dict:
 
     rh = readhash.load()
     fds = {p: os.open(p, os.O_RDONLY) for p in {j[0] for j in jobs}}
-    import mmap
-
-    maps = {p: mmap.mmap(fd, 0, prot=mmap.PROT_READ) for p, fd in fds.items()} if mode == "mapped" else {}
-    bases = {p: np.frombuffer(m, np.uint8).__array_interface__["data"][0] for p, m in maps.items()}
     busy = [0.0] * threads
 
     def work(t):
@@ -70,8 +63,6 @@ def run(mode: str, jobs: list, threads: int, piece: int) -> dict:
                 h = xxhash.xxh3_128()
                 h.update(mv[:n])
                 h.digest()
-            elif mode == "mapped":
-                assert rh.copy_mapped(bases[path] + off, buf, n, [(0, n)]) is not None
             else:  # native, native-nohash, native-LEVEL (readhash.LEVELS)
                 level = mode.split("-", 1)[1] if "-" in mode and mode != "native-nohash" else None
                 got, _ = rh.read(fd, buf, off, n, n, piece, False, [] if mode == "native-nohash" else [(0, n)], level)
@@ -85,9 +76,6 @@ def run(mode: str, jobs: list, threads: int, piece: int) -> dict:
     for t in ts:
         t.join()
     wall = time.perf_counter() - t0
-    bases.clear()
-    for m in maps.values():
-        m.close()
     for fd in fds.values():
         os.close(fd)
     total = sum(j[2] for j in jobs)
@@ -127,9 +115,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--piece", default="256KiB", type=parse_bytes)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--modes", default="plain,python,native-package,native,native-nohash",
+    p.add_argument("--modes", default="plain,python,native-scalar,native,native-nohash",
                    help="plain, python, native (the loop at its widest level), native-nohash, native-LEVEL "
-                        "(a level of planc.execute.io.readhash.LEVELS: package, scalar, avx2, avx512)")
+                        "(a level of planc.execute.io.readhash.LEVELS: scalar, avx2, avx512)")
     p.add_argument("--json", type=Path)
     p.add_argument("--dma", action="store_true", help="a cupy copy of 1 GiB of pinned memory to the GPU, over and "
                    "over, beside the modes")

@@ -46,18 +46,12 @@ def _args(argv=None):
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--llama", default="llama-2GB", help="bench/handoff.py model name for part 3")
     p.add_argument("--leaf", default="", help="digest leaf sizes to compare, comma-separated (e.g. 2MiB,16MiB; default: the digest's own)")
-    p.add_argument("--piece", default="", help="reader piece sizes to compare for the digest loads, comma-separated "
-                   "(default: the verifier's own, a leaf)")
     p.add_argument("--hasher", default="native", help="digest hashing to compare, comma-separated: native (the "
                    "reader's read-and-hash loop), python")
     p.add_argument("--native-piece", default="", help="read-and-hash loop piece sizes to compare, comma-separated "
                    "(default: planc.execute.io.readhash.PIECE)")
     p.add_argument("--simd", default="best", help="read-and-hash loop levels to compare, comma-separated: best, "
-                   "package (the xxhash package's functions), scalar, avx2, avx512 (PLANC_DIGEST_HASH)")
-    p.add_argument("--read", default="pread", help="how the loop reads a page-cached file, comma-separated to "
-                   "compare: mapped (copied out of a mapping), pread (PLANC_DIGEST_READ)")
-    p.add_argument("--map-chunk", default="", help="chunk sizes for --read mapped, comma-separated to compare "
-                   "(bytes copied between making a mapping's pages present and unmapping them)")
+                   "scalar, avx2, avx512 (PLANC_DIGEST_HASH)")
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the whole run "
                    "(seconds; default: the interpreter's 0.005)")
     p.add_argument("--only", default=None, type=lambda v: set(v.split(",")), help="only these parts: dense,digest,transformers")
@@ -112,7 +106,7 @@ def dense(args, out: Path) -> dict:
 def digest(args, out: Path) -> dict:
     """Plain loads and digest-verified loads alternated in one process: one digest file per leaf size
     in `--leaf` (the default leaf when empty), loaded with each hasher in `--hasher` (native: each
-    piece size in `--native-piece`; python: each reader piece size in `--piece`); each variant's
+    piece size in `--native-piece` and level in `--simd`; python: after each read); each variant's
     ratio is against the plain loads of the same rounds."""
     import planc
     from planc.base.units import parse_bytes
@@ -124,14 +118,10 @@ def digest(args, out: Path) -> dict:
     ckpt = ensure_checkpoint(args.data, "dense", args.size, args.shards)
     plan = compile_spec(write_spec(ckpt, "copy"))
     leaves = [parse_bytes(v) for v in args.leaf.split(",") if v] or [None]
-    pieces = [parse_bytes(v) for v in args.piece.split(",") if v] or [None]
     native_pieces = [parse_bytes(v) for v in args.native_piece.split(",") if v] or [readhash.PIECE]
     simds = [v for v in args.simd.split(",") if v]
-    reads = [v for v in args.read.split(",") if v]
-    chunks = [parse_bytes(v) for v in args.map_chunk.split(",") if v] or [readhash.CHUNK]
-    variants = [("native", (p, simd, rd)) for rd in reads for p in (chunks if rd == "mapped" else native_pieces)
-                for simd in simds if "native" in args.hasher.split(",")]
-    variants += [("python", p) for p in pieces if "python" in args.hasher.split(",")]
+    variants = [("native", (p, simd)) for p in native_pieces for simd in simds if "native" in args.hasher.split(",")]
+    variants += [("python", None)] if "python" in args.hasher.split(",") else []
     if any(h == "native" for h, _ in variants) and readhash.load() is None:
         raise SystemExit(f"no read-and-hash loop here: {readhash.why_not}")
     docs = {}
@@ -143,7 +133,7 @@ def digest(args, out: Path) -> dict:
         path.write_bytes(dg.encode(doc))
         for hasher, piece in variants:
             key = f"leaf_{doc['leaf_bytes'] >> 20}MiB_{hasher}" + (
-                f"_{piece[1]}_{piece[2]}_piece_{piece[0] >> 10}KiB" if hasher == "native" else f"_piece_{piece >> 10}KiB" if piece else "")
+                f"_{piece[1]}_piece_{piece[0] >> 10}KiB" if hasher == "native" else "")
             docs[key] = (path, doc, made, piece, hasher)
     total = sum(f["size_bytes"] for f in next(iter(docs.values()))[1]["files"])
     rows = {"plain": [], **{k: [] for k in docs}}
@@ -152,16 +142,11 @@ def digest(args, out: Path) -> dict:
         order = list(rows) if rnd % 2 == 0 else list(reversed(rows))
         for k in order:
             if k != "plain":  # read when each load begins
-                if docs[k][4] == "native" and docs[k][3][2] == "mapped":
-                    readhash.CHUNK = docs[k][3][0]
-                elif docs[k][4] == "native":
+                if docs[k][4] == "native":
                     readhash.PIECE = docs[k][3][0]
-                elif docs[k][4] == "python":
-                    dgc.PIECE_BYTES = docs[k][3]
             extra = {"verify": "digest", "digest": docs[k][0]} if k != "plain" else {}
             if k != "plain":
-                extra["settings"] = {"digest_hash": docs[k][3][1] if docs[k][4] == "native" else "python",
-                                     "digest_read": docs[k][3][2] if docs[k][4] == "native" else "pread"}
+                extra["settings"] = {"digest_hash": docs[k][3][1] if docs[k][4] == "native" else "python"}
             m = planc.load(plan, **extra)
             row = _row(m.report)
             m.free()

@@ -382,7 +382,7 @@ def test_a_probe_size_below_the_minimum_is_a_usage_error(tmp_path, capsys, size)
 
 _TYPED = {"raw_launch": bool, "kernel_cache": bool, "debug": bool, "host_reserve": int, "kernel_dir": Path,
           "probe": (Path, type(None)), "plan_cache": (Path, type(None)), "pin": str, "digest_hash": str,
-          "digest_read": str, "issue_gil": str, "ring": str}
+          "issue_gil": str, "ring": str}
 _VALUES = [None, True, False, 0, 1, -1, 2**70, 1.5, float("nan"), "", "0", "1", "yes", "off", "1GiB", "register",
            b"1", [], ["pin"], {}, {"a": 1}, object(), Path("/tmp/x"), ("1",)]
 

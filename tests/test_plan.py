@@ -162,44 +162,43 @@ def test_runs_cut_at_io_run(abcd):
     f = "m.safetensors"
     assert reqs(d["runs"][0]) == [(f, 0, 8192, [(ds, "arena", 0, 4096)]),
                                   (f, 4096, 4096, [(ds + 1024, "arena", 4096, 2048)])]
-    assert reqs(d["runs"][1]) == [(f, 4096, 8192, [(ds + 3072, "arena", 6144, 5120 - ds)]),
-                                  (f, 12288, 4096, [(0, "arena", 11264 - ds, ds + 1024)])]
+    # d [ds + 7168, ds + 13312) -> pages [4096, 16384), cut on the file's slot grid at 8192
+    assert reqs(d["runs"][1]) == [(f, 4096, 4096, [(ds + 3072, "arena", 6144, 1024 - ds)]),
+                                  (f, 8192, 8192, [(0, "arena", 7168 - ds, ds + 5120)])]
     assert [w["resident_bytes"] for w in d["timeline"]] == [6144, 12288]
     assert [w["host_bytes"] for w in d["timeline"]] == [8192, 8192]
 
 
 def test_merge_that_would_add_a_request_is_not_made(tmp_path):
-    path = write_st(tmp_path / "m.safetensors", {"a": f32(1750), "b": f32(1325), "c": f32(1800)})
+    path = write_st(tmp_path / "m.safetensors", {"a": f32(1750), "b": f32(2500), "c": f32(1500)})
     ds, offs = st_header(path)
-    assert {k: s - ds for k, (s, _) in offs.items()} == {"a": 0, "b": 7000, "c": 12300}
-    assert ds <= 980
+    assert {k: s - ds for k, (s, _) in offs.items()} == {"a": 0, "b": 7000, "c": 17000}
+    assert ds <= 1192
     plan = compile_doc(tmp_path, [{"match": "b", "skip": True}, {"match": "*"}],
-                       io={"slot": 8192, "slots": 1, "run": "1MiB", "merge_gap": 8192})
-    # joined, [ds, ds + 19500) would span pages [0, 20480): 3 slot-sized requests; alone, a takes
-    # [0, 8192) and c [12288, 20480): 2.
+                       io={"slot": 8192, "slots": 1, "run": "1MiB", "merge_gap": 16384})
+    # joined, [ds, ds + 23000) would span pages [0, 24576): 3 cells of the slot grid, the middle
+    # one all gap; alone, a takes [0, 8192) and c [16384, 24576): 2.
     (run,) = plan.to_dict()["runs"]
     assert reqs(run) == [("m.safetensors", 0, 8192, [(ds, "arena", 0, 7000)]),
-                         ("m.safetensors", 12288, 8192, [(ds + 12, "arena", 7000, 7200)])]
+                         ("m.safetensors", 16384, 8192, [(ds + 17000 - 16384, "arena", 7000, 6000)])]
     assert (run["requests_uncoalesced"], run["copies_uncoalesced"]) == (2, 2)
 
 
-def test_merge_that_would_add_a_copy_is_not_made(tmp_path):
+def test_requests_are_cut_on_the_files_slot_grid(tmp_path):
     path = write_st(tmp_path / "m.safetensors", {"a": f32(1024), "b": f32(1500)})
     ds, offs = st_header(path)
     assert {k: s - ds for k, (s, _) in offs.items()} == {"a": 0, "b": 4096}
     assert ds <= 2192
     plan = compile_doc(tmp_path, [{"match": "b", "dtype": "float16"}, {"match": "*"}],
                        io={"slot": 8192, "slots": 1, "run": "1MiB", "merge_gap": 0})
-    # joined, b (to the landing buffer) would straddle the slot boundary at 8192: 2 requests, 3 copies;
-    # alone it fits the slot [4096, 12288): 2 requests, 2 copies.
+    # b (to the landing buffer) straddles the grid line at 8192 joined or alone, so joining costs
+    # no copy: 2 requests and 3 copies (a, b's head, b's tail) against 3 and 3. The cuts are the
+    # file's, not the extent's: a request never crosses a multiple of the slot.
     (run,) = plan.to_dict()["runs"]
-    assert reqs(run) == [("m.safetensors", 0, 8192, [(ds, "arena", 0, 4096)]),
-                         ("m.safetensors", 4096, 8192, [(ds, "landing", 0, 6000)])]
+    assert reqs(run) == [("m.safetensors", 0, 8192, [(ds, "arena", 0, 4096), (ds + 4096, "landing", 0, 8192 - ds - 4096)]),
+                         ("m.safetensors", 8192, 4096, [(0, "landing", 8192 - ds - 4096, ds + 10096 - 8192)])]
     t = plan.to_dict()["totals"]
-    assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (2, 2, 2, 2)
-
-
-# ----------------------------------------------------------------------------- kernels and landing
+    assert (t["requests"], t["requests_uncoalesced"], t["copies"], t["copies_uncoalesced"]) == (2, 3, 3, 3)
 
 
 def test_kernels_and_landing_regions(tmp_path):

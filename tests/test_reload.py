@@ -50,19 +50,16 @@ def models():
         m.free()
 
 
-@pytest.fixture(params=["native", "native-package", "native-mapped", "python"])
+@pytest.fixture(params=["native", "native-scalar", "python"])
 def hasher(request, monkeypatch):
     """A digest-verified load's hashing: the reader's read-and-hash loop (at its widest level, or
-    through the xxhash package's functions only; copying out of a mapping of the file, or reading
-    with pread), or Python's on the reader's thread. The report's `hasher` is returned."""
+    its scalar one), or Python's on the reader's thread. The report's `hasher` is returned."""
     from planc.execute.io import readhash
 
     native = request.param.startswith("native")
     if native and readhash.load() is None:
         pytest.skip(readhash.why_not)
-    monkeypatch.setenv("PLANC_DIGEST_HASH", {"native": "best", "native-package": "package",
-                                             "native-mapped": "best"}.get(request.param, "python"))
-    monkeypatch.setenv("PLANC_DIGEST_READ", "mapped" if request.param == "native-mapped" else "pread")
+    monkeypatch.setenv("PLANC_DIGEST_HASH", {"native": "best", "native-scalar": "scalar"}.get(request.param, "python"))
     return "native" if native else request.param
 
 
@@ -221,13 +218,11 @@ def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models, hashe
     rep = model.report["digest"]
     assert rep["ok"] and rep["extents"] >= 4 and rep["hasher"] == hasher
     assert (rep["simd"] is None) == (hasher != "native")  # the loop's level, with the loop
-    if os.environ.get("PLANC_DIGEST_HASH") == "package":
-        assert rep["simd"] == "package"
-    assert rep["read"] == (None if hasher != "native" else os.environ["PLANC_DIGEST_READ"])
-    assert (rep["loop_bytes"] > 0) == (hasher == "native"), rep  # the loop hashes what it takes
+    if os.environ.get("PLANC_DIGEST_HASH") == "scalar":
+        assert rep["simd"] == "scalar"
+    assert (rep["loop_bytes"] > 0) == (hasher == "native"), rep  # the loop hashes the requests' whole leaves
     sizes = sum(f.stat().st_size for f in (tmp_path / "a" / "dense").glob("*.safetensors"))
-    assert rep["hashed_bytes"] + rep["fill_bytes"] + rep["reread_bytes"] == sizes  # every byte, hashed once
-    assert rep["reread_bytes"] == 0
+    assert rep["hashed_bytes"] >= sizes  # every leaf at least once (a leaf two reads share: by each)
     doc = json.loads(d.read_text())
     import hashlib
 
@@ -235,10 +230,9 @@ def test_digest_verified_load_hashes_every_byte_it_reads(tmp_path, models, hashe
         assert f["sha256"] == hashlib.sha256((tmp_path / "a" / "dense" / f["path"]).read_bytes()).hexdigest()
 
 
-def _across(tmp_path, **io):
-    """One file: a header of about 8 KiB, one float32 tensor of 400,000 bytes; requests of a
-    leaf's size from the tensor's page, so that every leaf but the first lies across two reads.
-    Returns (spec, plan, digest file, checkpoint folder, want)."""
+def _across(tmp_path, slot="64KiB", **io):
+    """One file: a header of about 8 KiB, one float32 tensor of 400,000 bytes, requests of `slot`
+    on the file's slot grid. Returns (spec, plan, digest file (64 KiB leaves), checkpoint folder, want)."""
     from safetensors.numpy import save_file
 
     from planc.compiler.compile import compile_spec
@@ -247,90 +241,113 @@ def _across(tmp_path, **io):
     root.mkdir()
     w = np.random.default_rng(3).standard_normal(100_000).astype(np.float32)
     save_file({"w": w}, str(root / "model.safetensors"), metadata={"pad": "x" * 6000})
-    spec = spec_file(tmp_path, root, [{"match": "*"}], io=dict(SMALL_IO, slot="64KiB", **io), name="across.yaml")
+    spec = spec_file(tmp_path, root, [{"match": "*"}], io=dict(SMALL_IO, slot=slot, **io), name="across.yaml")
     return spec, compile_spec(spec), _digest(root, tmp_path / "across.digest.json"), root, {"w": w}
 
 
-@pytest.mark.parametrize("way", ["paired", "chained"])
-def test_the_loop_hashes_the_leaves_across_two_reads(tmp_path, models, hasher, way, monkeypatch):
-    """The loop hashes a leaf across two reads either with the read that holds its last part, its
-    bytes in the read before read again (paired: `prefix_bytes`, as `coverage` predicts) and
-    compared with those loaded, or (chained: the bytes before its last part more than
-    PREFIX_MAX) into a state of its own, the read that begins it first; every byte hashed once."""
-    if way == "chained":
-        monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
+def _kinds(plan, extent=EXTENT, leaf=None):
+    """kind -> [(owner, leaf lo)] over every task of the plan's leaf assignment."""
+    tasks, _ = dgc.assign(plan, extent, leaf or extent)
+    out = {}
+    for queue in tasks.values():
+        for t in queue:
+            for lf in t.leaves:
+                out.setdefault(lf.kind, []).append((lf.owner, lf.lo))
+    return out
+
+
+def test_requests_on_the_slot_grid_hold_their_leaves_whole(tmp_path, models, hasher):
+    """Leaves that divide the slot lie inside one request each, but the header's (the first request
+    begins at the tensor's page): the loop hashes every other leaf as it lands, no leaf is hashed
+    twice, and the load reads and requests as a plain one does."""
     spec, plan, d, root, want = _across(tmp_path)
-    cov = dgc.coverage(plan, EXTENT)
-    assert (cov["prefix_bytes"] > 0) == (way == "paired") and cov["reread_bytes"] == 0
+    kinds = _kinds(plan)
+    size = (root / "model.safetensors").stat().st_size
+    assert len(kinds["whole"]) == -(-size // EXTENT) - 1 and len(kinds["part"]) == 1 and "fill" not in kinds
+    assert all(owner for owners in kinds.values() for owner, _ in owners)  # one read a leaf: each its owner
     model = planc.load(spec, verify="digest", digest=d)
     models.append(model)
     assert_model(model, want)
     rep = model.report["digest"]
-    size = (root / "model.safetensors").stat().st_size
-    assert rep["hashed_bytes"] + rep["fill_bytes"] + rep["reread_bytes"] == size
+    assert rep["hashed_bytes"] == size and rep["fill_bytes"] == dgc.coverage(plan, EXTENT)["fill_bytes"] > 0
     if hasher == "native":
-        assert rep["prefix_bytes"] == cov["prefix_bytes"]
-        assert rep["loop_bytes"] + rep["prefix_bytes"] >= size - EXTENT, rep  # all but the header's leaf
-        assert model.report["requests"]["issued"] == model.report["requests"]["predicted"]  # one a request
-        plain = planc.load(spec)  # the bytes read: as a plain load's (the plan's, to the file's end)
-        try:
-            assert model.report["bytes_read"]["measured"] == plain.report["bytes_read"]["measured"]
-        finally:
-            plain.free()
-    else:
-        assert rep["loop_bytes"] == rep["prefix_bytes"] == 0
+        assert rep["loop_bytes"] == size - EXTENT, rep  # all but the header's leaf
+    assert model.report["requests"]["issued"] == model.report["requests"]["predicted"]  # one a request
+    plain = planc.load(spec)  # the bytes read: as a plain load's
+    try:
+        assert model.report["bytes_read"]["measured"] == plain.report["bytes_read"]["measured"]
+    finally:
+        plain.free()
 
 
-@pytest.mark.parametrize("way", ["paired", "chained"])
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_a_flipped_byte_before_a_read_s_first_byte_is_caught(tmp_path, models, where, way, monkeypatch):
-    """A byte of a leaf that lies in the read before the one that hashes the leaf, or in it."""
-    from planc.execute.io import readhash
-
-    if readhash.load() is None:
-        pytest.skip(readhash.why_not)
-    if way == "chained":
-        monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
-    spec, plan, d, root, _ = _across(tmp_path)
+def test_a_leaf_two_reads_share_is_hashed_by_each_and_a_flipped_byte_in_it_is_caught(tmp_path, models, hasher, where):
+    """Requests of 96 KiB against 64 KiB leaves: every other leaf lies across two reads. Each read
+    hashes the whole leaf (its bytes from the slot, the others from the file), one as the owner;
+    the load is exact, and a byte flipped on either side of a read's first byte is caught."""
+    spec, plan, d, root, want = _across(tmp_path, slot="96KiB")
+    kinds = _kinds(plan)
+    shared = [lo for owner, lo in kinds["part"] if not owner]
+    assert len(shared) >= 2 and len(kinds["whole"]) >= 2  # witnesses: leaves across two reads
+    model = planc.load(spec, verify="digest", digest=d)
+    models.append(model)
+    assert_model(model, want)
+    assert model.report["digest"]["fill_bytes"] == dgc.coverage(plan, EXTENT)["fill_bytes"]
     q = [q for r in plan.runs for q in r.requests][2]
     at = q.offset - 100 if where == "before" else q.offset + 100
-    f = root / "model.safetensors"
-    data = bytearray(f.read_bytes())
-    data[at] ^= 0x40
-    f.write_bytes(bytes(data))
-    with pytest.raises(DigestError, match=r"do not match the digest file") as e:
-        planc.load(spec, verify="digest", digest=d)
+    with _flipped(root / "model.safetensors", at, 0x40), pytest.raises(DigestError, match="do not match the digest file") as e:
+        planc.load(spec, verify="digest", digest=d)  # compiled again: the file's mtime changed
     assert e.value.code == "digest-mismatch"
 
 
-def test_bytes_loaded_and_read_again_that_differ_fail_the_load(tmp_path):
-    """A paired leaf's bytes before its last part are hashed from a second read of the file; the
-    bytes the load put on the device are compared with them, whichever comes first."""
-    _, plan, d, root, _ = _across(tmp_path)
+def test_two_reads_of_one_leaf_that_differ_fail_the_load(tmp_path):
+    """A witness's digest of its range of a leaf and the owner's of the same range are compared,
+    whichever comes second: the file changed between the two reads."""
+    _, plan, _, root, _ = _across(tmp_path, slot="96KiB")
+    d = tmp_path / "leaved.digest.json"
+    d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=LEAF)))
     d = dg.read_digest(str(d))
-    data = (root / "model.safetensors").read_bytes()
-    for loaded_first in (True, False):
+    for owner_first in (True, False):
         v = dgc.Verifier(plan, d)
-        v.paired = True
-        rel = "model.safetensors"
-        lf = next(lf for st in v.states[rel].values() for lf in st.shared.values() if lf.split and lf.before)
-        a, b = lf.before[-1]
-        changed = bytearray(data[a:b])
-        changed[-1] ^= 1
-        if loaded_first:
-            v.publish(rel, lf, a, b, memoryview(bytes(changed)), a)
-            with pytest.raises(DigestError, match="read twice during the load .* differ") as e:
-                v.begin_paired(rel, lf)
+        tasks = [t for queue in v.tasks.values() for t in queue]
+        lf = next(lf for t in tasks for lf in t.leaves if not lf.owner)
+        owner = next(x for t in tasks for x in t.leaves if x.lo == lf.lo and x.owner)
+        (a, b, _), = lf.own
+        assert (a, b) in owner.checks
+        if owner_first:
+            v.record(owner, b"\x01" * 16, {(a, b): b"\x02" * 16})
+            with pytest.raises(DigestError, match="differ between two reads of the load") as e:
+                v.witness(lf, a, b, b"\x03" * 16)
         else:
-            assert v.begin_paired(rel, lf) == data[lf.lo:lf.split]
-            with pytest.raises(DigestError, match="read twice during the load .* differ") as e:
-                v.publish(rel, lf, a, b, memoryview(bytes(changed)), a)
-        assert e.value.code == "digest-mismatch" and v.aborted
-    v = dgc.Verifier(plan, d)
-    v.paired = True
-    lf = next(lf for st in v.states[rel].values() for lf in st.shared.values() if lf.split and lf.before)
-    v.begin_paired(rel, lf)
-    with pytest.raises(DigestError, match="never compared"):
+            v.witness(lf, a, b, b"\x03" * 16)
+            with pytest.raises(DigestError, match="differ between two reads of the load") as e:
+                v.record(owner, b"\x01" * 16, {(a, b): b"\x02" * 16})
+        assert e.value.code == "digest-mismatch" and f"[{a:,}, {b:,})" in str(e.value)
+
+
+def test_every_touched_leaf_has_one_owner_or_the_assignment_is_refused(tmp_path):
+    """`check_owners` proves the assignment: a leaf with no owner, or two, is refused."""
+    _, plan, d, _, _ = _across(tmp_path, slot="96KiB")
+    tasks, extents = dgc.assign(plan, EXTENT, EXTENT)
+    dgc.check_owners(tasks, extents)
+    for flip in ("drop", "double"):
+        bad = {k: type(q)(t._replace(leaves=tuple(lf._replace(owner=flip == "double") if lf.kind == "part" else lf
+                                                    for lf in t.leaves)) for t in q) for k, q in tasks.items()}
+        with pytest.raises(DigestError, match="owners, not one") as e:
+            dgc.check_owners(bad, extents)
+        assert e.value.code == "digest-incomplete"
+
+
+def test_a_read_the_plan_does_not_hold_is_refused(tmp_path):
+    """Nothing would hash its bytes: the verifier refuses it, naming the file and the offset."""
+    _, plan, d, root, _ = _across(tmp_path)
+    v = dgc.Verifier(plan, dg.read_digest(str(d)))
+    q = next(q for r in plan.runs for q in r.requests)
+    v.take(("r", q.file, q.offset, q.needed))
+    with pytest.raises(DigestError, match=r"a read at .* the plan does not hold") as e:
+        v.take(("r", q.file, q.offset, q.needed))  # taken once already
+    assert e.value.code == "digest-incomplete" and str(root / "model.safetensors") in str(e.value)
+    with pytest.raises(DigestError, match="were never hashed"):
         v.finish()
 
 
@@ -445,7 +462,7 @@ def test_coverage_counts_what_the_verifier_reads_besides(tmp_path):
                      name="skip.yaml")
     plan = compile_spec(spec)
     cov = dgc.coverage(plan, EXTENT)
-    assert cov["fill_bytes"] > 0 and cov["reread_bytes"] == 0
+    assert cov["fill_bytes"] > 0
     d = _digest(root, tmp_path / "a.digest.json")
     model = planc.load(plan, verify="digest", digest=d)
     try:
@@ -482,21 +499,19 @@ def test_leaves_split_across_reads_verify_and_a_flipped_byte_in_one_is_caught(tm
     root = tmp_path / "a" / "dense"
     spec = _tiny_io_spec(tmp_path / "a", root)
     from planc.compiler.compile import compile_spec
-    from planc.manifest import digestcheck
 
     plan = compile_spec(spec)
     d = tmp_path / "a.digest.json"
     d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=LEAF)))
     size = plan.checkpoint.files[0].size_bytes
-    lay = digestcheck._layout(digestcheck.read_pieces(plan)[plan.checkpoint.files[0].path], size, LEAVED, LEAF)
-    kinds = b"".join(bytes(v.kinds) for _, v in sorted(lay.items()))
-    assert kinds.count(digestcheck.SHARED) >= 5 and kinds.count(digestcheck.WHOLE) >= 1  # reads split leaves
+    kinds = _kinds(plan, LEAVED, LEAF)
+    assert len(kinds["part"]) >= 5 and len(kinds["whole"]) >= 1  # reads split leaves
     model = planc.load(plan, verify="digest", digest=d)
     models.append(model)
     assert_model(model, want_a)
     rep = model.report["digest"]
-    assert rep["ok"] and rep["leaf_bytes"] == LEAF and rep["reread_bytes"] == 0 and rep["hasher"] == hasher
-    assert rep["hashed_bytes"] + rep["fill_bytes"] == size  # every byte, hashed once
+    assert rep["ok"] and rep["leaf_bytes"] == LEAF and rep["hasher"] == hasher
+    assert rep["hashed_bytes"] >= size  # every byte, by each read that holds some of its leaf
     assert rep["fill_bytes"] == dgc.coverage(plan, LEAVED, LEAF)["fill_bytes"]
     # a flipped byte in a leaf two reads share, and one in a leaf one read covers whole
     starts = sorted(q.offset for r in plan.runs for q in r.requests)
@@ -520,34 +535,6 @@ def _flipped(path, at: int, bit: int):
     finally:
         data[at] ^= bit
         path.write_bytes(bytes(data))
-
-
-def _reader_over(tmp_path, seed: int):
-    """A `Reader` with one 1 MiB file of random bytes open; (reader, the bytes)."""
-    from planc.execute.io.reader import Reader
-
-    f = tmp_path / "f.bin"
-    data = np.random.default_rng(seed).integers(0, 256, 1 << 20, dtype=np.uint8)
-    f.write_bytes(data.tobytes())
-    r = Reader(str(tmp_path), "off")
-    r.open("f.bin", f.stat().st_size)
-    return r, data
-
-
-def test_reader_hands_over_pieces_on_leaf_boundaries(tmp_path):
-    """`Reader.read_into(..., sink, piece)`: the bytes of one read, the last piece (ending between
-    two multiples of `piece`) first, then the others in order, each view ending on a multiple of
-    `piece` or at the read's end; one request counted."""
-    r, data = _reader_over(tmp_path, 1)
-    got = []
-    buf = np.zeros(600_000, np.uint8)
-    n = r.read_into("f.bin", 70_000, 600_000, buf, 590_000, piece=LEAF,
-                    sink=lambda at, view: got.append((at, bytes(view))))
-    r.close()
-    assert n >= 590_000 and r.requests == 1 and r.retries == 0
-    assert got[0] == (655_360, data[655_360:660_000].tobytes())  # the tail first
-    assert got[1][0] == 70_000 and all((at + len(b)) % LEAF == 0 for at, b in got[1:])
-    assert b"".join(b for _, b in got[1:] + got[:1]) == data[70_000:660_000].tobytes()
 
 
 def test_version_1_digest_refused_with_its_own_code(tmp_path, capsys):
@@ -585,52 +572,6 @@ def _two_mb(tmp_path, io: dict, name: str, leaf: int):
     d = tmp_path / "a.digest.json"
     d.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=LEAVED, leaf_bytes=leaf)))
     return spec, plan, d, root, want
-
-
-def test_whole_leaves_stream_piece_by_piece_and_a_flipped_byte_in_a_later_piece_is_caught(tmp_path, models,
-                                                                                          monkeypatch):
-    """Leaves larger than the reader's pieces: each whole leaf is hashed piece by piece as its bytes
-    land (`Verifier.stream`), its digest recorded with its last piece; a byte flipped in a leaf's
-    middle piece, and one in its last piece, are caught with the extent's range."""
-    monkeypatch.setattr(dgc, "PIECE_BYTES", 16 << 10)  # 16 pieces per 256 KiB leaf
-    monkeypatch.setenv("PLANC_DIGEST_HASH", "python")  # the pieces go through Python
-    spec, plan, d, root, want = _two_mb(tmp_path, dict(slot="1MiB", slots=4, workers=4, run="4MiB"), "big.yaml", LEAVED)
-    rel = plan.checkpoint.files[0].path
-    size = plan.checkpoint.files[0].size_bytes
-    lay = dgc._layout(dgc.read_pieces(plan)[rel], size, LEAVED, LEAVED)
-    whole = sorted(k for k, v in lay.items() if v.kinds[0] == dgc.WHOLE)
-    assert len(whole) >= 3
-    model = planc.load(plan, verify="digest", digest=d)
-    models.append(model)
-    assert_model(model, want)
-    rep = model.report["digest"]
-    assert rep["ok"] and rep["reread_bytes"] == 0 and rep["hashed_bytes"] + rep["fill_bytes"] == size
-    model.free()
-    models.remove(model)
-    victim = root / rel
-    for at in (whole[1] * LEAVED + 100_000, whole[2] * LEAVED + LEAVED - 5):
-        with _flipped(victim, at, 0x20), pytest.raises(DigestError) as e:
-            planc.load(spec, verify="digest", digest=d)  # compiled again: the file's mtime changed
-        lo = at // LEAVED * LEAVED
-        assert e.value.code == "digest-mismatch" and f"[{lo:,}, {min(lo + LEAVED, size):,})" in str(e.value)
-
-
-def test_reader_reads_from_the_last_tail_boundary_first(tmp_path):
-    """`read_into(..., piece, tail)`: the bytes from the last multiple of `tail` inside the read come
-    first, in pieces; then the rest, in pieces, each view ending on a multiple of `piece`."""
-    r, data = _reader_over(tmp_path, 2)
-    got = []
-    buf = np.zeros(700_000, np.uint8)
-    r.read_into("f.bin", 70_000, 700_000, buf, 690_000, piece=16 << 10, tail=LEAVED,
-                sink=lambda at, view: got.append((at, bytes(view))))
-    r.close()
-    tb = (70_000 + 690_000) // LEAVED * LEAVED
-    first = [g for g in got if g[0] >= tb]
-    assert got[:len(first)] == first and first[0][0] == tb and len(first) > 1  # the tail first, in pieces
-    assert [at for at, _ in got[len(first):]] == sorted(at for at, _ in got[len(first):])
-    assert all((at + len(b)) % (16 << 10) == 0 for at, b in got[len(first):])
-    joined = b"".join(b for _, b in got[len(first):] + first)
-    assert joined == data[70_000:760_000].tobytes()
 
 
 def test_a_freed_models_tensors_refuse_reads_with_a_typed_error(tmp_path):
@@ -680,124 +621,3 @@ def test_the_digest_hasher_setting_chooses_the_hasher(tmp_path, models, monkeypa
     assert model.report["digest"]["hasher"] == "python" and model.report["digest"]["simd"] is None
     with pytest.raises(Exception, match="digest_hash"):
         planc.load(sa, verify="digest", digest=d, settings={"digest_hash": "fastest"})
-
-
-def test_a_chained_leaf_s_first_part_is_loaded_as_it_was_hashed(tmp_path, models, monkeypatch):
-    """The file changes right after the read that begins a chained leaf hashed its part: the load
-    must put on the device the bytes it hashed (the next call of that read stops at the part's
-    first byte), so it passes and the model is the file as it was."""
-    from planc.execute.io import readhash
-
-    if readhash.load() is None:
-        pytest.skip(readhash.why_not)
-    monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
-    monkeypatch.setenv("PLANC_DIGEST_READ", "pread")
-    spec, plan, d, root, want = _across(tmp_path)
-    f = root / "model.safetensors"
-    orig, hit = dgc.Verifier.chained, []
-
-    def chained(self, rel, st, lf, upto, digest, seconds=0.0, start=0):
-        orig(self, rel, st, lf, upto, digest, seconds, start)
-        if start == lf.lo and not hit:
-            hit.append(lf.lo)
-            with open(f, "r+b") as fh:
-                fh.seek(lf.lo + 8)
-                b = fh.read(1)
-                fh.seek(lf.lo + 8)
-                fh.write(bytes([b[0] ^ 0x40]))
-
-    monkeypatch.setattr(dgc.Verifier, "chained", chained)
-    model = planc.load(spec, verify="digest", digest=d)
-    models.append(model)
-    assert hit and model.report["digest"]["ok"]
-    assert_model(model, want)
-
-
-def test_a_mapped_call_that_stops_part_way_leaves_the_chained_state_as_it_was(tmp_path, models, monkeypatch):
-    """Making a chunk's pages present fails once, part way through a call that continues a
-    chained leaf: the call is read again with pread from the state as it was, and the load passes."""
-    import ctypes
-
-    from planc.execute.io import readhash
-
-    rh = readhash.load()
-    if rh is None:
-        pytest.skip(readhash.why_not)
-    monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
-    monkeypatch.setenv("PLANC_DIGEST_READ", "mapped")
-    monkeypatch.setattr(readhash, "CHUNK", 4096)
-    spec, plan, d, root, want = _across(tmp_path)
-    real = ctypes.CDLL(None).madvise
-    real.argtypes, real.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    state = {"arm": False, "n": 0, "failed": 0}
-
-    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    def madvise(a, n, advice):
-        if advice == 22 and state["arm"]:  # MADV_POPULATE_READ
-            state["n"] += 1
-            if state["n"] == 3 and not state["failed"]:
-                state["failed"] = 1
-                return -1
-        return real(a, n, advice)
-
-    monkeypatch.setattr(rh, "_map_ptrs", [ctypes.cast(madvise, ctypes.c_void_p).value] + rh._map_ptrs[1:])
-    copy = readhash.ReadHash.copy_mapped
-
-    def copy_mapped(self, *a, chained=None, **k):
-        state["arm"], state["n"] = bool(chained and any(c for _, c, _ in chained.values())), 0
-        try:
-            return copy(self, *a, chained=chained, **k)
-        finally:
-            state["arm"] = False
-
-    monkeypatch.setattr(readhash.ReadHash, "copy_mapped", copy_mapped)
-    model = planc.load(spec, verify="digest", digest=d)
-    models.append(model)
-    assert state["failed"] and model.report["digest"]["ok"]
-    assert_model(model, want)
-
-
-def test_a_paired_leaf_s_bytes_before_its_last_part_are_read_once(tmp_path, models, monkeypatch):
-    from planc.execute.io import readhash
-
-    if readhash.load() is None:
-        pytest.skip(readhash.why_not)
-    spec, plan, d, root, want = _across(tmp_path)
-    orig, calls = dgc.Verifier._read_file, []
-
-    def read_file(self, rel, lo, hi):
-        calls.append((lo, hi))
-        return orig(self, rel, lo, hi)
-
-    monkeypatch.setattr(dgc.Verifier, "_read_file", read_file)
-    model = planc.load(spec, verify="digest", digest=d)
-    models.append(model)
-    rep = model.report["digest"]
-    assert len(calls) == len(set(calls)) > 1
-    assert sum(hi - lo for lo, hi in calls) == rep["prefix_bytes"] + rep["fill_bytes"]
-
-
-def test_with_o_direct_a_chained_leaf_s_first_part_is_hashed_in_the_read_s_one_call(tmp_path, models, monkeypatch):
-    """Reads with O_DIRECT begin on a block, so the part that begins a chained leaf is the last
-    span of the read's one call, not a read of its own; every byte hashed once, the model exact."""
-    from planc.execute.io import readhash
-
-    if readhash.load() is None:
-        pytest.skip(readhash.why_not)
-    monkeypatch.setattr(dgc, "PREFIX_MAX", 0)
-    monkeypatch.setenv("PLANC_DIGEST_READ", "pread")
-    spec, plan, d, root, want = _across(tmp_path, direct="on")
-    try:
-        model = planc.load(spec, verify="digest", digest=d)
-    except ReadError as e:
-        if e.code == "direct-refused":
-            pytest.skip("this file system refuses O_DIRECT")
-        raise
-    models.append(model)
-    assert_model(model, want)
-    assert all(m["direct"] for m in model.report["files"].values())
-    rep = model.report["digest"]
-    size = (root / "model.safetensors").stat().st_size
-    assert rep["hashed_bytes"] + rep["fill_bytes"] == size
-    assert rep["loop_bytes"] >= size - EXTENT, rep
-    assert model.report["requests"]["issued"] == model.report["requests"]["predicted"]

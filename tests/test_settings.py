@@ -29,17 +29,6 @@ def test_every_setting_is_documented():
         assert not [n for n in names if f"`{n}`" not in text], doc
 
 
-def test_the_digest_read_is_a_checked_setting(monkeypatch):
-    assert settings.digest_read() == "pread"
-    monkeypatch.setenv("PLANC_DIGEST_READ", "mapped")
-    assert settings.digest_read() == "mapped"
-    monkeypatch.setenv("PLANC_DIGEST_READ", "mmap")
-    with pytest.raises(settings.SettingError, match="PLANC_DIGEST_READ: 'mmap' is not one of pread, mapped"):
-        settings.digest_read()
-    with pytest.raises(settings.SettingError, match="setting 'digest_read'"):
-        settings.Settings(digest_read="direct")
-
-
 def test_values(monkeypatch):
     monkeypatch.setenv("PLANC_RAW_LAUNCH", "0")
     monkeypatch.setenv("PLANC_HOST_RESERVE", "1GiB")
@@ -95,8 +84,8 @@ def test_the_digest_hasher_is_a_checked_setting(monkeypatch):
     with pytest.raises(settings.SettingError, match="setting 'digest_hash'"):
         with settings.overridden({"digest_hash": 512}):
             pass
-    with settings.overridden({"digest_hash": "package"}):
-        assert settings.digest_hash() == "package"
+    with settings.overridden({"digest_hash": "scalar"}):
+        assert settings.digest_hash() == "scalar"
 
     with pytest.raises(settings.SettingError, match="'digest_hash'.*'fast' is not one of"):
         settings.Settings(digest_hash="fast")  # a Settings made directly is checked too

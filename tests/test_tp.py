@@ -437,3 +437,45 @@ def test_a_budget_too_small_for_the_windows_names_the_window_and_lanes(tmp_path)
     (tmp_path / "tight.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     small = compile_spec(tmp_path / "tight.yaml", 0)
     assert small.fits and small.layout.map_bytes == 2 * costmodel.MAP_PAGE
+
+
+@pytest.mark.parametrize("how", ["mapped", "rows"])
+def test_a_rank_s_digest_verified_load_hashes_the_leaves_its_rows_lie_in(ckpt, tmp_path, how):
+    """A rank reads strided slices (mapped or as whole rows) and a host-path part: every leaf it
+    touches is hashed whole by one owner (the other ranks' bytes read from the file), the model is
+    exact, and a flipped byte in a row-parallel weight's bytes is caught."""
+    import shutil
+
+    from planc.base.errors import DigestError
+    from planc.manifest import digest as dg
+    from planc.manifest import digestcheck as dgc
+
+    d, t = ckpt
+    root = tmp_path / "ck"
+    root.mkdir()
+    shutil.copy(d / "m.safetensors", root / "m.safetensors")
+    io = {"workers": 4, "slot": "8KiB", "slots": 4, "run": "16KiB", "merge_gap": "1KiB", "strided": how}
+    spec = _spec(root, 2, io=io, name=f"dg-{how}.yaml")
+    plan = compile_spec(spec, 1)
+    digest = tmp_path / "m.digest.json"
+    digest.write_bytes(dg.encode(dg.make_digest(root, extent_bytes=64 << 10)))
+    keys = {k[0] for k in dgc.assign(plan, 64 << 10, 64 << 10)[0]}
+    assert "p" in keys and ("s" in keys) == (how == "mapped")  # host-path reads; strided requests when mapped
+    m = execute(plan, digest=str(digest))
+    try:
+        rep = m.report["digest"]
+        assert rep["ok"] and rep["fill_bytes"] == dgc.coverage(plan, 64 << 10)["fill_bytes"] > 0
+        got = {name: m[name].to_host().copy() for name in m}
+    finally:
+        m.free()
+    for name, a in _rank_expected(t, 2, 1).items():
+        assert np.array_equal(_bits(got[name]), _bits(a)), name
+    from planc.manifest import read_manifest
+
+    w = next(x for x in read_manifest(root / "m.safetensors").tensors if x.name == "l.0.mlp.down_proj.weight")
+    data = bytearray((root / "m.safetensors").read_bytes())
+    data[w.start + 3] ^= 0x08
+    (root / "m.safetensors").write_bytes(bytes(data))
+    with pytest.raises(DigestError) as e:
+        execute(compile_spec(spec, 1), digest=str(digest))
+    assert e.value.code == "digest-mismatch"

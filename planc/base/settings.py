@@ -27,11 +27,7 @@ DEFAULT_HOST_RESERVE = 256 * 2**20
 PIN_METHODS = ("register", "alloc")
 # How a digest-verified load hashes (PLANC_DIGEST_HASH): the read-and-hash loop at its widest level
 # or at one named (planc.execute.io.readhash.LEVELS), or Python's hasher on the reader's thread.
-DIGEST_HASHES = ("best", "avx512", "avx2", "scalar", "package", "python")
-# How the loop gets a digest-verified load's bytes (PLANC_DIGEST_READ): read with `pread` piece by
-# piece and hashed from the slot (`pread`), or, for files read through the page cache, copied out of
-# a mapping of them and hashed from the same loads (`mapped`); files read with O_DIRECT always the former.
-DIGEST_READS = ("pread", "mapped")
+DIGEST_HASHES = ("best", "avx512", "avx2", "scalar", "python")
 # How the load's thread calls the driver functions that only queue work (PLANC_ISSUE_GIL): holding the
 # interpreter's lock (`hold`) or releasing it for the call as ctypes does by default (`release`).
 ISSUE_GIL = ("hold", "release")
@@ -39,8 +35,7 @@ ISSUE_GIL = ("hold", "release")
 # for the next load of this process (`kept`; `planc.warm_up` pins one ahead of the first).
 RINGS = ("fresh", "kept")
 # The settings that take one of a few names, and the names (the first is the default).
-NAMED = {"pin": PIN_METHODS, "digest_hash": DIGEST_HASHES, "digest_read": DIGEST_READS, "issue_gil": ISSUE_GIL,
-         "ring": RINGS}
+NAMED = {"pin": PIN_METHODS, "digest_hash": DIGEST_HASHES, "issue_gil": ISSUE_GIL, "ring": RINGS}
 
 
 class SettingError(ValueError):
@@ -57,7 +52,7 @@ class SettingError(ValueError):
 NAMES = {"raw_launch": "PLANC_RAW_LAUNCH", "kernel_dir": "PLANC_KERNEL_DIR", "kernel_cache": "PLANC_KERNEL_CACHE",
          "host_reserve": "PLANC_HOST_RESERVE", "probe": "PLANC_PROBE", "debug": "PLANC_DEBUG",
          "pin": "PLANC_PIN", "plan_cache": "PLANC_PLAN_CACHE", "digest_hash": "PLANC_DIGEST_HASH",
-         "digest_read": "PLANC_DIGEST_READ", "issue_gil": "PLANC_ISSUE_GIL", "ring": "PLANC_RING"}
+         "issue_gil": "PLANC_ISSUE_GIL", "ring": "PLANC_RING"}
 _FLAGS = ("raw_launch", "kernel_cache", "debug")
 
 
@@ -83,9 +78,7 @@ class Settings:
     debug (PLANC_DEBUG): errors print their traceback. pin (PLANC_PIN): how the pinned ring is made,
     `register` or `alloc`. plan_cache (PLANC_PLAN_CACHE): the folder compiled plans are kept in
     (`planc.compiler.plancache`); None (`off`) for no plan cache. digest_hash (PLANC_DIGEST_HASH):
-    how a digest-verified load hashes, one of DIGEST_HASHES, default `best`. digest_read
-    (PLANC_DIGEST_READ): how it reads the bytes it hashes, one of DIGEST_READS, default `pread`.
-    issue_gil (PLANC_ISSUE_GIL): `hold` (default) or `release`, how the driver calls that only queue
+    how a digest-verified load hashes, one of DIGEST_HASHES, default `best`. issue_gil (PLANC_ISSUE_GIL): `hold` (default) or `release`, how the driver calls that only queue
     work are made (`issue_gil()`). ring (PLANC_RING): `fresh` (default) or
     `kept`, whether a finished load's pinned ring stays pinned for the next (`ring()`)."""
 
@@ -98,7 +91,6 @@ class Settings:
     pin: str = "register"
     plan_cache: Path | None = None
     digest_hash: str = "best"
-    digest_read: str = "pread"
     issue_gil: str = "hold"
     ring: str = "fresh"
 
@@ -169,7 +161,7 @@ class Settings:
 def _check(name: str, v, *, from_env: bool = False):
     """Setting `name`'s value `v`, typed: a bool for a flag (or "0"/"1" as the variable holds it), a
     byte size (an int, or a string such as "1GiB") for host_reserve, a path for kernel_dir and probe,
-    one of NAMED[name] for pin, digest_hash, digest_read, issue_gil and ring."""
+    one of NAMED[name] for pin, digest_hash, issue_gil and ring."""
     label = NAMES[name] if from_env else repr(name)
     where = NAMES[name] if from_env else f"setting {name!r} ({NAMES[name]})"
     if name in _FLAGS:
@@ -207,7 +199,7 @@ def _check(name: str, v, *, from_env: bool = False):
         if name == "plan_cache":
             return None if v == "off" else (Path(v) if v else default_plan_cache())
         return Path(v) if v else Settings.kernel_dir
-    # pin, digest_hash, digest_read, issue_gil, ring: one of a few names
+    # pin, digest_hash, issue_gil, ring: one of a few names
     names = NAMED[name]
     if not isinstance(v, str):
         raise SettingError(f"setting {label}: expected one of {', '.join(names)}, got {type(v).__name__} "
@@ -320,20 +312,9 @@ def plan_cache_dir() -> Path | None:
 def digest_hash() -> str:
     """PLANC_DIGEST_HASH: how a digest-verified load hashes the bytes it reads: `best` (default: the
     read-and-hash loop, XXH3 with AVX-512 or AVX2 where the machine runs them), `avx512`, `avx2`,
-    `scalar` (the loop at that level at most), `package` (the loop through the xxhash package's
-    functions) or `python` (Python's hasher on the reader's thread). The digests are the same."""
+    `scalar` (the loop at that level at most) or `python` (Python's hasher on the reader's thread).
+    The digests are the same."""
     return _field("digest_hash")
-
-
-def digest_read() -> str:
-    """PLANC_DIGEST_READ: how a digest-verified load reads the bytes it hashes from files read
-    through the page cache: `pread` (default: read piece by piece into the slot and hashed there)
-    or `mapped` (copied out of a mapping of the file into the ring slot, each line hashed from the
-    same loads, the mapping's pages unmapped again a chunk at a time: no faster in a load on the
-    H200, and two chunks of the file per reader thread in the RSS, docs/reload.md). Files read with
-    O_DIRECT are always read with `pread`. The digests are the same."""
-    return _field("digest_read")
-
 
 
 def issue_gil() -> str:

@@ -6,8 +6,10 @@
 - Runs: the order cut into runs of at most `io.run` read bytes (a part larger than that is a run
   of its own).
 - Requests: within a run, direct-path inputs of one file whose gap is at most `io.merge_gap` join
-  one extent; the extent is widened to 4 KiB boundaries (O_DIRECT) and cut into slot-sized
-  requests. A request is one `preadv` into one ring slot.
+  one extent; the extent is widened to 4 KiB boundaries (O_DIRECT) and cut on the file's slot
+  grid (file offsets that are multiples of `io.slot`), so a request holds whole slot-grid cells
+  but at an extent's ends: a digest leaf that divides the slot lies inside one request unless an
+  extent ends in it (`planc.manifest.digestcheck`). A request is one `preadv` into one ring slot.
 - Strided inputs (a rank's slice of a later dim: `count` segments `stride` apart) are read one of
   two ways, chosen per input by `costmodel.choose`: `mapped`, strided requests of as many whole
   segments as a slot holds, packed (one copy each: the slice's rows are contiguous on the device);
@@ -24,6 +26,7 @@ Worked example (slot 8 KiB, merge_gap 1 KiB): tensors a [0, 3000) and b [3500, 9
 form one extent [0, 9000), widened to [0, 12288) -> requests [0, 8192) and [8192, 12288) carrying
 3 copies (a, b's head, b's tail): 2 requests and 3 copies, against 3 and 3 had each tensor been read
 alone. Had b started at 3000 and been adjacent to a in the arena, a and b's head would be one copy.
+An extent [12288, 20000) is cut on the grid: [12288, 16384) and [16384, 20480).
 """
 
 from __future__ import annotations
@@ -278,14 +281,13 @@ def _tiles(strided: list, io: IO) -> tuple[list, list]:
 
 
 def _rows_requests(file: str, lo: int, hi: int, inputs: list, io: IO) -> list[Request]:
-    """Plain requests over file bytes [lo, hi) on the slot grid of their own extent (aligned for
-    O_DIRECT), each with the copies of the strided `inputs` (input, space, base) whose rows it holds:
-    a 2-D copy of its whole rows, a 1-D copy of a row it holds a part of."""
+    """Plain requests over file bytes [lo, hi) on the file's slot grid (aligned for O_DIRECT), each
+    with the copies of the strided `inputs` (input, space, base) whose rows it holds: a 2-D copy of
+    its whole rows, a 1-D copy of a row it holds a part of."""
     slot = io.slot
     a, e = lo // DIRECT_ALIGN * DIRECT_ALIGN, _align(hi, DIRECT_ALIGN)
     out = []
-    for q in range(a, e, slot):
-        top = min(q + slot, e)
+    for q, top in _grid(a, e, slot):
         copies = [c for inp, space, base in inputs for c in _row_copies(inp, space, base, q, top)]
         if copies:
             out.append(Request(file, q, top - q, tuple(sorted(copies, key=lambda c: c.slot_offset))))
@@ -380,7 +382,7 @@ def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
 
     A segment joins the extent before it only when the gap is at most `io.merge_gap` and joining
     costs no more requests and no more copies than reading it alone would: the extent's slot grid
-    is fixed by its aligned start, so a gap can shift a neighbour across one more slot boundary.
+    is the file's, so a gap can carry the extent across one more slot boundary.
     """
     segs = sorted([s for s in segs if s[2] > 0], key=_FILE_START)
     extents = []  # [file, start, end, [segs], requests, copies, start aligned down]
@@ -389,16 +391,17 @@ def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
     for s in segs:
         f, start, nbytes, space, dst = s
         top = start + nbytes
-        alone = -((start // A * A - -(-top // A) * A) // slot)
+        first = start // A * A // slot  # the slot-grid cells of its aligned bytes
+        alone = (-(-top // A) * A - 1) // slot - first + 1
         total_alone += alone  # requests (and copies) of the segment read on its own
         if ext and ext[0] == f and start - ext[2] <= merge_gap:
             # requests and copies of the extent once the segment joins it
             a = ext[6]
-            reqs = -(-(-(-(top if top > ext[2] else ext[2]) // A) * A - a) // slot)
+            reqs = (-(-(top if top > ext[2] else ext[2]) // A) * A - 1) // slot - a // slot + 1
             _, p_start, p_nbytes, p_space, p_dst = ext[3][-1]
-            copies = ext[5] + (top - 1 - a) // slot - (start - a) // slot + 1
+            copies = ext[5] + (top - 1) // slot - start // slot + 1
             if (p_start + p_nbytes == start and p_space == space and p_dst + p_nbytes == dst
-                    and (start - a) % slot != 0):
+                    and start % slot != 0):
                 copies -= 1
             if reqs <= ext[4] + alone and copies <= ext[5] + alone:
                 if start + nbytes > ext[2]:
@@ -412,23 +415,31 @@ def _requests(segs, io: IO) -> tuple[tuple[Request, ...], int]:
     for f, _, end, members, _, _, a in extents:
         e = _align(end, DIRECT_ALIGN)
         copies = _copies(a, e, slot, members)
-        out.extend(Request(f, off, min(slot, e - off), cs) for off, cs in zip(range(a, e, slot), copies))
+        out.extend(Request(f, q, top - q, cs) for (q, top), cs in zip(_grid(a, e, slot), copies))
     return tuple(out), total_alone
 
 
-def _copies(a: int, e: int, slot: int, members) -> list[tuple[Copy, ...]]:
-    """The copies of each request [a + k * slot, ...) of extent [a, e), in one pass over its members.
+def _grid(a: int, e: int, slot: int) -> list[tuple[int, int]]:
+    """[a, e) cut at the file offsets that are multiples of `slot`: (start, end) of each piece."""
+    cuts = [a, *range((a // slot + 1) * slot, e, slot), e]
+    return list(zip(cuts, cuts[1:]))
 
-    Members are cut at slot boundaries; within a request, a piece contiguous with the copy before
-    it on both sides extends that copy.
+
+def _copies(a: int, e: int, slot: int, members) -> list[tuple[Copy, ...]]:
+    """The copies of each request of extent [a, e) (`_grid`), in one pass over its members.
+
+    Members are cut at slot-grid boundaries; within a request, a piece contiguous with the copy
+    before it on both sides extends that copy.
     """
-    per: list[list[list]] = [[] for _ in range(-(-(e - a) // slot))]
+    first = a // slot
+    per: list[list[list]] = [[] for _ in range((e - 1) // slot - first + 1)]
     for _, start, nbytes, space, dst in members:
         pos, end = start, start + nbytes
         while pos < end:
-            k = (pos - a) // slot
-            base = a + k * slot
-            hi = end if end < base + slot else base + slot
+            cell = pos // slot
+            k, top = cell - first, (cell + 1) * slot
+            base = a if k == 0 else cell * slot
+            hi = end if end < top else top
             slot_off, d, n = pos - base, dst + (pos - start), hi - pos
             copies = per[k]
             last = copies[-1] if copies else None

@@ -706,9 +706,9 @@ def _verification_line(v: dict) -> str:
                 "from planc digest; --verify compares after the load)")
     return (f"verified: yes, against {printable(v['digest_file'])}: {v['extents_verified']} of {v['extents']} extents "
             f"of {fmt_bytes(v['extent_bytes'])} hashed as they stream, {fmt_bytes(v['fill_bytes'])} read besides the "
-            f"plan's (bytes of those extents it does not read), {fmt_bytes(v['reread_bytes'])} read again "
-            f"(leaves read out of file order), {fmt_bytes(v.get('prefix_bytes', 0))} read again to hash the leaves "
-            f"across two reads, {v['extents_untouched']} extents not loaded and not checked")
+            f"plan's (the bytes of those extents' leaves that no read or only part of a read holds), "
+            f"{v['shared_leaves']} leaves hashed by more than one read, {v['extents_untouched']} extents not loaded "
+            f"and not checked")
 
 
 @app.command()

@@ -1,6 +1,6 @@
 """Digest files: a checkpoint -> per-extent hashes (`make_digest`, `encode`); a digest file -> a
 checked `Digest` (`read_digest`). How a load is checked against one: `planc.manifest.digestcheck`
-(`Verifier`, `coverage`, re-exported here).
+(`assign`, `Verifier`, `coverage`).
 
 The file (JSON, written through `planc.base.outputs`), version 2:
 
@@ -33,8 +33,6 @@ import json
 import math
 import os
 import re
-import threading
-from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -141,8 +141,6 @@ class Reader:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _plain: dict = field(default_factory=dict)  # buffered fds for host-path reads, opened once per file
     _retired: list = field(default_factory=list)  # fds given up by a fallback; other readers may still use them
-    _maps: dict = field(default_factory=dict)  # rel -> (address, length) of the whole file mapped (`mapping`)
-    mapped_bytes: int = 0  # bytes copied out of those mappings (`read_mapped`)
     map_window: int = costmodel.MAP_WINDOW  # the plan's io.map_window_bytes
     map_lanes: int = costmodel.MAP_LANES  # the plan's io.map_lanes
     _lanes: threading.BoundedSemaphore | None = None
@@ -185,138 +183,58 @@ class Reader:
             return False, f"page cache warm ({frac:.0%} resident): buffered"
         return True, "page cache cold: O_DIRECT" if frac is not None else "O_DIRECT (cache state unknown)"
 
-    def read_into(self, rel: str, offset: int, length: int, buf, needed: int, *, sink=None, piece: int = 0,
-                  tail: int = 0) -> int:
-        """Read [offset, offset+length) of `rel` into `buf` (a writable uint8 array); at least `needed` bytes.
-
-        With `sink`, the read goes `piece` bytes at a time (file offsets that are multiples of
-        `piece` end each `preadv`; `piece` a multiple of 4096, so O_DIRECT reads stay aligned), and
-        `sink(file_offset, view)` gets each piece's bytes as soon as they are in `buf`, while they
-        are in the cache: every view starts at `offset` or a multiple of `piece` and ends at one or
-        at `offset + needed`. The bytes from the last multiple of `tail` (a multiple of `piece`;
-        default `piece`) inside the read, when the read ends between two, are read first (they begin
-        what the next request ends: handed over early, that request's hash of them need not wait),
-        then the others in order. One request for the counters."""
+    def read_into(self, rel: str, offset: int, length: int, buf, needed: int) -> int:
+        """Read [offset, offset+length) of `rel` into `buf` (a writable uint8 array); at least `needed` bytes."""
         f = self.files[rel]
         mv = memoryview(buf)[:length]
-        spans = [(0, needed, length)]
-        if sink is not None and piece:
-            tail = tail or piece
-            tb = (offset + needed - 1) // tail * tail - offset  # the last multiple of `tail` inside the read
-            if tb > 0 and (offset + needed) % tail:
-                spans = [(tb, needed, length), (0, tb, tb)]
-        total, end, retries = 0, 0, 0
-        with self._lock:  # one request for the counters, however many pieces it is read in
-            self.requests += 1
-        for lo, need, cap in spans:
-            got = fed = lo
-            short = False
-            while got < need:
-                stop = cap if sink is None or not piece else min(cap, ((offset + got) // piece + 1) * piece - offset)
-                try:
-                    n = os.preadv(f.fd, [mv[got:stop]], offset + got)
-                except OSError as e:
-                    if f.direct and e.errno == errno.EINVAL and self.direct != "on":
-                        self._fallback(rel)
-                        f = self.files[rel]
-                        continue
-                    if f.direct and e.errno == errno.EINVAL:
-                        raise ReadError(f"{f.path}: the file system refuses O_DIRECT reads and io.direct is on; "
-                                        f"set io.direct: auto or off", code=Code.DIRECT_REFUSED) from None
-                    raise ReadError(f"{f.path}: read of {length} bytes at offset {offset + got} failed: {e.strerror}",
-                                    code=Code.READ_FAILED) from None
-                retries += 1 if short else 0
-                if n == 0:
-                    raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, {needed - got} bytes short "
-                                    f"of the planned read at offset {offset} (was it truncated after compile?)",
-                                    code=Code.READ_SHORT)
-                short = n < stop - got
-                got += n
-                if sink is not None:
-                    upto = need if got >= need else ((offset + got) // piece * piece - offset if piece else got)
-                    if upto > fed:
-                        sink(offset + fed, mv[fed:upto])
-                        fed = upto
-                if f.direct and got % ALIGN:
-                    break  # O_DIRECT short read at end of file
-            if got < need:
-                raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, short of the planned read at "
-                                f"offset {offset} (was it truncated after compile?)", code=Code.READ_SHORT)
-            total += got - lo
-            end = max(end, got)
+        got, retries, short = 0, 0, False
         with self._lock:
-            self.bytes_read += total
+            self.requests += 1
+        while got < needed:
+            try:
+                n = os.preadv(f.fd, [mv[got:]], offset + got)
+            except OSError as e:
+                if f.direct and e.errno == errno.EINVAL and self.direct != "on":
+                    self._fallback(rel)
+                    f = self.files[rel]
+                    continue
+                if f.direct and e.errno == errno.EINVAL:
+                    raise ReadError(f"{f.path}: the file system refuses O_DIRECT reads and io.direct is on; "
+                                    f"set io.direct: auto or off", code=Code.DIRECT_REFUSED) from None
+                raise ReadError(f"{f.path}: read of {length} bytes at offset {offset + got} failed: {e.strerror}",
+                                code=Code.READ_FAILED) from None
+            retries += 1 if short else 0
+            if n == 0:
+                raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, {needed - got} bytes short "
+                                f"of the planned read at offset {offset} (was it truncated after compile?)",
+                                code=Code.READ_SHORT)
+            short = n < length - got
+            got += n
+            if f.direct and got % ALIGN:
+                break  # O_DIRECT short read at end of file
+        if got < needed:
+            raise ReadError(f"{f.path}: file ended at {_size(f.fd, offset + got)} bytes, short of the planned read at "
+                            f"offset {offset} (was it truncated after compile?)", code=Code.READ_SHORT)
+        with self._lock:
+            self.bytes_read += got
             self.retries += retries
-        return end
+        return got
 
     def read_hashing(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, native,
-                     piece: int, simd: str | None = None, prefix: bytes = b"", chained: dict | None = None,
-                     count: bool = True) -> tuple[int, list] | None:
+                     piece: int, simd: str | None = None) -> tuple[int, list] | None:
         """`read_into` through the read-and-hash loop `native` (`planc.execute.io.readhash`): the
         bytes of each span `(lo, hi)` (relative to `offset`) hashed as they land. (bytes read, a
         16-byte xxh3-128 digest per span), or None when the loop stopped short (a failed or short
         read, O_DIRECT refused): nothing counted, and `read_into` reads the request again and
-        says why. `simd`: the loop's level (`readhash.LEVELS`; None: the widest); `prefix`: the
-        first span's leaf's bytes before the read, `chained` its leaves' own states (`ReadHash.read`);
-        `count`: False for a call that reads part of a request (the caller counts it: `counted`)."""
+        says why. `simd`: the loop's level (`readhash.LEVELS`; None: the widest)."""
         f = self.files[rel]
-        got, digests = native.read(f.fd, buf, offset, needed, length, piece, f.direct, spans, simd, prefix, chained)
+        got, digests = native.read(f.fd, buf, offset, needed, length, piece, f.direct, spans, simd)
         if got < needed:
             return None
-        if count:
-            self.counted(got)
+        with self._lock:
+            self.requests += 1
+            self.bytes_read += got
         return got, digests
-
-    def counted(self, nbytes: int, requests: int = 1) -> None:
-        """One request of `nbytes` read (a request read in more than one call counts once)."""
-        with self._lock:
-            self.requests += requests
-            self.bytes_read += nbytes
-
-    def read_mapped(self, rel: str, offset: int, length: int, buf, needed: int, spans: list, native,
-                    simd: str | None = None, prefix: bytes = b"", chained: dict | None = None,
-                    count: bool = True) -> tuple[int, list] | None:
-        """`read_hashing` for a file read through the page cache, copying out of a read-only mapping
-        of the whole file (`mapping`) instead of `pread`: each line of the request is loaded once,
-        stored into the slot and hashed from the same loads (`ReadHash.copy_mapped`), the mapping's
-        pages made present a chunk at a time and unmapped again after the next, so a reader holds at
-        most two chunks and two pages of the file mapped (the RSS counts them). None for a file read with
-        O_DIRECT, a request past the file's end as mapped, or a page that could not be made present:
-        then it is read the other ways, which say why."""
-        f = self.files[rel]
-        if f.direct:
-            return None
-        base, size = self.mapping(rel)
-        if base is None or offset + needed > size:
-            return None
-        digests = native.copy_mapped(base + offset, buf, needed, spans, simd, prefix=prefix, chained=chained)
-        if digests is None:
-            return None
-        with self._lock:
-            self.mapped_bytes += needed
-        if count:
-            self.counted(needed)
-        return needed, digests
-
-    def mapping(self, rel: str) -> tuple[int | None, int]:
-        """(address, length) of a read-only shared mapping of all of `rel` as it is now, made once
-        per file and unmapped by `close` (no page of it is present until a read asks); (None, 0)
-        where the file cannot be mapped."""
-        with self._lock:
-            got = self._maps.get(rel)
-            if got is None:
-                got = (None, 0)
-                try:
-                    fd, _ = self._plain_fd_locked(rel)
-                    size = os.fstat(fd).st_size
-                    if size > 0:
-                        addr = libc().mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-                        if addr not in (None, MAP_FAILED):
-                            got = (addr, size)
-                except (OSError, ReadError):
-                    pass
-                self._maps[rel] = got
-            return got
 
     def _fallback(self, rel: str) -> None:
         with self._lock:
@@ -411,9 +329,6 @@ class Reader:
         """Close every file; the modes stay for the report."""
         fds, self._retired = [f.fd for f in self.files.values()] + self._retired + list(self._plain.values()), []
         self._plain = {}
-        maps, self._maps = [m for m in self._maps.values() if m[0] is not None], {}
-        for addr, size in maps:  # every read is done: the pool that ran them has stopped
-            libc().munmap(ctypes.c_void_p(addr), size)
         for f in self.files.values():
             f.fd = -1
         for fd in fds:

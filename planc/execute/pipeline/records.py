@@ -205,13 +205,9 @@ class DigestCheck(Record):
     hashed_bytes: int
     hasher: str
     simd: str | None
-    read: str | None
     loop_bytes: int
     fill_bytes: int
-    reread_bytes: int
-    prefix_bytes: int
     verify_seconds: float
-    wait_seconds: float
 
 
 @dataclass(frozen=True)

@@ -50,4 +50,4 @@ def render_report(rep, console: Console) -> None:
         d = rep.digest
         console.print(f"digest: {d.extents} extents of {fmt_bytes(d.extent_bytes)} match "
                       f"{escape(printable(d.digest_file))}: {fmt_bytes(d.hashed_bytes)} hashed in the ring, "
-                      f"{fmt_bytes(d.fill_bytes + d.reread_bytes)} read besides")
+                      f"{fmt_bytes(d.fill_bytes)} read besides")

@@ -253,8 +253,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
                 from ..io import digestread, readhash
 
                 native = readhash.load() if settings.digest_hash != "python" else None
-                reader = digestread.DigestReader(reader, verifier, native, simd=settings.digest_hash,
-                                                 mapped=settings.digest_read == "mapped")
+                reader = digestread.DigestReader(reader, verifier, native, simd=settings.digest_hash)
             pool = parts.pool(plan)
             regions.pin_ring()
             kernels = parts.kernels(plan, dev, stream, regions, warmer, observer)
@@ -354,8 +353,6 @@ def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool 
     """Stop and release every part of a load that was built (None: not built), also after a failure;
     a failed load (`full`) drops its arena too. A finished load keeps its arena: `take_arena` has
     handed it over."""
-    if reader is not None and hasattr(reader, "abort"):  # a digest-verified read waiting for an earlier one
-        reader.abort()
     if regions is not None:
         regions.stop()
     if kernels is not None:

@@ -1,19 +1,18 @@
 /* planc's read-and-hash loop: one request of a digest-verified load read a piece at a time into
- * its ring slot, each piece hashed into its leaf's xxh3-128 while it is in the core's cache, with
- * no return to the interpreter between pieces (planc/execute/io/readhash.py calls it through ctypes,
- * which lets the other readers run for the whole call).
+ * its ring slot, each span of it (a leaf, or a witness's part of one) hashed with xxh3-128 while its
+ * bytes are in the core's cache, with no return to the interpreter between pieces
+ * (planc/execute/io/readhash.py calls it through ctypes, which lets the other readers run for the
+ * whole call).
  *
- * Two ways to hash a leaf, the same digests (xxhash's XXH3_128bits, seed 0, default secret):
- *  - the xxhash package's own reset / update / digest, through function pointers (any length);
- *  - the long-input path of XXH3 written here, with AVX2 or AVX-512 where the processor and the
- *    system allow it (`planc_simd`), for leaves of more than 240 bytes: the package's library is
- *    built for SSE2 only and hashes about half as fast a byte (docs/reload.md). A leaf lies whole
- *    in the request's buffer, so its stripes are taken from there as the pieces land, and its last
- *    stripe (the input's last 64 bytes) at the end.
- * It links nothing: pread and the package's functions come in as function pointers, so the shared
- * object is self-contained. Built when planc is installed (setup.py; tools/build_native.sh in
- * place); readhash.py does not use an object built from another version of this file, and checks
- * its digests against the package's when loaded. */
+ * The hash is XXH3's 128-bit long-input path (seed 0, default secret) written here, for spans of
+ * more than 240 bytes (readhash.py hashes shorter ones with the xxhash package), with AVX2 or
+ * AVX-512 where the processor and the system allow it (`planc_simd`): the package's library is
+ * built for SSE2 only and hashes about half as fast a byte (docs/reload.md). A span lies whole in
+ * the request's buffer, so its stripes are taken from there as the pieces land, and its last stripe
+ * (the input's last 64 bytes) at the end. It links nothing: pread comes in as a function pointer, so
+ * the shared object is self-contained. Built when planc is installed (setup.py;
+ * tools/build_native.sh in place); readhash.py does not use an object built from another version of
+ * this file, and checks its digests against the package's when loaded. */
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -23,13 +22,7 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 typedef unsigned long size_t_;
 typedef i64 (*pread_fn)(int, void *, size_t_, i64);
-typedef int (*reset_fn)(void *);
-typedef int (*update_fn)(void *, const void *, size_t_);
 typedef struct { u64 low64, high64; } hash128;
-typedef hash128 (*digest_fn)(const void *);
-typedef int (*madvise_fn)(void *, size_t_, int);
-#define MADV_DONTNEED_ 4
-#define MADV_POPULATE_READ_ 22 /* Linux 5.14 */
 
 /* XXH3's constants (its specification): the default secret and the primes. */
 static const unsigned char SECRET[192] __attribute__((aligned(64))) = {
@@ -60,7 +53,7 @@ static const unsigned char SECRET[192] __attribute__((aligned(64))) = {
 #define LAST_KEY (SECRET + sizeof SECRET - STRIPE - 7)
 #define MAX_SHORT 240 /* longer inputs take the stripe path */
 
-enum { SIMD_NONE = 0, SIMD_SCALAR = 1, SIMD_AVX2 = 2, SIMD_AVX512 = 3 };
+enum { SIMD_SCALAR = 1, SIMD_AVX2 = 2, SIMD_AVX512 = 3 };
 
 static u64 read64(const unsigned char *p)
 {
@@ -193,38 +186,14 @@ static void feed_n(int simd, leaf_state *st, const unsigned char *in, i64 n)
     }
 }
 
-/* The `len`-byte input's byte `at` (its first `plen` bytes at `pre`, the rest at `in`) and the
- * `n` bytes after it, contiguous: a pointer into `pre` or `in`, or `tmp` filled across the two. */
-static const unsigned char *span_at(const unsigned char *pre, i64 plen, const unsigned char *in, i64 at, i64 n,
-                                    unsigned char *tmp)
+/* Take the stripes of a `len`-byte input at `in` (`avail` of its bytes there so far) that lie
+ * within those bytes and are followed by at least one more byte of it (XXH3 keeps the last stripe
+ * for the end). */
+static void leaf_feed(int simd, leaf_state *st, const unsigned char *in, i64 avail, i64 len)
 {
-    if (at >= plen)
-        return in + (at - plen);
-    if (at + n <= plen)
-        return pre + at;
-    for (i64 i = 0; i < n; i++)
-        tmp[i] = at + i < plen ? pre[at + i] : in[at + i - plen];
-    return tmp;
-}
-
-/* Take the stripes of a `len`-byte input whose first `plen` bytes are at `pre` and the rest at
- * `in` (`avail` of them there so far) that lie within the bytes there and are followed by at least
- * one more byte of it (XXH3 keeps the last stripe for the end). */
-static void leaf_feed(int simd, leaf_state *st, const unsigned char *pre, i64 plen, const unsigned char *in,
-                      i64 avail, i64 len)
-{
-    i64 have = plen + avail, upto = (have < len ? have : len - 1) / STRIPE; /* stripes that may be taken */
-    unsigned char tmp[STRIPE];
-    while (st->done < upto) {
-        i64 at = st->done * STRIPE, n;
-        if (at >= plen)
-            n = upto - st->done; /* all in `in` */
-        else if (at + STRIPE <= plen)
-            n = (plen - at) / STRIPE < upto - st->done ? (plen - at) / STRIPE : upto - st->done; /* in `pre` */
-        else
-            n = 1; /* the stripe across the two */
-        feed_n(simd, st, span_at(pre, plen, in, at, STRIPE, tmp), n);
-    }
+    i64 upto = (avail < len ? avail : len - 1) / STRIPE; /* stripes that may be taken */
+    if (st->done < upto)
+        feed_n(simd, st, in + st->done * STRIPE, upto - st->done);
 }
 
 static u64 avalanche(u64 h)
@@ -245,14 +214,12 @@ static u64 merge(const u64 *acc, const unsigned char *key, u64 start)
     return avalanche(r);
 }
 
-/* The digest of a `len`-byte input (len > MAX_SHORT; its first `plen` bytes at `pre`, the rest at
- * `in`) whose stripes before the last are in `st`: the last stripe, then the 128-bit merge. */
-static hash128 leaf_digest(int simd, leaf_state *st, const unsigned char *pre, i64 plen, const unsigned char *in,
-                           i64 len)
+/* The digest of a `len`-byte input at `in` (len > MAX_SHORT) whose stripes before the last are in
+ * `st`: the last stripe, then the 128-bit merge. */
+static hash128 leaf_digest(int simd, leaf_state *st, const unsigned char *in, i64 len)
 {
-    unsigned char tmp[STRIPE];
-    leaf_feed(simd, st, pre, plen, in, len - plen, len);
-    stripes(simd, st->acc, span_at(pre, plen, in, len - STRIPE, STRIPE, tmp), LAST_KEY, 1);
+    leaf_feed(simd, st, in, len, len);
+    stripes(simd, st->acc, in + len - STRIPE, LAST_KEY, 1);
     hash128 h;
     h.low64 = merge(st->acc, SECRET + 11, (u64)len * P64_1);
     h.high64 = merge(st->acc, SECRET + sizeof SECRET - STRIPE - 11, ~((u64)len * P64_2));
@@ -282,91 +249,53 @@ int planc_simd(void)
     return (b & (1u << 5)) ? SIMD_AVX2 : SIMD_SCALAR;
 }
 
-/* ---- the leaves of one request: fed in order as its bytes become available ---- */
+/* ---- the spans of one request: fed in order as its bytes become available ---- */
 
 typedef struct {
-    reset_fn reset;
-    update_fn update;
-    digest_fn digest;
     const i64 *lo, *hi;
-    void *const *states;
-    i64 nleaves, li, hashed;
+    i64 nspans, si;
     unsigned char *out;
     int simd, begun;
-    const unsigned char *pre; /* the first leaf's bytes before the request (its first span begins it) */
-    i64 plen;
-    const int *flags; /* per span, or none: CONTINUES (its state holds the leaf's earlier bytes), HOLDS
-                         (the leaf goes on after the span: no digest); such spans take the package's state */
     leaf_state st;
-} leaves_t;
+} spans_t;
 
-enum { CONTINUES = 1, HOLDS = 2 };
-
-/* Hash what the first `got` bytes at `base` (the request's byte 0) hold of the leaves not yet
- * done; 0, or -1 when one of the package's functions failed. */
-static int feed_leaves(leaves_t *L, const unsigned char *base, i64 got)
+/* Hash what the first `got` bytes at `base` (the request's byte 0) hold of the spans not yet done. */
+static void feed_spans(spans_t *S, const unsigned char *base, i64 got)
 {
-    while (L->li < L->nleaves && L->lo[L->li] < got) {
-        i64 li = L->li, a = L->lo[li], b = L->hi[li], upto = got < b ? got : b;
-        const unsigned char *pre = li == 0 ? L->pre : 0;
-        i64 plen = li == 0 ? L->plen : 0;
-        int flags = L->flags ? L->flags[li] : 0;
-        if (L->simd != SIMD_NONE && !flags && plen + b - a > MAX_SHORT) {
-            if (!L->begun)
-                leaf_reset(&L->st);
-            L->begun = 1;
-            if (upto < b) {
-                leaf_feed(L->simd, &L->st, pre, plen, base + a, upto - a, plen + b - a);
-                return 0;
-            }
-            canonical(L->out + 16 * li, leaf_digest(L->simd, &L->st, pre, plen, base + a, plen + b - a));
-        } else {
-            if (!L->begun) {
-                if (!(flags & CONTINUES) && L->reset(L->states[li]) != 0)
-                    return -1;
-                if (plen > 0 && L->update(L->states[li], pre, (size_t_)plen) != 0)
-                    return -1;
-                L->hashed = a;
-            }
-            L->begun = 1;
-            if (L->update(L->states[li], base + L->hashed, (size_t_)(upto - L->hashed)) != 0)
-                return -1;
-            L->hashed = upto;
-            if (upto < b)
-                return 0;
-            if (!(flags & HOLDS))
-                canonical(L->out + 16 * li, L->digest(L->states[li]));
+    while (S->si < S->nspans && S->lo[S->si] < got) {
+        i64 si = S->si, a = S->lo[si], b = S->hi[si];
+        if (!S->begun)
+            leaf_reset(&S->st);
+        S->begun = 1;
+        if (got < b) {
+            leaf_feed(S->simd, &S->st, base + a, got - a, b - a);
+            return;
         }
-        L->begun = 0;
-        L->li++;
+        canonical(S->out + 16 * si, leaf_digest(S->simd, &S->st, base + a, b - a));
+        S->begun = 0;
+        S->si++;
     }
-    return 0;
 }
 
 /* Read bytes [offset, offset + needed) of `fd` (at most `cap` bytes, `piece` at a time: each read
  * ends at a file offset that is a multiple of `piece`, or at `cap`) into `base`, and hash bytes
- * [lo[i], hi[i]) (relative to `offset`, sorted, disjoint, inside [0, needed)), its 16-byte digest
- * (xxhash's canonical form: big-endian, high half first) into out[16 i]. With `simd` above
- * SIMD_NONE (at most planc_simd()), leaves longer than MAX_SHORT take the stripe path; the others
- * go through the package's functions, with `states[i]`. With `plen` above 0, the first leaf
- * begins `plen` bytes before the request (those bytes at `pre`) and its span at the request's
- * first byte: its digest is that of the `plen` bytes and its span's. `flags` (or none): per span,
- * CONTINUES (`states[i]` already holds the leaf's bytes before the span) and HOLDS (the leaf goes on
- * after the span: `states[i]` keeps it, no digest); a flagged span takes the package's functions.
- * Returns the bytes read (at least `needed`), or the bytes read before the file ended (less than
- * `needed`: no digests), or -1 when a read failed: the caller reads the request again its own way,
- * which says why. With `direct`, a read that ends off a 4096-byte boundary ends the loop (O_DIRECT
- * at the end of a file). */
-i64 planc_read_hash(pread_fn pread, reset_fn reset, update_fn update, digest_fn digest, int fd,
-                    unsigned char *base, i64 offset, i64 needed, i64 cap, i64 piece, int direct,
-                    const i64 *lo, const i64 *hi, void *const *states, i64 nleaves, unsigned char *out,
-                    int simd, const unsigned char *pre, i64 plen, const int *flags)
+ * [lo[i], hi[i]) (relative to `offset`, sorted, disjoint, inside [0, needed), each more than
+ * MAX_SHORT bytes), its 16-byte digest (xxhash's canonical form: big-endian, high half first) into
+ * out[16 i], with the stripe path of level `simd` (SIMD_SCALAR to planc_simd()). Returns the bytes
+ * read (at least `needed`), or the bytes read before the file ended (less than `needed`: no
+ * digests), or -1 when a read failed or the arguments are not as said: the caller reads the request
+ * again its own way, which says why. With `direct`, a read that ends off a 4096-byte boundary ends
+ * the loop (O_DIRECT at the end of a file). */
+i64 planc_read_hash(pread_fn pread, int fd, unsigned char *base, i64 offset, i64 needed, i64 cap, i64 piece,
+                    int direct, const i64 *lo, const i64 *hi, i64 nspans, unsigned char *out, int simd)
 {
     i64 got = 0;
-    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, pre, plen, flags, {{0}, 0}};
-    if (piece <= 0 || cap < needed || simd < SIMD_NONE || simd > SIMD_AVX512 || plen < 0 ||
-        (plen > 0 && (nleaves < 1 || lo[0] != 0)))
+    spans_t S = {lo, hi, nspans, 0, out, simd, 0, {{0}, 0}};
+    if (piece <= 0 || cap < needed || simd < SIMD_SCALAR || simd > SIMD_AVX512)
         return -1;
+    for (i64 i = 0; i < nspans; i++)
+        if (lo[i] < (i ? hi[i - 1] : 0) || hi[i] - lo[i] <= MAX_SHORT || hi[i] > needed)
+            return -1;
     while (got < needed) {
         i64 stop = ((offset + got) / piece + 1) * piece - offset;
         if (stop > cap)
@@ -377,118 +306,11 @@ i64 planc_read_hash(pread_fn pread, reset_fn reset, update_fn update, digest_fn 
         if (n == 0)
             return got;
         got += n;
-        if (feed_leaves(&L, base, got) != 0)
-            return -1;
+        feed_spans(&S, base, got);
         if (direct && (got & 4095))
             break;
     }
-    if (got < needed || L.li < nleaves)
+    if (got < needed || S.si < nspans)
         return got < needed ? got : -1;
     return got;
-}
-
-/* ---- copying out of the page cache through a mapping, hashing from the same loads ---- */
-
-/* Copy `n` bytes from `src` to `dst` (64-byte aligned) with non-temporal stores: the slot's lines
- * go to memory for the copy engine without being read first or kept in the cache (a plain store
- * reads each line before writing it). */
-__attribute__((target("avx512f"))) static void stream_avx512(unsigned char *dst, const unsigned char *src, i64 n)
-{
-    for (i64 i = 0; i < n; i += 256) {
-        __m512i a = _mm512_loadu_si512((const void *)(src + i)), b = _mm512_loadu_si512((const void *)(src + i + 64));
-        __m512i c = _mm512_loadu_si512((const void *)(src + i + 128)), d = _mm512_loadu_si512((const void *)(src + i + 192));
-        _mm512_stream_si512((void *)(dst + i), a);
-        _mm512_stream_si512((void *)(dst + i + 64), b);
-        _mm512_stream_si512((void *)(dst + i + 128), c);
-        _mm512_stream_si512((void *)(dst + i + 192), d);
-    }
-}
-
-__attribute__((target("avx2"))) static void stream_avx2(unsigned char *dst, const unsigned char *src, i64 n)
-{
-    for (i64 i = 0; i < n; i += 64) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(src + i)), b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
-        _mm256_stream_si256((__m256i *)(dst + i), a);
-        _mm256_stream_si256((__m256i *)(dst + i + 32), b);
-    }
-}
-
-static void stream_sse2(unsigned char *dst, const unsigned char *src, i64 n)
-{
-    for (i64 i = 0; i < n; i += 16)
-        _mm_stream_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
-}
-
-static void copy_bytes(unsigned char *dst, const unsigned char *src, i64 n)
-{
-    for (i64 i = 0; i < n; i++)
-        ((volatile unsigned char *)dst)[i] = src[i]; /* volatile: no call to a memcpy that is not linked */
-}
-
-static void stream_copy(int simd, unsigned char *dst, const unsigned char *src, i64 n)
-{
-    i64 head = (i64)((64 - ((unsigned long)dst & 63)) & 63), step = simd == SIMD_AVX512 ? 256 : 64;
-    if (head > n)
-        head = n;
-    copy_bytes(dst, src, head); /* up to the destination's first 64-byte line */
-    i64 body = (n - head) / step * step;
-    if (simd == SIMD_AVX512)
-        stream_avx512(dst + head, src + head, body);
-    else if (simd == SIMD_AVX2)
-        stream_avx2(dst + head, src + head, body);
-    else
-        stream_sse2(dst + head, src + head, body);
-    copy_bytes(dst + head + body, src + head + body, n - head - body);
-}
-
-/* Copy bytes [0, needed) of a file mapped at `src` (the file's bytes from the request's first, in a
- * read-only shared mapping) into `dst` (a ring slot), `chunk` bytes at a time,
- * and hash the spans [lo[i], hi[i]) as in planc_read_hash, from the chunk's lines while they are in
- * the cache. Before a chunk is copied its pages are made present (`madvise` MADV_POPULATE_READ: a
- * page the file no longer has is an error here, not a fault in the copy), and after it they are
- * unmapped again once the next chunk is hashed (MADV_DONTNEED: a shared file mapping's pages stay in
- * the page cache): a reader holds at most two chunks and two pages of the file mapped. `page` is the system's page size.
- * `simd` picks the stores and the stripe path (SIMD_NONE: SSE2 stores, the package's hash);
- * `pre`, `plen` and `flags` as in planc_read_hash.
- * Returns `needed`, or -1 when a page could not be made present or a hash failed (the caller
- * reads the request again its own way, which says why). */
-i64 planc_map_hash(madvise_fn madvise, reset_fn reset, update_fn update, digest_fn digest,
-                   const unsigned char *src, unsigned char *dst, i64 needed, i64 chunk, i64 page,
-                   const i64 *lo, const i64 *hi, void *const *states, i64 nleaves, unsigned char *out,
-                   int simd, const unsigned char *pre, i64 plen, const int *flags)
-{
-    leaves_t L = {reset, update, digest, lo, hi, states, nleaves, 0, 0, out, simd, 0, pre, plen, flags, {{0}, 0}};
-    if (chunk <= 0 || chunk % 256 || page <= 0 || (page & (page - 1)) || simd < SIMD_NONE || simd > SIMD_AVX512 ||
-        plen < 0 || (plen > 0 && (nleaves < 1 || lo[0] != 0)))
-        return -1;
-    i64 done = 0, rc = needed;
-    unsigned long pa = 0, pb = 0; /* the previous chunk's pages, unmapped after the next chunk's hash */
-    while (done < needed) {
-        i64 end = done + chunk < needed ? done + chunk : needed;
-        unsigned long a = (unsigned long)(src + done) & ~(unsigned long)(page - 1);
-        unsigned long b = ((unsigned long)(src + end) + page - 1) & ~(unsigned long)(page - 1);
-        if (madvise((void *)a, (size_t_)(b - a), MADV_POPULATE_READ_) != 0) {
-            rc = -1;
-            break;
-        }
-        stream_copy(simd, dst + done, src + done, end - done);
-        /* a stripe across the two chunks, and a leaf's last stripe, take bytes of the previous
-         * chunk too: its pages stay mapped until this chunk is hashed */
-        int bad = feed_leaves(&L, src, end);
-        if (pb > pa && a > pa)
-            madvise((void *)pa, (size_t_)((a < pb ? a : pb) - pa), MADV_DONTNEED_);
-        pa = a;
-        pb = b;
-        if (bad != 0) {
-            rc = -1;
-            break;
-        }
-        done = end;
-    }
-    if (pb > pa)
-        madvise((void *)pa, (size_t_)(pb - pa), MADV_DONTNEED_);
-    _mm_sfence(); /* the streamed lines are in memory before the caller hands the slot to the copy engine */
-    if (rc == needed && L.li < nleaves)
-        rc = -1;
-    return rc;
 }
