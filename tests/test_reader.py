@@ -143,7 +143,7 @@ def test_a_window_past_the_end_of_the_file_is_a_typed_short_read(blob):
 
 def test_every_window_is_faulted_in_before_its_copy(blob, monkeypatch):
     """`read_strided` faults in each window it maps, whole, before copying out of it (watched by
-    wrapping the real functions, not replacing them)."""
+    wrapping the real functions, not replacing them: the reader's `fault`, numpy's `copyto`)."""
     from planc.execute.io import reader as reader_mod
 
     d, data = blob
@@ -157,9 +157,8 @@ def test_every_window_is_faulted_in_before_its_copy(blob, monkeypatch):
         order.append(("copy", src.shape[0]))
         return real_copy(dst, src, *a, **k)
 
-    monkeypatch.setattr(reader_mod, "fault_in", fault)
     monkeypatch.setattr(np, "copyto", copy)
-    r = Reader(str(d), "off", map_window=20_000)
+    r = Reader(str(d), "off", map_window=20_000, fault=fault)
     buf = np.empty(100 * 30, np.uint8)
     try:
         r.read_strided("f.bin", 7, 100, 3000, 30, buf)
@@ -171,18 +170,15 @@ def test_every_window_is_faulted_in_before_its_copy(blob, monkeypatch):
     assert np.array_equal(buf, np.lib.stride_tricks.as_strided(data[7:], (30, 100), (3000, 1)).reshape(-1))
 
 
-def test_a_failure_while_copying_a_window_propagates_as_itself(blob, monkeypatch):
+def test_a_failure_while_copying_a_window_propagates_as_itself(blob):
     """An error in the middle of a window (here injected into the fault-in) reaches the caller as
     itself, not as the mapping's refusal to close while a view of it lives."""
-    from planc.execute.io import reader as reader_mod
-
     d, _ = blob
 
     def boom(window):
         raise MemoryError("injected")
 
-    monkeypatch.setattr(reader_mod, "fault_in", boom)
-    r = Reader(str(d), "off")
+    r = Reader(str(d), "off", fault=boom)
     try:
         with pytest.raises(MemoryError, match="injected"):
             r.read_strided("f.bin", 0, 100, 1000, 10, np.empty(1000, np.uint8))

@@ -143,6 +143,7 @@ class Reader:
     _retired: list = field(default_factory=list)  # fds given up by a fallback; other readers may still use them
     map_window: int = costmodel.MAP_WINDOW  # the plan's io.map_window_bytes
     map_lanes: int = costmodel.MAP_LANES  # the plan's io.map_lanes
+    fault: object = fault_in  # how a mapped window's pages are made present (`fault_in`)
     _lanes: threading.BoundedSemaphore | None = None
 
     def __post_init__(self) -> None:
@@ -285,7 +286,7 @@ class Reader:
                     src = view = None
                     try:
                         src = np.frombuffer(mm, np.uint8)
-                        fault_in(src)
+                        self.fault(src)
                         view = np.lib.stride_tricks.as_strided(src[lo - a:], (m, w), (stride, 1), writeable=False)
                         np.copyto(np.lib.stride_tricks.as_strided(out[k * length + p0:], (m, w), (length, 1)), view)
                     finally:
