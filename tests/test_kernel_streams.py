@@ -26,6 +26,7 @@ from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.execute import execute  # noqa: E402
 from planc.execute.device import seam  # noqa: E402
 from planc.execute.pipeline.events import CopyIssued, KernelsLaunched  # noqa: E402
+from planc.execute.pipeline.kernelruns import reads_landing  # noqa: E402
 
 
 class _Event:
