@@ -621,3 +621,19 @@ def test_the_digest_hasher_setting_chooses_the_hasher(tmp_path, models, monkeypa
     assert model.report["digest"]["hasher"] == "python" and model.report["digest"]["simd"] is None
     with pytest.raises(Exception, match="digest_hash"):
         planc.load(sa, verify="digest", digest=d, settings={"digest_hash": "fastest"})
+
+
+def test_a_file_gone_before_it_is_hashed_is_a_typed_read_error(tmp_path):
+    """The verifier opens the files itself (their heads, the leaves it reads whole): one removed
+    since the plan's checks is a ReadError naming it, not an OSError."""
+    _, plan, d, root, _ = _across(tmp_path, slot="96KiB")
+    v = dgc.Verifier(plan, dg.read_digest(str(d)))
+    (root / "model.safetensors").rename(root / "gone.safetensors")
+    with pytest.raises(ReadError) as e:
+        v.check_files()
+    assert e.value.code == "read-open" and str(root / "model.safetensors") in str(e.value)
+    lf = next(lf for queue in v.tasks.values() for t in queue for lf in t.leaves if lf.kind == "part" and lf.owner)
+    with pytest.raises(ReadError) as e:
+        v.hash_from_file(lf, np.zeros(1 << 20, np.uint8))
+    assert e.value.code == "read-open"
+

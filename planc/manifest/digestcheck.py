@@ -34,7 +34,7 @@ from collections import defaultdict, deque
 from typing import NamedTuple
 
 from ..base.codes import Code
-from ..base.errors import DigestError, printable, shorten
+from ..base.errors import DigestError, ReadError, printable, shorten
 from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash
 
 WHOLE, PART, FILL = "whole", "part", "fill"
@@ -188,6 +188,14 @@ def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
             "extents_untouched": total - len(extents), "shared_leaves": shared, "fill_bytes": fill}
 
 
+def _open(path: str) -> int:
+    """A checkpoint file opened for hashing; a file gone or unreadable since the load's checks: ReadError."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise ReadError(f"{printable(path)}: cannot open for hashing: {e.strerror}", code=Code.READ_OPEN) from None
+
+
 class _Extent:
     """One touched extent: its leaves' digests as their owners give them; the digests an owner took
     of its witnesses' ranges, and the witnesses' own, given before their owner's."""
@@ -235,9 +243,11 @@ class Verifier:
 
         for f in self.plan.checkpoint.files:
             path = os.path.join(self.root, f.path)
-            fd = os.open(path, os.O_RDONLY)
+            fd = _open(path)
             try:
                 got = _head_hash(fd, f.size_bytes, self.digest.head_bytes, path)
+            except OSError as e:
+                raise ReadError(f"{printable(path)}: read of its head failed: {e.strerror}", code=Code.READ_FAILED) from None
             finally:
                 os.close(fd)
             if got != self.digest.files[f.path].head:
@@ -263,20 +273,28 @@ class Verifier:
         import numpy as np
 
         path = os.path.join(self.root, lf.file)
-        h, checks = _xxh(), {c: _xxh() for c in lf.checks}
+        h, checks = _xxh(), [(a, b, _xxh()) for a, b in lf.checks]  # sorted by their first byte
         held = np.frombuffer(buf, np.uint8) if lf.own else None
-        own, k = lf.own, 0
-        fd = os.open(path, os.O_RDONLY)
+        own, k, m = lf.own, 0, 0
+        fd = _open(path)
         try:
             for c0 in range(lf.lo, lf.hi, FILL_CHUNK):
                 c1 = min(c0 + FILL_CHUNK, lf.hi)
-                data = os.pread(fd, c1 - c0, c0)
+                try:
+                    data = os.pread(fd, c1 - c0, c0)
+                except OSError as e:
+                    raise ReadError(f"{printable(path)}: read of bytes [{c0:,}, {c1:,}) to hash them failed: "
+                                    f"{e.strerror}", code=Code.READ_FAILED) from None
                 if len(data) != c1 - c0:
                     raise DigestError(f"{printable(path)}: ended at {c0 + len(data):,} bytes while hashing it",
                                       code=Code.DIGEST_READ)
                 h.update(data)
-                for (a, b), ch in checks.items():
-                    if a < c1 and b > c0:
+                while m < len(checks) and checks[m][1] <= c0:
+                    m += 1
+                for a, b, ch in checks[m:]:
+                    if a >= c1:
+                        break
+                    if b > c0:
                         ch.update(data[max(a, c0) - c0:min(b, c1) - c0])
                 while k < len(own) and own[k][1] <= c0:
                     k += 1
@@ -291,7 +309,7 @@ class Verifier:
         finally:
             os.close(fd)
         self.count(0, 0.0, 0, lf.hi - lf.lo)
-        return h.digest(), {c: ch.digest() for c, ch in checks.items()}
+        return h.digest(), {(a, b): ch.digest() for a, b, ch in checks}
 
     def record(self, lf: Leaf, digest: bytes, checks: dict | None = None) -> None:
         """An owner's digest of leaf `lf` into its extent (compared once the extent's last leaf is

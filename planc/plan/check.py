@@ -1,14 +1,16 @@
 """Checking a decoded plan document: every field the executor will trust, before it is allocated.
 
 Input: the JSON document of a plan file (format 8, see `planc/plan/codec.py` and docs/plan.md); output: an
-`ir.Plan`, or a `PlanFormatError` naming the field path. Checked: types and ranges of every field;
+`records.Plan`, or a `PlanFormatError` naming the field path. Checked: types and ranges of every field;
 ids and order; every read inside its file's fingerprinted size; every copy inside its slot and its
 region; every kernel's ranges; every tensor inside the arena, tensors disjoint; each part's sizes
 following from its op and dtypes; coverage (every byte lands where its part says, once); and the
 recorded peaks and decision equal to a fresh replay (`admission.admit`).
 
-Bulk records take a fast path that checks all their fields at once and falls back to the
-field-by-field check, which names what is wrong, only when something is.
+Array records take a fast path that checks all their fields at once and falls back to the
+field-by-field check, which names what is wrong, only when something is; both are made from one
+statement of each record's field kinds and bounds (`planc.plan.fieldcheck`). What is here relates a
+record to the others and to the plan.
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ import struct
 
 from .admission import admit, run_host_bytes
 from ..base.dtypes import DTYPES, op_problem
-from ..base.formats import FORMATS, kernel_format
+from ..base.formats import kernel_format
 from ..base.errors import PlanFormatError, printable
 from . import costs as costmodel
 from .costs import STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
 from ..base.units import MAX_BYTES
 from ..base.limits import (
-    MAX_BLOCK,
     MAX_DIM,
     MAX_DIMS,
     MAX_MAP_LANES,
@@ -39,13 +40,10 @@ from ..base import fp4
 from .hostcost import scratch_bytes
 from .checkbase import _Bad, _bad, _shown
 from .formatcheck import CHECKS
+from .fieldcheck import Fields, shape_ok
 from .records import (
     DEQUANTIZE_OPS,
     DIRECT_MODES,
-    KERNEL_OPS,
-    OPS,
-    PATHS,
-    SPACES,
     Budget,
     Checkpoint,
     Copy,
@@ -68,10 +66,8 @@ from .records import (
 )
 from ..base.device import DIRECT_ALIGN, check_device
 from ..base.codes import Code
-from ..manifest.ggml_types import QUANTIZED
 
 FORMAT = 8
-_GGML = ("", *sorted(QUANTIZED))  # a part's `ggml`: a GGML block type, or none
 
 # The field order of each array record, as the file states it.
 # Names repeated by the thousand are written once, in a table, and referred to by index: the
@@ -91,6 +87,9 @@ FIELDS = {
 }
 _TOP = ("kind", "format", "planc", "fields", "spec", "checkpoint", "device", "tensor_parallel", "budget", "io",
         "layout", "tensors", "reasons", "sources", "parts", "runs", "skipped", "peak", "refusal", "costs")
+# each array record's field checks, from one statement of their kinds (`planc.plan.fieldcheck`)
+_TENSOR, _PART, _INPUT, _REQUEST, _COPY, _KERNEL, _HOST_PART = (
+    Fields(k, FIELDS[k]) for k in ("tensor", "part", "input", "request", "copy", "kernel", "host_part"))
 
 
 # -- encode ---------------------------------------------------------------------------------------
@@ -204,9 +203,7 @@ def _nbytes_of(dtype: str, shape: tuple, path: str) -> int:
 
 
 _MAX = MAX_BYTES  # any byte count or offset beyond this is not a real one (units.MAX_BYTES: 2**62)
-_MAX_HEAD_ROWS = 1 << 16  # a part's or kernel's `unpermute` (rows per attention head) beyond this is not a real one
 new = tuple.__new__  # a record built from checked fields, without its Python-level constructor
-_ROLES = ("weight", "scale", "scale2")
 
 
 def check(doc, where: str) -> Plan:
@@ -341,17 +338,18 @@ class _Checker:
     # -- tensors and parts ----------------------------------------------------------------------
     def _tensors(self, v, lay: Layout) -> tuple[Tensor, ...]:
         out, prev = [], None
-        n_f = len(FIELDS["tensor"])
+        fields = _TENSOR.bind()
+        fast, slow = fields.fast, fields.slow
         for k, t in enumerate(_list(v, "tensors")):
             at = f"tensors[{k}]"
-            _list(t, at, n_f)
-            name, dtype = _str(t[0], f"{at}.name"), _dtype(t[1], f"{at}.dtype")
+            if fast(t) and shape_ok(t[2]):
+                name, dtype, shape, off, nbytes = t
+                shape = tuple(shape)
+            else:  # the field-by-field check, which names what is wrong
+                name, dtype, shape, off, nbytes = slow(t, at)
             if prev is not None and name <= prev:
                 raise _bad(f"{at}.name", f"tensors must be sorted by name, without repeats ({_shown(name)} after {_shown(prev)})")
             prev = name
-            shape = _shape(t[2], f"{at}.shape")
-            off = _int(t[3], f"{at}.offset_bytes", 0, _MAX)
-            nbytes = _int(t[4], f"{at}.nbytes", 0, _MAX)
             want = _nbytes_of(dtype, shape, f"{at}.shape")
             if nbytes != want:
                 raise _bad(f"{at}.nbytes", f"is {nbytes:,}, but {dtype} x {list(shape)} is {want:,} bytes")
@@ -368,43 +366,18 @@ class _Checker:
         return tuple(out)
 
     def _parts(self, v, tensors, files) -> tuple[Part, ...]:
-        n_t, reasons = len(tensors), self.reasons
-        n_f, n_in = len(FIELDS["part"]), len(FIELDS["input"])
+        reasons = self.reasons
+        fields = _PART.bind(tensors=len(tensors), reasons=len(reasons))
+        fast, slow = fields.fast, fields.slow
+        self.inputs = _INPUT.bind(sources=len(self.sources), files=len(files))
         out, labels, semantics = [], set(), set()
         for pid, p in enumerate(_list(v, "parts")):
-            if type(p) is list and len(p) == n_f and _nat(p[0], p[1], p[4], *p[6:8], *p[9:13], p[15], p[16]) \
-                    and p[0] < n_t and p[15] <= _MAX_HEAD_ROWS \
-                    and p[4] < len(reasons) and p[2] in OPS and p[3] in PATHS and type(p[2]) is str \
-                    and type(p[3]) is str and type(p[5]) is list and 1 <= len(p[5]) <= 3 \
-                    and type(p[8]) is str and p[8] in DTYPES and p[11] <= MAX_BLOCK and type(p[13]) is str \
-                    and p[13] in _GGML and type(p[14]) is float and p[14] == 0.0:
-                ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, ggml, add, \
-                    unpermute, dst = p
-            else:  # the field-by-field check, which names what is wrong
-                _list(p, f"parts[{pid}]", n_f)
-                ti = _int(p[0], f"parts[{pid}].tensor_index", 0, n_t - 1)
-                index = _int(p[1], f"parts[{pid}].index", 0, _MAX)
-                op = _one_of(p[2], f"parts[{pid}].op", OPS)
-                path = _one_of(p[3], f"parts[{pid}].path", PATHS)
-                ri = _int(p[4], f"parts[{pid}].reason_index", 0, len(reasons) - 1)
-                raw_inputs = _list(p[5], f"parts[{pid}].inputs")
-                if not 1 <= len(raw_inputs) <= 3:
-                    raise _bad(f"parts[{pid}].inputs", f"must list 1 to 3 inputs, got {len(raw_inputs)}")
-                off = _int(p[6], f"parts[{pid}].offset_bytes", 0, _MAX)
-                out_bytes = _int(p[7], f"parts[{pid}].out_bytes", 0, _MAX)
-                out_dtype = _dtype(p[8], f"parts[{pid}].out_dtype")
-                landing = _int(p[9], f"parts[{pid}].landing_bytes", 0, _MAX)
-                host = _int(p[10], f"parts[{pid}].host_bytes", 0, _MAX)
-                block = _int(p[11], f"parts[{pid}].block", 0, MAX_BLOCK)
-                zero = _int(p[12], f"parts[{pid}].zero_bytes", 0, _MAX)
-                ggml = _one_of(p[13], f"parts[{pid}].ggml", _GGML)
-                add = _addend(p[14], f"parts[{pid}].add")
-                unpermute = _int(p[15], f"parts[{pid}].unpermute", 0, _MAX_HEAD_ROWS)
-                dst = _int(p[16], f"parts[{pid}].dst_offset", 0, _MAX)
+            ti, index, op, path, ri, raw_inputs, off, out_bytes, out_dtype, landing, host, block, zero, ggml, add, \
+                unpermute, dst = p if fast(p) else slow(p, f"parts[{pid}]")
             t, reason = tensors[ti], reasons[ri]
             name = t.name
-            inputs = (self._input(raw_inputs[0], pid, 0, n_in, files),) if len(raw_inputs) == 1 else \
-                tuple(self._input(x, pid, k, n_in, files) for k, x in enumerate(raw_inputs))
+            inputs = (self._input(raw_inputs[0], pid, 0, files),) if len(raw_inputs) == 1 else \
+                tuple(self._input(x, pid, k, files) for k, x in enumerate(raw_inputs))
             if out_dtype != t.dtype:
                 raise _bad(f"parts[{pid}].out_dtype", f"is {out_dtype}, its tensor {_shown(name)} is {t.dtype}")
             if dst != t.offset_bytes + off:
@@ -432,36 +405,14 @@ class _Checker:
             out.append(part)
         return tuple(out)
 
-    def _input(self, i, pid: int, k: int, n_in: int, files) -> Input:
-        if type(i) is list and len(i) == n_in:
+    def _input(self, i, pid: int, k: int, files) -> Input:
+        fields = self.inputs
+        if fields.fast(i) and shape_ok(i[6]):
             role, tensor, fi, start, nbytes, dtype, shape, seg, stride, count = i
-            fast = (type(fi) is int and type(start) is int and type(nbytes) is int and type(seg) is int
-                    and type(stride) is int and type(count) is int and 0 <= fi < len(files) and 0 <= start <= _MAX
-                    and 0 <= nbytes <= _MAX and 0 <= seg <= _MAX and 0 <= stride <= _MAX and 1 <= count <= _MAX
-                    and type(role) is str and role in _ROLES and type(tensor) is int
-                    and 0 <= tensor < len(self.sources) and type(dtype) is str and dtype in DTYPES
-                    and type(shape) is list and len(shape) <= MAX_DIMS)
-        else:
-            fast = False
-        at = None
-        if fast:
-            f = files[fi]
-            if shape and not (set(map(type, shape)) == _INTS and min(shape) >= 0 and max(shape) <= MAX_DIM):
-                shape = _shape(shape, f"parts[{pid}].inputs[{k}].shape")
             shape = tuple(shape)
         else:  # the field-by-field check, which names what is wrong
-            at = f"parts[{pid}].inputs[{k}]"
-            _list(i, at, n_in)
-            role = _one_of(i[0], f"{at}.role", _ROLES)
-            tensor = _int(i[1], f"{at}.source_index", 0, len(self.sources) - 1)
-            fi = _int(i[2], f"{at}.file_index", 0, len(files) - 1)
-            f = files[fi]
-            start = _int(i[3], f"{at}.start", 0, _MAX)
-            nbytes = _int(i[4], f"{at}.nbytes", 0, _MAX)
-            dtype = _dtype(i[5], f"{at}.dtype")
-            shape = _shape(i[6], f"{at}.shape")
-            seg, stride = _int(i[7], f"{at}.seg", 0, _MAX), _int(i[8], f"{at}.stride", 0, _MAX)
-            count = _int(i[9], f"{at}.count", 1, _MAX)
+            role, tensor, fi, start, nbytes, dtype, shape, seg, stride, count = fields.slow(i, f"parts[{pid}].inputs[{k}]")
+        f = files[fi]
         want = _NBYTES.get((dtype, shape)) or _nbytes_of(dtype, shape, f"parts[{pid}].inputs[{k}].shape")
         if nbytes != want:
             raise _bad(f"parts[{pid}].inputs[{k}].nbytes",
@@ -535,9 +486,12 @@ class _Checker:
 
     # -- runs -------------------------------------------------------------------------------------
     def _runs(self, v, parts, files, io: IOSettings, lay: Layout) -> tuple[Run, ...]:
-        n_f, n_q, n_c, n_k, n_h = (len(FIELDS[k]) for k in ("run", "request", "copy", "kernel", "host_part"))
+        n_f = len(FIELDS["run"])
         out, next_part, users, scatter_rows, windows = [], 0, 0, 0, []
         staging_slots = lay.staging_bytes // io.slot_bytes
+        request = _REQUEST.bind(files=len(files), slot=io.slot_bytes, staging=staging_slots)
+        self.copies = _COPY.bind(room=io.slot_bytes)  # a request's room is at most its slot
+        kernel, host_part = _KERNEL.bind(), _HOST_PART.bind()
         for k, r in enumerate(_list(v, "runs")):
             at = f"runs[{k}]"
             _list(r, at, n_f)
@@ -552,11 +506,11 @@ class _Checker:
             in_run = range(first, next_part)
             region = _int(r[4], f"{at}.landing_region", k % 2, k % 2)
             limits = {"arena": lay.arena_bytes, "landing": lay.landing_region_bytes[region]}
-            reqs = tuple(self._request(q, at, j, n_q, n_c, files, io, limits, staging_slots)
+            reqs = tuple(self._request(q, at, j, request, files, io, limits, staging_slots)
                          for j, q in enumerate(_list(r[1], f"{at}.requests")))
-            kernels = tuple(self._kernel(x, at, j, n_k, parts, in_run, limits)
+            kernels = tuple(self._kernel(x, at, j, kernel, parts, in_run, limits)
                             for j, x in enumerate(_list(r[2], f"{at}.kernels")))
-            hosts = tuple(self._host_part(h, f"{at}.host_parts[{j}]", n_h, parts, in_run, io)
+            hosts = tuple(self._host_part(h, f"{at}.host_parts[{j}]", host_part, parts, in_run, io)
                           for j, h in enumerate(_list(r[3], f"{at}.host_parts")))
             host_ids = {h.part for h in hosts}
             if len(host_ids) != len(hosts) or host_ids != {p for p in pids if parts[p].path == "host"}:
@@ -597,70 +551,52 @@ class _Checker:
                                                   f"{scatter_rows:,} copies")
         return tuple(out)
 
-    def _request(self, q, run_at, j, n_q, n_c, files, io, limits, staging_slots) -> Request:
+    def _request(self, q, run_at, j, fields, files, io, limits, staging_slots) -> Request:
         slot = io.slot_bytes
-        if (type(q) is list and len(q) == n_q and _nat(q[0], q[1], q[2], q[7], q[8]) and q[0] < len(files)
-                and 1 <= q[2] <= slot and q[4] is False and type(q[5]) is int and q[5] == -1 and type(q[6]) is int
-                and q[6] == 1 and type(q[3]) is list
+        if (fields.fast(q) and q[4] is False and q[5] == -1 and q[6] == 1
                 and ((q[7] == 0 and q[8] == 1 and q[1] % DIRECT_ALIGN == 0)
-                     or (q[7] >= q[2] and 1 <= q[8] <= slot // q[2]))):
+                     or (q[7] >= q[2] and q[8] <= slot // q[2]))):
             # the common request, plain or strided, not scattered: every field in range at once
             fi, off, length, raw, scatter, staging, width, stride, count = q
-            f = files[fi]
             room = length * count if stride else length
-            at = None
         else:  # the field-by-field check, which names what is wrong
             at = f"{run_at}.requests[{j}]"
-            _list(q, at, n_q)
-            f = files[_int(q[0], f"{at}.file_index", 0, len(files) - 1)]
-            off = _int(q[1], f"{at}.offset", 0, _MAX)
-            length = _int(q[2], f"{at}.length", 1, slot)
-            stride = _int(q[7], f"{at}.stride", 0, _MAX)
+            fi, off, length, raw, scatter, staging, width, stride, count = fields.slow(q, at)
             if stride:
-                count = _int(q[8], f"{at}.count", 1, slot // length)
+                count = _int(count, f"{at}.count", 1, slot // length)
                 if stride < length:
                     raise _bad(f"{at}.stride", f"is {stride:,}: a strided read's segments ({length:,} bytes) may not "
                                                f"overlap")
                 room = length * count  # the slot bytes a strided read fills, packed
             else:
-                count = _int(q[8], f"{at}.count", 1, 1)
+                count = _int(count, f"{at}.count", 1, 1)
                 if off % DIRECT_ALIGN:
                     raise _bad(f"{at}.offset", f"{off:,} is not aligned to {DIRECT_ALIGN} bytes")
                 room = length
-            scatter = q[4]
-            if type(scatter) is not bool:
-                raise _bad(f"{at}.scatter", f"must be true or false, got {_shown(scatter)}")
             if scatter and not stride:
-                staging = _int(q[5], f"{at}.staging", 0, staging_slots - 1) if staging_slots else \
-                    _int(q[5], f"{at}.staging", 0, -1)
-                width = _int(q[6], f"{at}.width", 1, 8)
+                staging = _int(staging, f"{at}.staging", 0, staging_slots - 1)
                 if width not in (1, 2, 4, 8):
                     raise _bad(f"{at}.width", f"must be 1, 2, 4 or 8, got {width}")
             elif scatter:
                 raise _bad(f"{at}.scatter", "a strided read is not scattered")
             else:
-                staging = _int(q[5], f"{at}.staging", -1, -1)
-                width = _int(q[6], f"{at}.width", 1, 1)
-            raw = _list(q[3], f"{at}.copies")
+                staging = _int(staging, f"{at}.staging", -1, -1)
+                width = _int(width, f"{at}.width", 1, 1)
+        f = files[fi]
+        copy = self.copies  # the slot's bounds; a copy that fails them is checked against the request's room
         copies, needed = [], 0
         for k, c in enumerate(raw):
-            if type(c) is list and len(c) == n_c and _nat(c[0], c[2], c[3]) and c[3] >= 1 and c[1] in SPACES \
-                    and type(c[1]) is str and c[4] == 1 and c[5] == 0 and type(c[4]) is int and type(c[5]) is int:
+            if copy.fast(c) and c[4] == 1 and c[5] == 0:
                 so, space, dst, n, rows, pitch = c
             else:  # the field-by-field check, which names what is wrong
                 ca = f"{run_at}.requests[{j}].copies[{k}]"
-                _list(c, ca, n_c)
-                so = _int(c[0], f"{ca}.slot_offset", 0, room)
-                space = _one_of(c[1], f"{ca}.space", SPACES)
-                dst = _int(c[2], f"{ca}.dst_offset", 0, _MAX)
-                n = _int(c[3], f"{ca}.nbytes", 1, room)
-                rows = _int(c[4], f"{ca}.rows", 1, room)
+                so, space, dst, n, rows, pitch = _COPY.bind(room=room).slow(c, ca)
                 if rows == 1:
-                    pitch = _int(c[5], f"{ca}.pitch", 0, 0)
+                    pitch = _int(pitch, f"{ca}.pitch", 0, 0)
                 elif stride or scatter:
                     raise _bad(f"{ca}.rows", "only a whole-row request has 2-D copies")
                 else:
-                    pitch = _int(c[5], f"{ca}.pitch", n, room)
+                    pitch = _int(pitch, f"{ca}.pitch", n, room)
             end = so + (rows - 1) * pitch + n
             if end > room:
                 raise _bad(f"{run_at}.requests[{j}].copies[{k}]", f"slot range [{so:,}, {end:,}) reaches past the "
@@ -684,35 +620,17 @@ class _Checker:
                                                   f"{f.size_bytes:,} bytes")
         return new(Request, (f.path, off, length, tuple(copies), scatter, staging, width, stride, count))
 
-    def _kernel(self, x, run_at, j, n_k, parts, in_run, limits) -> Kernel:
+    def _kernel(self, x, run_at, j, fields, parts, in_run, limits) -> Kernel:
         def at(field: str = "") -> str:  # the field path, formatted only for an error
             return f"{run_at}.kernels[{j}]{field}"
 
-        if type(x) is list and len(x) == n_k and _nat(x[0], x[5], x[7], x[8], x[9], x[10], x[11], x[15]) \
-                and x[15] <= _MAX_HEAD_ROWS \
-                and (x[6] is None or _nat(x[6])) and x[11] <= MAX_BLOCK and type(x[1]) is str and type(x[2]) is str \
-                and type(x[3]) is str and type(x[4]) is str and x[1] in KERNEL_OPS and x[4] in SPACES \
-                and x[2] in DTYPES and x[3] in DTYPES and type(x[12]) is list and not x[12] and type(x[13]) is str \
-                and x[13] in FORMATS and type(x[14]) is float and x[14] == 0.0:
+        if fields.fast(x) and not x[12]:
             pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt, add, unpermute = x
             more = ()
         else:  # the field-by-field check, which names what is wrong
-            _list(x, at(), n_k)
-            pid = _int(x[0], at(".part"), 0, _MAX)
-            op = _one_of(x[1], at(".op"), KERNEL_OPS)
-            src_dtype, dst_dtype = _dtype(x[2], at(".src_dtype")), _dtype(x[3], at(".dst_dtype"))
-            space = _one_of(x[4], at(".src_space"), SPACES)
-            src = _int(x[5], at(".src_offset"), 0, _MAX)
-            scale = None if x[6] is None else _int(x[6], at(".scale_offset"), 0, _MAX)
-            dst = _int(x[7], at(".dst_offset"), 0, _MAX)
-            numel, rows = _int(x[8], at(".numel"), 0, _MAX), _int(x[9], at(".rows"), 0, _MAX)
-            cols = _int(x[10], at(".cols"), 0, _MAX)
-            block = _int(x[11], at(".block"), 0, MAX_BLOCK)
-            more = tuple(_int(v, at(f".more[{m}]"), 0, _MAX)
-                         for m, v in enumerate(_list(x[12], at(".more"))))
-            fmt = _one_of(x[13], at(".format"), FORMATS)
-            add = _addend(x[14], at(".add"))
-            unpermute = _int(x[15], at(".unpermute"), 0, _MAX_HEAD_ROWS)
+            pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt, add, unpermute = \
+                fields.slow(x, at())
+            more = tuple(_int(v, at(f".more[{m}]"), 0, _MAX) for m, v in enumerate(more))
         if pid in in_run:  # the format the part's op and inputs decide (a part outside the run is named below)
             p0 = parts[pid]
             want = kernel_format(op, p0.inputs[0].dtype, p0.inputs[1].dtype if len(p0.inputs) >= 2 else None)
@@ -774,14 +692,11 @@ class _Checker:
         return new(Kernel, (pid, op, src_dtype, dst_dtype, space, src, scale, dst, numel, rows, cols, block, more, fmt,
                             add, 0))
 
-    def _host_part(self, h, at, n_h, parts, in_run, io) -> HostPart:
-        _list(h, at, n_h)
-        pid = _int(h[0], f"{at}.part", 0, _MAX)
+    def _host_part(self, h, at, fields, parts, in_run, io) -> HostPart:
+        pid, dst, copies = h if fields.fast(h) else fields.slow(h, at)
         if pid not in in_run or parts[pid].path != "host":
             raise _bad(f"{at}.part", f"part {pid} is not a host-path part of this run")
         p = parts[pid]
-        dst = _int(h[1], f"{at}.dst_offset", 0, _MAX)
-        copies = _int(h[2], f"{at}.copies", 0, _MAX)
         if dst != p.dst_offset:
             raise _bad(f"{at}.dst_offset", f"is {dst:,}, part {pid} goes to {p.dst_offset:,}")
         want = -(-p.out_bytes // io.slot_bytes)
