@@ -16,7 +16,6 @@ record to the others and to the plan.
 from __future__ import annotations
 
 import math
-import struct
 
 from .admission import admit, run_host_bytes
 from ..base.dtypes import DTYPES, op_problem
@@ -26,8 +25,6 @@ from . import costs as costmodel
 from .costs import STRIDED_MODES, map_bytes, map_bytes_bound, window_bytes
 from ..base.units import MAX_BYTES
 from ..base.limits import (
-    MAX_DIM,
-    MAX_DIMS,
     MAX_MAP_LANES,
     MAX_MAP_WINDOW,
     MAX_SLOT,
@@ -38,7 +35,7 @@ from ..base.limits import (
 )
 from ..base import fp4
 from .hostcost import scratch_bytes
-from .checkbase import _Bad, _bad, _shown
+from .checkbase import _Bad, _bad, _int, _list, _one_of, _shown, _str
 from .formatcheck import CHECKS
 from .fieldcheck import Fields, shape_ok
 from .records import (
@@ -95,29 +92,6 @@ _TENSOR, _PART, _INPUT, _REQUEST, _COPY, _KERNEL, _HOST_PART = (
 # -- encode ---------------------------------------------------------------------------------------
 
 
-def _int(v, path: str, lo: int = 0, hi: int | None = None) -> int:
-    if type(v) is not int:
-        raise _bad(path, f"must be an integer, got {_shown(v)}")
-    if v < lo or (hi is not None and v > hi):
-        rng = f"at least {lo:,}" if hi is None else f"between {lo:,} and {hi:,}"
-        raise _bad(path, f"must be {rng}, got {v:,}")
-    return v
-
-
-def _str(v, path: str) -> str:
-    if type(v) is not str:
-        raise _bad(path, f"must be a string, got {_shown(v)}")
-    return v
-
-
-def _list(v, path: str, n: int | None = None) -> list:
-    if type(v) is not list:
-        raise _bad(path, f"must be an array, got {_shown(v)}")
-    if n is not None and len(v) != n:
-        raise _bad(path, f"must have {n} fields, got {len(v)}")
-    return v
-
-
 def _obj(v, path: str, keys) -> dict:
     if type(v) is not dict:
         raise _bad(path, f"must be an object, got {_shown(v)}")
@@ -141,32 +115,6 @@ _LATER_COSTS = ("disk_byte_s", "link_byte_s")  # cost figures a plan saved befor
 _PLAN_REFUSALS = (Code.HOST_BUDGET.value, Code.DEVICE_BUDGET.value)
 
 
-def _addend(v, path: str) -> float:
-    """A part's or kernel's `add`: a finite float that float32 holds exactly (what a kernel adds)."""
-    if type(v) is not float or not math.isfinite(v):
-        raise _bad(path, f"must be a finite number, got {_shown(v)}")
-    try:
-        held = struct.unpack("<f", struct.pack("<f", v))[0]
-    except OverflowError:
-        held = None
-    if held != v:
-        raise _bad(path, f"{_shown(v)} is not a float32 value")
-    return v
-
-
-def _one_of(v, path: str, allowed) -> str:
-    if v not in allowed or type(v) is not str:
-        raise _bad(path, f"must be one of {', '.join(allowed)}, got {_shown(v)}")
-    return v
-
-
-def _dtype(v, path: str) -> str:
-    if type(v) is not str or v not in DTYPES:
-        raise _bad(path, f"unknown dtype {_shown(v)}")
-    return v
-
-
-_INTS = {int}
 
 
 def _nat(*vals) -> bool:
@@ -175,16 +123,6 @@ def _nat(*vals) -> bool:
         if type(v) is not int or v < 0 or v > _MAX:
             return False
     return True
-
-
-def _shape(v, path: str) -> tuple[int, ...]:
-    if type(v) is list and len(v) <= MAX_DIMS and (not v or (set(map(type, v)) == _INTS and min(v) >= 0
-                                                       and max(v) <= MAX_DIM)):
-        return tuple(v)
-    _list(v, path)
-    if len(v) > MAX_DIMS:
-        raise _bad(path, f"has {len(v)} dims, at most {MAX_DIMS}")
-    return tuple(_int(d, f"{path}[{k}]", 0, MAX_DIM) for k, d in enumerate(v))
 
 
 _NBYTES: dict = {}

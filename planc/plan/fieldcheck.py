@@ -21,7 +21,7 @@ from ..base.formats import FORMATS
 from ..base.limits import MAX_BLOCK, MAX_DIM, MAX_DIMS
 from ..base.units import MAX_BYTES
 from ..manifest.ggml_types import QUANTIZED
-from .checkbase import _bad, _shown
+from .checkbase import _addend, _bad, _dtype, _int, _list, _one_of, _shape, _shown, _str
 from .records import KERNEL_OPS, OPS, PATHS, SPACES
 
 _MAX = MAX_BYTES
@@ -93,8 +93,6 @@ class Fields:
     def slow(self, r, at: str) -> list:
         """The fields of record `r` at field path `at`, each checked in turn; the first that is wrong
         raises, naming it."""
-        from .check import _addend, _dtype, _int, _list, _one_of, _shape, _str
-
         _list(r, at, len(self.kinds))
         out = []
         for v, (name, kind, *b) in zip(r, self.kinds):
