@@ -38,6 +38,7 @@ from ..base.errors import DigestError, ReadError, printable, shorten
 from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash
 
 WHOLE, PART, FILL = "whole", "part", "fill"
+HASH_CHUNK = 256 << 10  # bytes of a file a reader holds at once to hash a leaf it reads whole: 16 readers, 4 MiB
 
 
 class Leaf(NamedTuple):
@@ -278,8 +279,8 @@ class Verifier:
         own, k, m = lf.own, 0, 0
         fd = _open(path)
         try:
-            for c0 in range(lf.lo, lf.hi, FILL_CHUNK):
-                c1 = min(c0 + FILL_CHUNK, lf.hi)
+            for c0 in range(lf.lo, lf.hi, HASH_CHUNK):
+                c1 = min(c0 + HASH_CHUNK, lf.hi)
                 try:
                     data = os.pread(fd, c1 - c0, c0)
                 except OSError as e:
