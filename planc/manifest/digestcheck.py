@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from ..base.codes import Code
 from ..base.errors import DigestError, ReadError, printable, shorten
-from .digest import FILL_CHUNK, LEAF_BYTES, Digest, _xxh, extent_hash
+from .digest import LEAF_BYTES, Digest, _xxh, extent_hash
 
 WHOLE, PART, FILL = "whole", "part", "fill"
 HASH_CHUNK = 256 << 10  # bytes of a file a reader holds at once to hash a leaf it reads whole: 16 readers, 4 MiB
