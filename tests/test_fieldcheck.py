@@ -77,3 +77,33 @@ def test_slow_names_the_first_wrong_field():
     r = list(good)
     r[14] = 0.5  # a float32 constant: slow accepts what fast leaves to it
     assert not f.fast(r) and f.slow(r, "p")[14] == 0.5
+
+
+def test_a_field_whose_range_depends_on_its_case_is_named_with_that_range(tmp_path):
+    """A request's count, width and staging and a copy's pitch: the message states the range of the
+    record's case (a plain request reads one segment), not the kind's widest."""
+    import json
+
+    import numpy as np
+
+    from conftest import write_spec, write_st
+    from planc.base.errors import PlanFormatError
+    from planc.compiler.compile import compile_spec
+    from planc.plan.codec import decode, encode
+
+    write_st(tmp_path / "m.safetensors", {"a": np.zeros(3000, np.float32)})
+    spec = write_spec(tmp_path, {"checkpoint": "m.safetensors", "budget": {"host": "1GiB"},
+                                 "io": {"slot": "8KiB", "slots": 2}, "rules": [{"match": "*"}]})
+    doc = json.loads(encode(compile_spec(spec)))
+    for field, bad, want in [(8, 0, "requests[0].count: must be between 1 and 1, got 0"),
+                             (6, 9, "requests[0].width: must be between 1 and 1, got 9"),
+                             (5, 5, "requests[0].staging: must be between -1 and -1, got 5"),
+                             (6, "1", "requests[0].width: must be an integer, got '1'")]:
+        d = json.loads(json.dumps(doc))
+        d["runs"][0][1][0][field] = bad
+        with pytest.raises(PlanFormatError, match=want.replace("[", r"\[").replace("]", r"\]")):
+            decode(json.dumps(d).encode(), "p.json")
+    d = json.loads(json.dumps(doc))
+    d["runs"][0][1][0][3][0][5] = 5000
+    with pytest.raises(PlanFormatError, match=r"copies\[0\]\.pitch: must be between 0 and 0, got 5,000"):
+        decode(json.dumps(d).encode(), "p.json")

@@ -29,8 +29,10 @@ MAX_HEAD_ROWS = 1 << 16  # a part's or kernel's `unpermute` (rows per attention 
 GGML = ("", *sorted(QUANTIZED))  # a part's `ggml`: a GGML block type, or none
 ROLES = ("weight", "scale", "scale2")
 
-# kind, then its bounds: ("int", lo, hi) | ("int?", lo, hi) (or null) | ("in", allowed) | ("dtype",) |
-# ("str",) | ("bool",) | ("list", min length, max length) | ("shape",) | ("add",): a float32 constant
+# kind, then its bounds: ("int", lo, hi) | ("int?", lo, hi) (or null) | ("int*", lo, hi): an int whose
+# range depends on other fields, held to [lo, hi] by `fast` and left to `planc.plan.check` by `slow`,
+# so that its message states the range of its case | ("in", allowed) | ("dtype",) | ("str",) |
+# ("bool",) | ("list", min length, max length) | ("shape",) | ("add",): a float32 constant
 NAT = ("int", 0, _MAX)
 KINDS = {
     "tensor": (("name", ("str",)), ("dtype", ("dtype",)), ("shape", ("shape",)), ("offset_bytes", NAT),
@@ -44,10 +46,10 @@ KINDS = {
               ("start", NAT), ("nbytes", NAT), ("dtype", ("dtype",)), ("shape", ("shape",)), ("seg", NAT),
               ("stride", NAT), ("count", ("int", 1, _MAX))),
     "request": (("file_index", ("int", 0, "files-1")), ("offset", NAT), ("length", ("int", 1, "slot")),
-                ("copies", ("list", 0, None)), ("scatter", ("bool",)), ("staging", ("int", -1, "staging-1")),
-                ("width", ("int", 1, 8)), ("stride", NAT), ("count", ("int", 1, "slot"))),
+                ("copies", ("list", 0, None)), ("scatter", ("bool",)), ("staging", ("int*", -1, "staging-1")),
+                ("width", ("int*", 1, 8)), ("stride", NAT), ("count", ("int*", 1, "slot"))),
     "copy": (("slot_offset", ("int", 0, "room")), ("space", ("in", SPACES)), ("dst_offset", NAT),
-             ("nbytes", ("int", 1, "room")), ("rows", ("int", 1, "room")), ("pitch", ("int", 0, "room"))),
+             ("nbytes", ("int", 1, "room")), ("rows", ("int", 1, "room")), ("pitch", ("int*", 0, "room"))),
     "kernel": (("part", NAT), ("op", ("in", KERNEL_OPS)), ("src_dtype", ("dtype",)), ("dst_dtype", ("dtype",)),
                ("src_space", ("in", SPACES)), ("src_offset", NAT), ("scale_offset", ("int?", 0, _MAX)),
                ("dst_offset", NAT), ("numel", NAT), ("rows", NAT), ("cols", NAT), ("block", ("int", 0, MAX_BLOCK)),
@@ -78,7 +80,7 @@ class Fields:
         """The checks with this plan's bounds (`env`: the names the kinds use) in place."""
         b = Fields.__new__(Fields)
         b.record, b.spec = self.record, self.spec
-        b.kinds = [(name, kind[0], *[_bound(x, env) if kind[0] in ("int", "int?", "list") and j < 2 else x
+        b.kinds = [(name, kind[0], *[_bound(x, env) if kind[0] in ("int", "int?", "int*", "list") and j < 2 else x
                                      for j, x in enumerate(kind[1:])]) for name, kind in self.spec]
         b._fast = None
         return b
@@ -99,6 +101,9 @@ class Fields:
             path = f"{at}.{name}"
             if kind == "int":
                 v = _int(v, path, b[0], b[1])
+            elif kind == "int*":
+                if type(v) is not int:
+                    raise _bad(path, f"must be an integer, got {_shown(v)}")
             elif kind == "int?":
                 v = None if v is None else _int(v, path, b[0], b[1])
             elif kind == "in":
@@ -127,7 +132,7 @@ def _compile(record: str, kinds: list):
     terms, env = [], {"DTYPES": DTYPES, "MAX_DIMS": MAX_DIMS}
     for i, (_, kind, *b) in enumerate(kinds):
         x = f"r[{i}]"
-        if kind == "int":
+        if kind in ("int", "int*"):
             terms.append(f"type({x}) is int and {b[0]} <= {x} <= {b[1]}")
         elif kind == "int?":
             terms.append(f"({x} is None or (type({x}) is int and {b[0]} <= {x} <= {b[1]}))")
