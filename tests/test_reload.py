@@ -289,6 +289,7 @@ def test_a_leaf_two_reads_share_is_hashed_by_each_and_a_flipped_byte_in_it_is_ca
     kinds = _kinds(plan)
     shared = [lo for owner, lo in kinds["part"] if not owner]
     assert len(shared) >= 2 and len(kinds["whole"]) >= 2  # witnesses: leaves across two reads
+    assert dgc.coverage(plan, EXTENT)["shared_leaves"] == len(set(shared))
     model = planc.load(spec, verify="digest", digest=d)
     models.append(model)
     assert_model(model, want)

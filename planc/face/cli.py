@@ -707,8 +707,8 @@ def _verification_line(v: dict) -> str:
     return (f"verified: yes, against {printable(v['digest_file'])}: {v['extents_verified']} of {v['extents']} extents "
             f"of {fmt_bytes(v['extent_bytes'])} hashed as they stream, {fmt_bytes(v['fill_bytes'])} read besides the "
             f"plan's (the bytes of those extents' leaves that no read or only part of a read holds), "
-            f"{v['shared_leaves']} leaves hashed by more than one read, {v['extents_untouched']} extents not loaded "
-            f"and not checked")
+            f"{v['shared_leaves']} {'leaf' if v['shared_leaves'] == 1 else 'leaves'} more than one read holds (each "
+            f"read's bytes compared), {v['extents_untouched']} extents not loaded and not checked")
 
 
 @app.command()

@@ -177,16 +177,17 @@ def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
     E = extent_bytes
     L = min(LEAF_BYTES, E) if leaf_bytes is None else leaf_bytes
     tasks, extents = assign(plan, E, L)
-    fill = shared = 0
+    fill, shared = 0, set()
     for queue in tasks.values():
         for task in queue:
             for lf in task.leaves:
                 if lf.owner and lf.kind in (FILL, PART):
                     fill += lf.hi - lf.lo
-                shared += not lf.owner
+                if not lf.owner:
+                    shared.add((lf.file, lf.lo))
     total = sum(math.ceil(f.size_bytes / E) for f in plan.checkpoint.files)
     return {"extent_bytes": E, "leaf_bytes": L, "extents": total, "extents_verified": len(extents),
-            "extents_untouched": total - len(extents), "shared_leaves": shared, "fill_bytes": fill}
+            "extents_untouched": total - len(extents), "shared_leaves": len(shared), "fill_bytes": fill}
 
 
 def _open(path: str) -> int:
