@@ -696,8 +696,8 @@ def _verification(plan, value: Optional[str]) -> dict:
 
     path = find_default(plan.checkpoint) if value == "" else value
     d = read_digest(path)
-    Verifier(plan, d)  # every file in the digest, of the same size
-    return {"kind": "digest", "digest_file": str(path), **coverage(plan, d.extent_bytes, d.leaf_bytes)}
+    v = Verifier(plan, d)  # every file in the digest, of the same size; the leaves' owners proved
+    return {"kind": "digest", "digest_file": str(path), **coverage(plan, d.extent_bytes, d.leaf_bytes, v.assigned)}
 
 
 def _verification_line(v: dict) -> str:

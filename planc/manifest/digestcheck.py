@@ -142,14 +142,13 @@ def check_owners(tasks: dict, extents: dict) -> None:
     for queue in tasks.values():
         for task in queue:
             for lf in task.leaves:
-                where = f"{printable(lf.file)}: leaf [{lf.lo:,}, {lf.hi:,})"
                 if (lf.file, lf.extent) not in extents or not 0 <= lf.j < extents[(lf.file, lf.extent)]:
-                    raise DigestError(f"{where} is not a leaf of a touched extent", code=Code.DIGEST_INCOMPLETE)
+                    raise DigestError(f"{_leaf(lf)} is not a leaf of a touched extent", code=Code.DIGEST_INCOMPLETE)
                 ranges = [(a, b) for a, b, _ in lf.own]
                 if (lf.kind == WHOLE and ranges != [(lf.lo, lf.hi)]) or (
                         lf.kind == PART and not (ranges and all(lf.lo <= a < b <= lf.hi for a, b in ranges))) or (
                         lf.kind == FILL and ranges):
-                    raise DigestError(f"{where}: the bytes a read holds of it are not where its kind says",
+                    raise DigestError(f"{_leaf(lf)}: the bytes a read holds of it are not where its kind says",
                                       code=Code.DIGEST_INCOMPLETE)
                 key = (lf.file, lf.extent, lf.j)
                 if lf.owner:
@@ -168,15 +167,20 @@ def check_owners(tasks: dict, extents: dict) -> None:
                                   f"digest", code=Code.DIGEST_INCOMPLETE)
 
 
-def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None) -> dict:
+def _leaf(lf: Leaf) -> str:
+    return f"{printable(lf.file)}: leaf [{lf.lo:,}, {lf.hi:,})"
+
+
+def coverage(plan, extent_bytes: int, leaf_bytes: int | None = None, assigned: tuple | None = None) -> dict:
     """What verifying `plan` against a digest of `extent_bytes` extents (`leaf_bytes` leaves) costs:
     extents hashed as they stream, leaves more than one read holds (`shared_leaves`: each hashed by
     its owner, its witnesses' bytes compared), bytes the verifier reads from the files itself
     (`fill_bytes`: the leaves of touched extents no read touches, and each leaf whose owner holds
-    only part of it, whole), extents not touched."""
+    only part of it, whole), extents not touched. `assigned`: `assign`'s (tasks, extents) of this plan
+    and leaf, where a `Verifier` already made them (`Verifier.assigned`, before its load)."""
     E = extent_bytes
     L = min(LEAF_BYTES, E) if leaf_bytes is None else leaf_bytes
-    tasks, extents = assign(plan, E, L)
+    tasks, extents = assigned or assign(plan, E, L)
     fill, shared = 0, set()
     for queue in tasks.values():
         for task in queue:
@@ -238,6 +242,11 @@ class Verifier:
         sizes = {f.path: f.size_bytes for f in plan.checkpoint.files}
         self.states = {(rel, k): _Extent(k, k * E, min((k + 1) * E, sizes[rel]), digest.files[rel].extents[k], n)
                        for (rel, k), n in extents.items()}
+
+    @property
+    def assigned(self) -> tuple:
+        """`assign`'s (tasks, extents), for `coverage`: whole only before the load takes tasks."""
+        return self.tasks, {k: len(st.have) for k, st in self.states.items()}
 
     def check_files(self) -> None:
         """Each file's head against the digest's (a digest of another checkpoint of the same sizes)."""

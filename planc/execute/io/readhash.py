@@ -22,6 +22,8 @@ import platform
 import threading
 from pathlib import Path
 
+import xxhash
+
 DIR = Path(__file__).with_name("native")
 OBJECT = DIR / "readhash.x86_64-linux.so"
 SOURCE = DIR / "readhash.c"
@@ -64,7 +66,6 @@ def _self_check(rh: "ReadHash") -> str | None:
     import os
 
     import numpy as np
-    import xxhash
 
     data = np.random.default_rng(5).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
     fd = os.memfd_create("planc-readhash-check") if hasattr(os, "memfd_create") else None
@@ -123,8 +124,6 @@ class ReadHash:
         others after. Returns (bytes read, [16-byte digest per span]); bytes read below `needed`
         (the file ended) or -1 (a read failed) come with no digests: read the request again the
         usual way to learn why."""
-        import xxhash
-
         mv = memoryview(buf)
         if not mv.contiguous or mv.readonly or mv.nbytes < cap or needed > cap:
             raise ValueError(f"the read needs a writable contiguous buffer of {cap:,} bytes, got {mv.nbytes:,}")
