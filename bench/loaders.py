@@ -206,13 +206,14 @@ def _planc_setup(files, spec):
     from planc.compiler.compile import compile_spec
     from planc.execute.device import seam
 
-    if os.environ.get("PLANC_BENCH_SLOTS"):  # this variant's ring slots (io.slots), in a spec of its own
+    io = {k: os.environ[v] for k, v in (("slots", "PLANC_BENCH_SLOTS"), ("slot", "PLANC_BENCH_SLOT")) if os.environ.get(v)}
+    if io:  # this variant's ring (io.slots, io.slot), in a spec of its own
         import tempfile
 
         import yaml
 
         doc = yaml.safe_load(Path(spec).read_text())
-        doc.setdefault("io", {})["slots"] = int(os.environ["PLANC_BENCH_SLOTS"])
+        doc.setdefault("io", {}).update({k: int(v) if k == "slots" else v for k, v in io.items()})
         doc["checkpoint"] = str(Path(spec).parent / doc["checkpoint"])
         spec = Path(tempfile.mkdtemp()) / "spec.yaml"
         spec.write_text(yaml.safe_dump(doc))
