@@ -206,14 +206,18 @@ def _planc_setup(files, spec):
     from planc.compiler.compile import compile_spec
     from planc.execute.device import seam
 
-    io = {k: os.environ[v] for k, v in (("slots", "PLANC_BENCH_SLOTS"), ("slot", "PLANC_BENCH_SLOT")) if os.environ.get(v)}
-    if io:  # this variant's ring (io.slots, io.slot), in a spec of its own
+    # PLANC_BENCH_IO=workers=12/slots=32 (or PLANC_BENCH_SLOTS=N, PLANC_BENCH_SLOT=SIZE): this variant's
+    # io settings, in a spec of its own ("/" between settings: peers.py's loader list is split on ",")
+    io = dict(kv.split("=", 1) for kv in os.environ.get("PLANC_BENCH_IO", "").split("/") if kv)
+    io.update({k: os.environ[v] for k, v in (("slots", "PLANC_BENCH_SLOTS"), ("slot", "PLANC_BENCH_SLOT"))
+               if os.environ.get(v)})
+    if io:
         import tempfile
 
         import yaml
 
         doc = yaml.safe_load(Path(spec).read_text())
-        doc.setdefault("io", {}).update({k: int(v) if k == "slots" else v for k, v in io.items()})
+        doc.setdefault("io", {}).update({k: int(v) if v.isdigit() else v for k, v in io.items()})
         doc["checkpoint"] = str(Path(spec).parent / doc["checkpoint"])
         spec = Path(tempfile.mkdtemp()) / "spec.yaml"
         spec.write_text(yaml.safe_dump(doc))
