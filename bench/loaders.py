@@ -138,7 +138,6 @@ def _plain(direct: bool, threads: int, slot: int = 64 << 20, nslots: int = 16):
         bufs = [torch.empty(slot, dtype=torch.uint8, pin_memory=True) for _ in range(nslots)]
         free = list(range(nslots))
         events = [None] * nslots
-        lock = threading.Condition()
         stream = torch.cuda.Stream()
         import concurrent.futures as cf
 
@@ -206,11 +205,9 @@ def _planc_setup(files, spec):
     from planc.compiler.compile import compile_spec
     from planc.execute.device import seam
 
-    # PLANC_BENCH_IO=workers=12/slots=32 (or PLANC_BENCH_SLOTS=N, PLANC_BENCH_SLOT=SIZE): this variant's
-    # io settings, in a spec of its own ("/" between settings: peers.py's loader list is split on ",")
+    # PLANC_BENCH_IO=workers=12/slots=32: this variant's io settings, in a spec of its own ("/" between
+    # settings: peers.py's loader list is split on ",")
     io = dict(kv.split("=", 1) for kv in os.environ.get("PLANC_BENCH_IO", "").split("/") if kv)
-    io.update({k: os.environ[v] for k, v in (("slots", "PLANC_BENCH_SLOTS"), ("slot", "PLANC_BENCH_SLOT"))
-               if os.environ.get(v)})
     if io:
         import tempfile
 
