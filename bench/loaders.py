@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
