@@ -367,3 +367,30 @@ def test_a_link_figure_too_small_to_give_a_rate_gives_none(tmp_path, monkeypatch
     lim = limits(_plan(tmp_path / "t", 32), wall=0.5)
     assert lim["link_gb_per_s"] is None and lim["measured_over_link"] is None
     json.dumps(lim, allow_nan=False)
+
+
+def test_a_plans_reads_are_counted_once_and_forgotten_with_it(tmp_path, monkeypatch):
+    """A report's prediction asks for the plan's reads three times (`beside`, `limits` and its
+    `predict`): they are counted once per Plan (a frozen value), the same as counted afresh, and the
+    count goes when the plan does."""
+    import gc
+
+    from planc.execute.pipeline.records import Prediction
+    from planc.plan import predict as P
+
+    counted = []
+    real = P._count_reads
+    monkeypatch.setattr(P, "_count_reads", lambda plan, c: counted.append(plan) or real(plan, c))
+    plan = _plan(tmp_path, 64)
+    first = Prediction.of(plan, 0.5)
+    assert Prediction.of(plan, 0.5) == first and len(counted) == 1
+    assert P._reads(plan, plan.costs or P.DEFAULTS) == real(plan, plan.costs or P.DEFAULTS)
+    (tmp_path / "o").mkdir()
+    other = _plan(tmp_path / "o", 64)
+    Prediction.of(other, 0.5)
+    assert len(counted) == 2  # another Plan, counted for itself
+    n = len(P._READS)
+    del plan, other, first
+    counted.clear()
+    gc.collect()
+    assert len(P._READS) == n - 2

@@ -40,6 +40,7 @@ figures hold: the link, and the host's rate of reading the plan's bytes out of t
 from __future__ import annotations
 
 import math
+import weakref
 from typing import NamedTuple
 
 from .costs import DEFAULTS, MAP_LANES, PAGE
@@ -82,7 +83,20 @@ def _span(q) -> int:
     return (q.count - 1) * q.stride + q.length
 
 
+# plan -> (its costs, its `_Reads`): a report's prediction asks three times for the same (frozen) plan
+_READS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _reads(plan: Plan, c) -> _Reads:
+    got = _READS.get(plan)
+    if got is not None and got[0] is c:
+        return got[1]
+    rd = _count_reads(plan, c)
+    _READS[plan] = (c, rd)
+    return rd
+
+
+def _count_reads(plan: Plan, c) -> _Reads:
     plain_s = copy_s = 0.0
     n = pages = plain_bytes = span_bytes = mapped_bytes = 0
     parts = plan.parts
