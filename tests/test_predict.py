@@ -196,7 +196,7 @@ def test_ranks_at_once_copy_their_mapped_segments_on_more_lanes(tmp_path):
     from planc.plan import predict as pr
 
     _, plans = _tp_plans(tmp_path, 8)
-    copies = sum(pr._reads(p, p.costs)._asdict()["mapped_copy_s"] for p in plans)
+    copies = sum(pr._reads(p)._asdict()["mapped_copy_s"] for p in plans)
     assert copies > 0
     one = pr.predict_node(plans, fixed=pr.FIXED._replace(node_copy_speedup=1.0))["terms"]["read_warm_seconds"]
     two = pr.predict_node(plans)["terms"]["read_warm_seconds"]
@@ -384,7 +384,7 @@ def test_a_plans_reads_are_counted_once_and_forgotten_with_it(tmp_path, monkeypa
     plan = _plan(tmp_path, 64)
     first = Prediction.of(plan, 0.5)
     assert Prediction.of(plan, 0.5) == first and len(counted) == 1
-    assert P._reads(plan, plan.costs or P.DEFAULTS) == real(plan, plan.costs or P.DEFAULTS)
+    assert P._reads(plan) == real(plan, plan.costs or P.DEFAULTS)
     (tmp_path / "o").mkdir()
     other = _plan(tmp_path / "o", 64)
     Prediction.of(other, 0.5)

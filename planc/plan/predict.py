@@ -83,16 +83,14 @@ def _span(q) -> int:
     return (q.count - 1) * q.stride + q.length
 
 
-# plan -> (its costs, its `_Reads`): a report's prediction asks three times for the same (frozen) plan
+# plan -> its `_Reads` at its own costs: a report's prediction asks three times for the same (frozen) plan
 _READS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _reads(plan: Plan, c) -> _Reads:
-    got = _READS.get(plan)
-    if got is not None and got[0] is c:
-        return got[1]
-    rd = _count_reads(plan, c)
-    _READS[plan] = (c, rd)
+def _reads(plan: Plan) -> _Reads:
+    rd = _READS.get(plan)
+    if rd is None:
+        rd = _READS[plan] = _count_reads(plan, plan.costs or DEFAULTS)
     return rd
 
 
@@ -149,7 +147,7 @@ def link_figure(c, fixed: Fixed = FIXED) -> tuple[float, str]:
 def predict(plan: Plan, fixed: Fixed = FIXED) -> dict:
     """The predicted wall seconds of `plan`'s load (JSON-ready): warm and cold, their terms, the sources."""
     c = plan.costs or DEFAULTS
-    rd = _reads(plan, c)
+    rd = _reads(plan)
     warm_read, cold_read = _warm(rd, fixed, rd.lanes, c), _cold(rd, c, fixed)
     link_s, link_from = link_figure(c, fixed)
     link = plan.totals.payload_bytes * link_s
@@ -196,7 +194,7 @@ def predict_node(plans: list[Plan], devices: list[str] | None = None, fixed: Fix
     ranks are); plans on one device share its link."""
     if not plans:
         return {"warm_seconds": 0.0, "cold_seconds": 0.0, "plans": 0}
-    reads = [_reads(p, p.costs or DEFAULTS) for p in plans]
+    reads = [_reads(p) for p in plans]
     lanes = sum(rd.lanes for rd in reads)
     # copy_byte_s is one plan's copies on its own lanes (the probe's 4); more plans copy on more lanes
     speedups = [max(1.0, min(fixed.node_copy_speedup, min(lanes, fixed.cores) / rd.lanes)) for rd in reads]
@@ -258,7 +256,7 @@ def limits(plan: Plan, wall: float | None = None, fixed: Fixed = FIXED) -> dict:
     the ceiling is the lower of the two. A rate that is absent or zero is None, and so is every
     fraction of it."""
     c = plan.costs or DEFAULTS
-    rd = _reads(plan, c)
+    rd = _reads(plan)
     payload = plan.totals.payload_bytes
     host_bytes = rd.plain_bytes + rd.mapped_bytes
     link_s, link_from = link_figure(c, fixed)
