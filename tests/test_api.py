@@ -595,6 +595,38 @@ def test_a_plan_whose_offsets_disagree_with_the_headers_is_refused(tmp_path):
     assert rc.returncode == 2 and "[plan-header-mismatch]" in rc.stderr and len(rc.stderr.strip().splitlines()) == 1
 
 
+def test_a_header_rewritten_under_the_same_size_and_mtime_is_checked_again(tmp_path):
+    """A plan whose reads were found where the headers put them is not checked again on its next
+    load, but only while the files are the same: two tensors' names swapped in the header, the size
+    and mtime put back, and the same Plan value is refused on its next load."""
+    import time
+
+    from conftest import write_spec, write_st
+
+    from planc.base.errors import PlanFormatError
+    from planc.compiler.compile import compile_spec
+
+    f = tmp_path / "m.safetensors"
+    write_st(f, {"a": np.full((4, 16), 1, np.float16), "b": np.full((4, 16), 2, np.float16)})
+    plan = compile_spec(write_spec(tmp_path, {"checkpoint": "m.safetensors", "budget": {"host": "1MiB"},
+                                              "io": {"slot": 4096, "slots": 2, "merge_gap": 0},
+                                              "rules": [{"match": "*"}]}))
+    for _ in range(2):
+        planc.load(plan).free()  # found where the headers put them, then taken as checked
+    st = os.stat(f)
+    raw = f.read_bytes()
+    assert raw.count(b'"a"') == raw.count(b'"b"') == 1
+    f.write_bytes(raw.replace(b'"a"', b'"X"').replace(b'"b"', b'"a"').replace(b'"X"', b'"b"'))
+    for _ in range(200):  # put the mtime back; a file system with coarse times: until the ctime moved
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if os.stat(f).st_ctime_ns != st.st_ctime_ns:
+            break
+        time.sleep(0.01)
+    with pytest.raises(PlanFormatError) as e:
+        planc.load(plan)
+    assert e.value.code == "plan-header-mismatch"
+
+
 @pytest.mark.parametrize("verify", ["yes", 1.5, None, "Digest", 1, 0, 1.0])
 def test_load_refuses_a_verify_it_does_not_know(tmp_path, verify):
     """`verify=` other than False, True or "digest" is a typed spec error naming the value, before anything loads."""

@@ -17,6 +17,7 @@ from planc.base.errors import ExecuteError, PlancError  # noqa: E402
 from planc.base.settings import SettingError  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.execute import execute  # noqa: E402
+from planc.execute.io.readers import KEPT_READERS  # noqa: E402
 from planc.execute.io.ring import KEPT  # noqa: E402
 
 IO = {"slot": "64KiB", "slots": 4, "workers": 2}
@@ -28,7 +29,7 @@ def ckpt(tmp_path):
     spec = spec_file(tmp_path, path, [{"match": "*"}], io=IO)
     yield spec, want
     planc.release_ring()
-    assert KEPT.held_bytes() == 0
+    assert KEPT.held_bytes() == 0 and KEPT_READERS.pool is None
 
 
 def _slots():
@@ -221,3 +222,82 @@ def test_warm_up_refuses_a_refused_plan(ckpt, tmp_path):
     with pytest.raises(AdmissionError):
         planc.warm_up(small)
     assert KEPT.held_bytes() == 0
+
+
+# -- the readers' threads, kept beside the ring -------------------------------------------------
+
+def _readers() -> set:
+    import threading
+
+    return {t for t in threading.enumerate() if t.name.startswith("planc-read")}
+
+
+def test_warm_up_keeps_the_readers_threads_and_the_loads_use_them(ckpt):
+    """The threads warm_up started are the ones every later load reads on: a load starts none of its
+    own and ends none; release_ring ends them."""
+    from planc.execute.pipeline.events import ReadDone
+
+    spec, want = ckpt
+    before = _readers()
+    plan = planc.warm_up(spec)
+    kept = _readers() - before
+    assert len(kept) == plan.io.workers and KEPT_READERS.pool is not None
+    for _ in range(2):
+        on = set()
+        m = execute(plan, observer=lambda e: on.add(__import__("threading").current_thread())
+                    if isinstance(e, ReadDone) else None)
+        assert_model(m, want)
+        m.free()
+        assert on and on <= kept  # read on the kept threads
+        assert _readers() - before == kept  # none started, none ended
+    planc.release_ring()
+    assert not (_readers() - before) and all(not t.is_alive() for t in kept)
+
+
+def test_a_load_without_a_kept_ring_leaves_no_readers_thread(ckpt):
+    spec, want = ckpt
+    before = _readers()
+    m = planc.load(spec)
+    assert_model(m, want)
+    m.free()
+    assert not (_readers() - before) and KEPT_READERS.pool is None
+
+
+def test_a_failed_load_keeps_no_readers(ckpt, monkeypatch):
+    spec, _ = ckpt
+    before = _readers()
+    planc.warm_up(spec)
+    fail_read_at(monkeypatch, 2)
+    with pytest.raises(PlancError):
+        planc.load(spec)
+    assert KEPT_READERS.pool is None and not (_readers() - before)
+
+
+def test_loads_of_another_width_start_their_own_and_the_latest_is_kept(ckpt, tmp_path):
+    spec, want = ckpt
+    plan = planc.warm_up(spec)  # 2 readers
+    first = KEPT_READERS.pool
+    three = compile_spec(spec_file(tmp_path, plan.checkpoint.root, [{"match": "*"}], io={**IO, "workers": 3},
+                                   name="three.yaml"))
+    m = execute(three)
+    assert_model(m, want)
+    m.free()
+    assert KEPT_READERS.pool is not first and KEPT_READERS.pool.workers == 3
+    for t in list(first._threads):  # the replaced pool's threads end on their own
+        t.join(5)
+        assert not t.is_alive()
+
+
+def test_a_forked_child_does_not_take_its_parents_readers(ckpt):
+    """A child made by fork has none of the kept threads: it starts its own."""
+    spec, _ = ckpt
+    plan = planc.warm_up(spec)
+    pid = os.fork()
+    if pid == 0:  # the child: nothing but the check, then out
+        code = 0 if KEPT_READERS.take(plan.io.workers) is None and KEPT_READERS.drop() is None else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    mine = KEPT_READERS.take(plan.io.workers)
+    assert mine is not None  # the parent's are still kept
+    KEPT_READERS.give(mine)

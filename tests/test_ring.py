@@ -181,7 +181,7 @@ def test_a_thread_that_cannot_start_leaves_no_thread_waiting():
     the error leaves at once, and no thread already started is left waiting or pinning."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from planc.execute.pipeline import allocation
+    from planc.execute.io import readers
 
     real_start = threading.Thread.start
     started = []
@@ -196,7 +196,7 @@ def test_a_thread_that_cannot_start_leaves_no_thread_waiting():
     try:
         pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="planc-read")
         with pytest.raises(RuntimeError):
-            allocation._start_threads(pool, 4)
+            readers.start_threads(pool, 4)
         done = threading.Event()
         threading.Thread(target=lambda: (pool.shutdown(wait=True), done.set()), daemon=True).start()
         assert done.wait(5), "a reader thread was left waiting at the gate"

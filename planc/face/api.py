@@ -87,8 +87,9 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
     (or read), the device's context made, the executor's modules imported, and with `ring` (the
     default) the plan's pinned ring pinned now and kept (`planc.execute.io.ring.KEPT`), so that the
     loads of this process on that device take it pinned instead of pinning their own, and give it
-    back when they are done, until `release_ring()`. Returns the `Plan` (load it with `load`, no
-    compile again). A kept ring is host memory held from now on: it is admitted against the live
+    back when they are done, until `release_ring()`; its `io.workers` readers' threads are started
+    and kept with it (`planc.execute.io.readers.KEPT_READERS`) the same way. Returns the `Plan`
+    (load it with `load`, no compile again). A kept ring is host memory held from now on: it is admitted against the live
     room like a load's (an `AdmissionError` when it does not fit), and each load's report counts it in
     its host growth (`host.kept_ring_bytes`)."""
     from ..base import settings as _settings
@@ -97,6 +98,8 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
     from ..base.units import gib
     from ..execute.device import seam
     from ..execute.device.memory import live_room
+    from ..execute.io import readers
+    from ..execute.io.readers import KEPT_READERS, retire
     from ..execute.io.ring import KEPT
     from ..execute.pipeline.run import import_parts, resolve_settings
     from ..plan.records import ALLOC_RING, Refusal
@@ -141,19 +144,26 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
                                f"that was not kept before", code=Code.HOST_MEMORY) from None
         KEPT.keep(True)
         seam.release_later(KEPT.give(dev, slot, pairs))
+        kept = KEPT_READERS.take(plan.io.workers)  # the readers' threads, started now and kept beside it
+        retire(KEPT_READERS.give(kept if kept is not None else readers.start(plan.io.workers)))
     return plan
 
 
 def release_ring() -> int:
-    """Give back the pinned ring `warm_up` (or PLANC_RING=kept) kept; returns its bytes. Later loads
-    pin their own again, and unpin it when they are done (unless PLANC_RING=kept)."""
+    """Give back the pinned ring `warm_up` (or PLANC_RING=kept) kept, and end the readers' threads
+    kept with it; returns the ring's bytes. Later loads pin their own again and start their own
+    readers, and give both back when they are done (unless PLANC_RING=kept)."""
     from ..execute.device.seam import release
+    from ..execute.io.readers import KEPT_READERS
     from ..execute.io.ring import KEPT
 
     n = KEPT.held_bytes()
     pairs = KEPT.drop()
     del pairs
     release()
+    pool = KEPT_READERS.drop()
+    if pool is not None:
+        pool.shutdown(wait=True)
     return n
 
 

@@ -23,7 +23,7 @@ from ...base.codes import Code
 ALIGN = 4096
 
 
-def page_cache_fraction(path: str, size: int, sample_pages: int = 4096) -> float | None:
+def page_cache_fraction(path: str, size: int, sample_pages: int = 1024) -> float | None:
     """Fraction of sampled pages of `path` resident in the page cache (mincore), or None when unknown."""
     try:
         c = libc()
@@ -35,8 +35,10 @@ def page_cache_fraction(path: str, size: int, sample_pages: int = 4096) -> float
         if addr in (None, MAP_FAILED):
             return None
         try:
-            # mincore costs time in proportion to the pages it is asked about (about 20 ms per GiB),
-            # so a large file is asked about in `windows` evenly spaced runs of `run` pages.
+            # mincore costs time in proportion to the pages it is asked about (about 20 ms per GiB,
+            # 0.1 us a page), so a large file is asked about in `windows` evenly spaced runs of `run`
+            # pages (1,024 pages in 64 places: 0.15 ms a file, what `io.direct: auto` needs), and
+            # each call's answer counted in one pass (a page's byte: bit 0 resident, the rest undefined).
             pages = -(-size // mmap.PAGESIZE)
             run = 16
             windows = max(1, sample_pages // run)
@@ -51,13 +53,16 @@ def page_cache_fraction(path: str, size: int, sample_pages: int = 4096) -> float
                 n = min(run, pages - first)
                 if c.mincore(ctypes.c_void_p(addr + first * mmap.PAGESIZE), n * mmap.PAGESIZE, vec) != 0:
                     return None
-                resident += sum(vec[i] & 1 for i in range(n))
+                resident += bytes(vec)[:n].translate(_RESIDENT).count(1)
                 counted += n
             return resident / counted if counted else None
         finally:
             c.munmap(ctypes.c_void_p(addr), size)
     finally:
         os.close(fd)
+
+
+_RESIDENT = bytes(b & 1 for b in range(256))  # a mincore byte -> its resident bit
 
 
 def map_window(fd: int, offset: int, length: int, path: str) -> mmap.mmap:

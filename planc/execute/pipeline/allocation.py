@@ -9,31 +9,16 @@ a failure. Also here: the default reader and pool of a load (`open_reader`, `ope
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..kernels import dispatch
 from .events import DeviceReady, Step, ignore
+from ..io import readers
 from ..io.reader import Reader
+from ..io.readers import KEPT_READERS
 from ..io.ring import KEPT, Background, Pinner, Slots
 from ..device.seam import release, release_later
-
-
-def _start_threads(pool: ThreadPoolExecutor, n: int) -> None:
-    """Have `pool` start `n` threads now (it otherwise starts one per submission, later)."""
-    if n <= 0:
-        return
-    gate = threading.Barrier(n + 1, timeout=10)
-    try:
-        for _ in range(n):
-            pool.submit(gate.wait)
-        gate.wait()
-    except threading.BrokenBarrierError:  # slow to start: the pool has the threads it has, and starts more
-        pass                             # on demand
-    except BaseException:  # a thread that cannot start, or Ctrl-C: no started thread may wait on
-        gate.abort()       # the gate after the error has left (free() joins them)
-        raise
 
 
 def open_reader(plan, cls=Reader) -> Reader:
@@ -51,14 +36,12 @@ def open_reader(plan, cls=Reader) -> Reader:
 
 
 def open_pool(plan) -> ThreadPoolExecutor:
-    """The readers' threads: `io.workers` of them, started now."""
-    pool = ThreadPoolExecutor(max_workers=plan.io.workers, thread_name_prefix="planc-read")
-    try:
-        _start_threads(pool, min(plan.io.workers, sum(len(r.requests) for r in plan.runs)))
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    return pool
+    """The readers' threads: `io.workers` of them, started now, or those kept from an earlier load
+    (`io.readers.KEPT_READERS`: while the ring is kept)."""
+    kept = KEPT_READERS.take(plan.io.workers)
+    if kept is not None:
+        return kept
+    return readers.start(plan.io.workers, sum(len(r.requests) for r in plan.runs))
 
 
 class Regions:

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 
 from ...base.errors import AdmissionError, ExecuteError, FingerprintError, Interrupted, PlancError, printable
 from ...plan.records import ALLOC_DEVICE, ALLOC_RING, Plan, Refusal
 from ...base.units import gib
 from ...base.codes import Code
 
-def check_fingerprints(plan) -> None:
+def check_fingerprints(plan) -> tuple:
+    """Every checkpoint file is as the plan recorded it (size, mtime); returns what identifies the
+    files as they are now (device, inode, size, mtime and ctime of each: `check_against_headers`)."""
     root = plan.checkpoint.root
+    seen = []
     for f in plan.checkpoint.files:
         path = os.path.join(root, f.path)
         try:
@@ -37,14 +41,25 @@ def check_fingerprints(plan) -> None:
             raise FingerprintError(
                 f"{path}: changed since the plan was compiled (size {f.size_bytes:,} -> {st.st_size:,} bytes, "
                 f"mtime_ns {f.mtime_ns} -> {st.st_mtime_ns}); compile again", code=Code.FILE_CHANGED)
+        seen.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(seen)
 
 
-def check_against_headers(plan) -> None:
+# plan -> the files' identities (`check_fingerprints`) when its reads were last found where the
+# headers put them: the same Plan (a frozen value) over the same files is not checked again
+_HEADERS_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def check_against_headers(plan, files: tuple | None = None) -> None:
     """Every byte range the plan reads is where the checkpoint's own headers put the tensor it names:
     the same file, the same dtype, inside that tensor's bytes (a whole read: exactly them, with its
     shape). A plan file edited to read one tensor's bytes as another's is a `PlanFormatError` (exit 2)
     before anything is allocated, and `--verify` (which reads at the plan's offsets) then compares
-    against the checkpoint as its headers describe it. Only the headers are read."""
+    against the checkpoint as its headers describe it. Only the headers are read. `files`: the
+    files' identities now (`check_fingerprints`); a plan found to match them before is not read again
+    (any write to a file changes its ctime, which no one can set back)."""
+    if files is not None and _HEADERS_CHECKED.get(plan) == files:
+        return
     import math
 
     from ...base.errors import PlanFormatError
@@ -85,6 +100,8 @@ def check_against_headers(plan) -> None:
                     f"{where} at bytes [{i.start:,}, {last:,}) as {i.dtype} {list(i.shape)}, but the file's header puts "
                     f"it at [{entry.start:,}, {entry.start + entry.nbytes:,}) as {entry.dtype} {list(entry.shape)}; "
                     f"the plan does not match its checkpoint: compile again", code=Code.PLAN_HEADER_MISMATCH)
+    if files is not None:
+        _HEADERS_CHECKED[plan] = files
 
 
 def _unpermute_matches(part, i, entry, metadata, where: str) -> None:
@@ -216,8 +233,7 @@ def _execute(plan: "Plan", *, progress: bool, verify: bool, device: str | None, 
         parts = dataclasses.replace(parts, regions=into.regions)
     t_prep = time.perf_counter()
     settle_released()  # an earlier load's ring is unpinned before this one measures and admits
-    check_fingerprints(plan)
-    check_against_headers(plan)
+    check_against_headers(plan, check_fingerprints(plan))
     verifier = _verifier(plan, digest)
     dev_name = plan.device if device is None else device_arg(device)
     idx = index_of(dev_name)
@@ -351,8 +367,12 @@ def _verifier(plan, digest):
 
 def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool = True) -> None:
     """Stop and release every part of a load that was built (None: not built), also after a failure;
-    a failed load (`full`) drops its arena too. A finished load keeps its arena: `take_arena` has
-    handed it over."""
+    a failed load (`full`) drops its arena too. A finished load keeps its arena (`take_arena` has
+    handed it over); while its ring is kept, its readers' threads are kept too (idle, for the next
+    load: `io.readers.KEPT_READERS`)."""
+    from ..io.readers import KEPT_READERS, Readers, retire
+    from ..io.ring import KEPT
+
     if regions is not None:
         regions.stop()
     if kernels is not None:
@@ -360,7 +380,10 @@ def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool 
     elif warmer is not None:
         warmer.join()
     if pool is not None:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if not full and isinstance(pool, Readers) and regions is not None and (regions.keep_ring or KEPT.keeping):
+            retire(KEPT_READERS.give(pool))  # idle now: kept beside the ring for the next load
+        else:
+            pool.shutdown(wait=True, cancel_futures=True)
     if reader is not None:
         reader.close()
     for sync in (stream, kernels):  # each on its own: the kernels' stream waited for even if the load's fails
