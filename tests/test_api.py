@@ -627,6 +627,31 @@ def test_a_header_rewritten_under_the_same_size_and_mtime_is_checked_again(tmp_p
     assert e.value.code == "plan-header-mismatch"
 
 
+def test_the_same_plan_over_settled_files_reads_their_headers_once(tmp_path, monkeypatch):
+    """Files written more than `RACY_NS` ago: the second load of the same Plan reads no header; a
+    file written just now: every load reads it."""
+    from conftest import write_spec, write_st
+
+    import planc.manifest
+    from planc.compiler.compile import compile_spec
+    from planc.execute.pipeline import run
+
+    write_st(tmp_path / "m.safetensors", {"a": np.full((4, 16), 1, np.float16)})
+    plan = compile_spec(write_spec(tmp_path, {"checkpoint": "m.safetensors", "budget": {"host": "1MiB"},
+                                              "io": {"slot": 4096, "slots": 2}, "rules": [{"match": "*"}]}))
+    reads = []
+    real = planc.manifest.read_manifest
+    monkeypatch.setattr(planc.manifest, "read_manifest", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    for settle, want in ((10**12, [1, 1]), (0, [1, 0])):  # just written; settled
+        monkeypatch.setattr(run, "RACY_NS", settle)
+        got = []
+        for _ in range(2):
+            n = len(reads)
+            planc.load(plan).free()
+            got.append(len(reads) - n)
+        assert got == want, (settle, got)
+
+
 @pytest.mark.parametrize("verify", ["yes", 1.5, None, "Digest", 1, 0, 1.0])
 def test_load_refuses_a_verify_it_does_not_know(tmp_path, verify):
     """`verify=` other than False, True or "digest" is a typed spec error naming the value, before anything loads."""

@@ -301,3 +301,25 @@ def test_a_forked_child_does_not_take_its_parents_readers(ckpt):
     mine = KEPT_READERS.take(plan.io.workers)
     assert mine is not None  # the parent's are still kept
     KEPT_READERS.give(mine)
+
+
+def test_a_shut_down_pool_is_never_taken(ckpt):
+    spec, want = ckpt
+    plan = planc.warm_up(spec)
+    KEPT_READERS.pool.shutdown(wait=True)  # (as a close that failed after giving it back would)
+    m = execute(plan)
+    assert_model(m, want)
+    m.free()
+    assert KEPT_READERS.pool is not None and not KEPT_READERS.pool.closed
+
+
+def test_a_pool_given_back_after_release_ring_is_not_kept(ckpt):
+    """A load that took the kept readers, then release_ring while it ran: when it gives them back the
+    keep decision (asked under the kept pool's lock) says no, and the load ends them itself."""
+    spec, _ = ckpt
+    plan = planc.warm_up(spec)
+    pool = KEPT_READERS.take(plan.io.workers)  # as a load's open_pool does
+    planc.release_ring()
+    assert KEPT_READERS.give(pool, lambda: KEPT.keeping) is pool
+    pool.shutdown(wait=True)
+    assert KEPT_READERS.pool is None

@@ -99,7 +99,7 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
     from ..execute.device import seam
     from ..execute.device.memory import live_room
     from ..execute.io import readers
-    from ..execute.io.readers import KEPT_READERS, retire
+    from ..execute.io.readers import KEPT_READERS
     from ..execute.io.ring import KEPT
     from ..execute.pipeline.run import import_parts, resolve_settings
     from ..plan.records import ALLOC_RING, Refusal
@@ -129,6 +129,13 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
                 Code.LIVE_ROOM, 0, ALLOC_RING, missing * slot, room.room_bytes,
                 f"refused before pinning: the plan's ring is {missing * slot:,} bytes ({gib(missing * slot)}), the "
                 f"live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}); lower io.slots/io.slot"))
+        pool = KEPT_READERS.take(plan.io.workers)  # the readers' threads, kept beside the ring
+        if pool is None:
+            try:
+                pool = readers.start(plan.io.workers)
+            except (RuntimeError, OSError) as e:  # no thread to be had: nothing kept, nothing pinned
+                raise ExecuteError(f"starting the plan's {plan.io.workers} readers' threads failed: {e}; nothing "
+                                   f"was kept that was not kept before", code=Code.LOAD_FAILED) from None
         taken = KEPT.take(dev, slot, n)
         pairs = list(taken)
         try:
@@ -138,14 +145,18 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
             pinned, pairs = pairs[len(taken):], None
             seam.release_later(KEPT.give(dev, slot, taken) + pinned)
             del pinned, taken
+            out = KEPT_READERS.give(pool, lambda: KEPT.keeping)  # kept again only if it was
+            if out is not None:
+                out.shutdown(wait=out is pool)
             if isinstance(e, (PlancError, KeyboardInterrupt)):
                 raise
             raise ExecuteError(f"pinning the plan's ring failed: {type(e).__name__}: {e}; nothing was kept "
                                f"that was not kept before", code=Code.HOST_MEMORY) from None
         KEPT.keep(True)
         seam.release_later(KEPT.give(dev, slot, pairs))
-        kept = KEPT_READERS.take(plan.io.workers)  # the readers' threads, started now and kept beside it
-        retire(KEPT_READERS.give(kept if kept is not None else readers.start(plan.io.workers)))
+        out = KEPT_READERS.give(pool, lambda: KEPT.keeping)  # a release_ring since: not kept
+        if out is not None:
+            out.shutdown(wait=out is pool)
     return plan
 
 

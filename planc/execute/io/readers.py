@@ -16,11 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 class Readers(ThreadPoolExecutor):
-    """The readers' pool of `workers` threads, of the process `pid`."""
+    """The readers' pool of `workers` threads, of the process `pid`. Its threads start with an empty
+    context (no load's settings: nothing a read runs reads them)."""
 
     def __init__(self, workers: int):
         super().__init__(max_workers=workers, thread_name_prefix="planc-read")
         self.workers, self.pid = workers, os.getpid()
+        self.closed = False
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.closed = True
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 def start_threads(pool: ThreadPoolExecutor, n: int) -> None:
@@ -62,17 +68,21 @@ class KeptReaders:
         until it gives it back), else None."""
         with self.lock:
             p = self.pool
-            if p is None or p.workers != workers or p.pid != os.getpid():
+            if p is None or p.workers != workers or p.pid != os.getpid() or p.closed:
                 return None
             self.pool = None
             return p
 
-    def give(self, pool: Readers) -> Readers | None:
-        """Keep `pool` (idle: the load that used it is done) for the next load; returns the pool it
-        replaces, to be shut down, or `pool` itself when it is another process's."""
-        if pool.pid != os.getpid():
+    def give(self, pool: Readers, keep=lambda: True) -> Readers | None:
+        """Keep `pool` (idle: the load that used it is done) for the next load if `keep()`, asked
+        under this lock (so a `drop` after the answer finds the pool: `planc.release_ring` drops the
+        kept ring first, then this); returns what is to be shut down: the pool it replaces, or `pool`
+        itself when it is not kept (`keep()` false, another process's, shut down already)."""
+        if pool.pid != os.getpid() or pool.closed:
             return pool
         with self.lock:
+            if not keep():
+                return pool
             old, self.pool = self.pool, pool
         return None if old is pool else old
 
@@ -84,6 +94,15 @@ class KeptReaders:
 
 
 KEPT_READERS = KeptReaders()
+
+
+def _forked() -> None:  # a child made by fork: none of the kept threads, and a lock no one holds
+    KEPT_READERS.lock = threading.Lock()
+    KEPT_READERS.pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def retire(pool: Readers | None) -> None:

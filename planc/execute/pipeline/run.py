@@ -46,8 +46,12 @@ def check_fingerprints(plan) -> tuple:
 
 
 # plan -> the files' identities (`check_fingerprints`) when its reads were last found where the
-# headers put them: the same Plan (a frozen value) over the same files is not checked again
+# headers put them: the same Plan (a frozen value) over the same files is not checked again. Only
+# files whose mtime and ctime are RACY_NS older than the check are taken so: a file system stamps
+# times at its own grain (a clock tick, a second, two), and a write in the same grain as the stamp
+# recorded would leave it as it was.
 _HEADERS_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+RACY_NS = 3_000_000_000
 
 
 def check_against_headers(plan, files: tuple | None = None) -> None:
@@ -57,9 +61,11 @@ def check_against_headers(plan, files: tuple | None = None) -> None:
     before anything is allocated, and `--verify` (which reads at the plan's offsets) then compares
     against the checkpoint as its headers describe it. Only the headers are read. `files`: the
     files' identities now (`check_fingerprints`); a plan found to match them before is not read again
-    (any write to a file changes its ctime, which no one can set back)."""
+    (any write to a file moves its ctime, which no one can set back; files written in the last
+    `RACY_NS` are read every time)."""
     if files is not None and _HEADERS_CHECKED.get(plan) == files:
         return
+    settled = files is not None and all(time.time_ns() - max(f[3], f[4]) > RACY_NS for f in files)
     import math
 
     from ...base.errors import PlanFormatError
@@ -100,7 +106,7 @@ def check_against_headers(plan, files: tuple | None = None) -> None:
                     f"{where} at bytes [{i.start:,}, {last:,}) as {i.dtype} {list(i.shape)}, but the file's header puts "
                     f"it at [{entry.start:,}, {entry.start + entry.nbytes:,}) as {entry.dtype} {list(entry.shape)}; "
                     f"the plan does not match its checkpoint: compile again", code=Code.PLAN_HEADER_MISMATCH)
-    if files is not None:
+    if settled:
         _HEADERS_CHECKED[plan] = files
 
 
@@ -379,11 +385,9 @@ def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool 
         kernels.join_warmer()
     elif warmer is not None:
         warmer.join()
-    if pool is not None:
-        if not full and isinstance(pool, Readers) and regions is not None and (regions.keep_ring or KEPT.keeping):
-            retire(KEPT_READERS.give(pool))  # idle now: kept beside the ring for the next load
-        else:
-            pool.shutdown(wait=True, cancel_futures=True)
+    keep = not full and isinstance(pool, Readers) and regions is not None
+    if pool is not None and not keep:
+        pool.shutdown(wait=True, cancel_futures=True)
     if reader is not None:
         reader.close()
     for sync in (stream, kernels):  # each on its own: the kernels' stream waited for even if the load's fails
@@ -402,6 +406,13 @@ def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool 
         from ..device.seam import release
 
         release()
+    if keep:  # last: idle now, kept beside the ring for the next load while rings are kept
+        ring_kept = regions.keep_ring
+        out = KEPT_READERS.give(pool, lambda: ring_kept or KEPT.keeping)
+        if out is pool:  # not kept: ended as any load's
+            pool.shutdown(wait=True)
+        else:
+            retire(out)  # the one it replaced, off the caller's path
 
 
 def _drop_frames(e: BaseException) -> None:
