@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine that checks the executor and measures the headline cells:
 #   GPU suites (execute, tensor parallel and API, faults, hand-off, FP4, GGUF, reload), predicted against issued on every
-#   shape family (gpu_check, 2 GiB, --verify), one load's steps thread by thread (timeline), then
+#   shape family (gpu_check, 2 GiB, --verify) and on loads of a kept ring (kept_check), one load's steps thread by thread (timeline), then
 #   dense / fp16 / fp8 / MoE warm loads (n=3).
 # Usage, from the repository root on the GPU machine (carry .whl): bash bench/gpu_validate.sh OUT_DIR
 # About 4 minutes on the H200 once the checkpoints exist (writing them adds about 30 s).
@@ -32,6 +32,7 @@ wait $W
 sync  # the checkpoints just written are on disk before any load is timed (write-back slowed them)
 el checkpoints
 python3 bench/gpu_check.py "$DATA" "$OUT/check" --size 2GiB 2>&1 | tail -6
+python3 bench/kept_check.py "$DATA" "$OUT/kept" --size 2GiB 2>&1 | tail -9  # the kept ring's and readers' loads
 python3 -c "
 import sys; sys.path.insert(0, 'bench')
 from pathlib import Path
