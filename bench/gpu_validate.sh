@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine that checks the executor and measures the headline cells:
 #   GPU suites (execute, tensor parallel and API, faults, hand-off, FP4, GGUF, reload), predicted against issued on every
-#   shape family (gpu_check, 2 GiB, --verify) and on loads of a kept ring (kept_check), one load's steps thread by thread (timeline), then
-#   dense / fp16 / fp8 / MoE warm loads (n=3).
+#   shape family (gpu_check, 2 GiB, --verify) and on loads of a kept ring (kept_check), one load's steps thread by
+#   thread (timeline), then dense / fp16 / fp8 / MoE warm loads (n=3).
 # Usage, from the repository root on the GPU machine (carry .whl): bash bench/gpu_validate.sh OUT_DIR
 # About 4 minutes on the H200 once the checkpoints exist (writing them adds about 30 s).
 set -u
