@@ -323,3 +323,48 @@ def test_a_pool_given_back_after_release_ring_is_not_kept(ckpt):
     assert KEPT_READERS.give(pool, lambda: KEPT.keeping) is pool
     pool.shutdown(wait=True)
     assert KEPT_READERS.pool is None
+
+
+def test_a_ring_given_back_after_release_ring_is_not_kept(ckpt, monkeypatch):
+    """release_ring between a load's look at whether rings are kept and its giving the ring back:
+    the keep decision is asked again under the kept ring's lock, says no, and the load unpins it."""
+    spec, want = ckpt
+    plan = planc.warm_up(spec)
+    real = KEPT.give
+
+    def give(dev, slot, pairs, keep=lambda: True):
+        planc.release_ring()  # in the window: after Regions.free's look, before the ring is kept
+        return real(dev, slot, pairs, keep)
+
+    monkeypatch.setattr(KEPT, "give", give)
+    m = execute(plan)
+    assert_model(m, want)
+    m.free()
+    monkeypatch.undo()
+    assert KEPT.held_bytes() == 0 and not KEPT.keeping
+
+
+def test_kept_ring_refuses_when_keep_says_no(ckpt):
+    spec, _ = ckpt
+    plan = planc.warm_up(spec)
+    dev_slot = next(iter(KEPT.held.values()))
+    dev, (_, slot) = dev_slot[0], dev_slot[1]
+    pairs = KEPT.take(dev, slot, plan.io.slots)
+    assert len(pairs) == plan.io.slots
+    assert KEPT.give(dev, slot, pairs, lambda: False) is pairs
+    assert KEPT.held_bytes() == 0
+    assert KEPT.give(dev, slot, pairs) == [] and KEPT.held_bytes() == plan.layout.ring_bytes
+
+
+def test_a_forked_child_does_not_take_its_parents_ring(ckpt):
+    """A child made by fork holds none of the parent's pinned slots and keeps none by default."""
+    spec, _ = ckpt
+    plan = planc.warm_up(spec)
+    assert KEPT.held_bytes() == plan.layout.ring_bytes and KEPT.keeping
+    pid = os.fork()
+    if pid == 0:
+        ok = KEPT.held_bytes() == 0 and not KEPT.keeping and KEPT.lock.acquire(blocking=False)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert KEPT.held_bytes() == plan.layout.ring_bytes  # the parent's are still kept

@@ -9,6 +9,7 @@ holds the pinned slots that finished loads left for the next (PLANC_RING=kept, `
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -167,13 +168,17 @@ class KeptRing:
             got, e[2] = e[2][:n], e[2][n:]
             return got
 
-    def give(self, dev, slot: int, pairs: list) -> list:
+    def give(self, dev, slot: int, pairs: list, keep=lambda: True) -> list:
         """Keep `pairs` (pinned slots of `slot` bytes on `dev`) with what is kept of that ring, up to
-        its largest size; returns the slots not kept (to unpin): beyond that size, or those of a ring
-        of `dev` with another slot size or pin method, which this one replaces."""
+        its largest size, if `keep()`, asked under this lock (so a `drop` after the answer finds
+        them: `planc.release_ring` meanwhile unpins them); returns the slots not kept (to unpin):
+        `pairs` itself when `keep()` is false, else those beyond that size, or those of a ring of `dev`
+        with another slot size or pin method, which this one replaces."""
         if not pairs:
             return []
         with self.lock:
+            if not keep():
+                return pairs
             same = self._entry(dev, slot)
             if same is not None:
                 most = max(same[3], len(pairs))
@@ -204,3 +209,13 @@ class KeptRing:
 
 
 KEPT = KeptRing()
+
+
+def _forked() -> None:  # a child made by fork: no pinned ring (the parent's CUDA state is not its own)
+    KEPT.lock = threading.Lock()
+    KEPT.held = {}
+    KEPT.keeping = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)

@@ -153,8 +153,11 @@ class Regions:
         self.pinned = []
         if (self.keep_ring or KEPT.keeping) and not full and self.ring is not None:  # kept for the next load
             pairs = [(o, v) for o, v in zip(self.ring_owner, self.ring) if v is not None]
-            held = [KEPT.give(self.dev, self.slot, pairs)]
-            del pairs
+            keep_ring = self.keep_ring  # asked again under KEPT's lock: a release_ring since says no
+            back = KEPT.give(self.dev, self.slot, pairs, lambda: keep_ring or KEPT.keeping)
+            if back is not pairs:  # kept: what is left to unpin is what it did not keep
+                held = [back]
+            del pairs, back
         self.landing = self.ring = self.ring_owner = self.staging = self.table = self.events = None
         if not full:
             release_later(held)
