@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 import planc  # noqa: E402
 from execute_support import assert_model, fail_read_at, load_checked, spec_file, synth  # noqa: E402
-from planc.base.errors import ExecuteError, PlancError  # noqa: E402
+from planc.base.errors import PlancError  # noqa: E402
 from planc.base.settings import SettingError  # noqa: E402
 from planc.compiler.compile import compile_spec  # noqa: E402
 from planc.execute import execute  # noqa: E402
