@@ -191,3 +191,24 @@ def test_probe_refuses_a_bad_setting_before_measuring(tmp_path, capsys, monkeypa
     assert main(["probe", str(tmp_path / "scratch"), "--size", "64MiB", "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert "PLANC_ISSUE_GIL" in err and "bad-env" in err and not out.exists()
+
+
+def test_a_scratch_file_that_cannot_be_written_is_not_left_behind(tmp_path):
+    """A full disk while the scratch file is written (here a file-size limit of 1 MiB, a real
+    EFBIG from the kernel): the command fails with the folder named, and the folder holds nothing."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "PLANC_PROBE": str(tmp_path / "probe.json"), "NUMBA_ENABLE_CUDASIM": "1"}
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    r = subprocess.run([sys.executable, "-m", "planc", "probe", str(scratch), "--size", "64MiB", "--repeat", "1",
+                        "--no-link"], env=env, preexec_fn=limit, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "scratch" in r.stderr, r.stderr
+    assert list(scratch.iterdir()) == [] and not (tmp_path / "probe.json").exists()

@@ -37,14 +37,18 @@ def _scratch(folder: Path, size: int) -> Path:
     import numpy as np
 
     fd, name = tempfile.mkstemp(prefix="planc-probe-", suffix=".bin", dir=folder)
-    block = np.random.default_rng(0).integers(0, 256, min(size, 64 << 20), dtype=np.uint8).tobytes()
-    with os.fdopen(fd, "wb") as f:
-        left = size
-        while left > 0:
-            f.write(block[:left])
-            left -= len(block)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        block = np.random.default_rng(0).integers(0, 256, min(size, 64 << 20), dtype=np.uint8).tobytes()
+        with os.fdopen(fd, "wb") as f:
+            left = size
+            while left > 0:
+                f.write(block[:left])
+                left -= len(block)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # a full disk, an interrupt: the scratch file made here goes with the error
+        os.unlink(name)
+        raise
     return Path(name)
 
 
