@@ -145,3 +145,46 @@ def test_synth_shards_and_index_are_marked_as_its_own(tmp_path):
     assert synth_made(tmp_path / "model.safetensors.index.json")
     write_checkpoint(tmp_path, "dense", shards=2, seed=3)  # over its own files: allowed
 
+
+
+def test_a_partial_file_goes_with_the_error_that_stopped_it(tmp_path):
+    """`outputs.partial`: renamed onto its file when the block ends; an error in the block, or a
+    rename that fails (a folder where the file goes), removes the partial file."""
+    final = tmp_path / "x.bin"
+    with outputs.partial(final) as tmp:
+        tmp.write_bytes(b"ok")
+    assert final.read_bytes() == b"ok" and sorted(p.name for p in tmp_path.iterdir()) == ["x.bin"]
+    with pytest.raises(OSError):
+        with outputs.partial(tmp_path / "y.bin") as tmp:
+            tmp.write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+    (tmp_path / "z.bin").mkdir()
+    with pytest.raises(OSError):
+        with outputs.partial(tmp_path / "z.bin") as tmp:
+            tmp.write_bytes(b"whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin", "z.bin"]
+
+
+def test_synth_that_cannot_place_its_file_leaves_no_partial_file(tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "model.safetensors").mkdir(parents=True)  # not a file, where the checkpoint goes
+    rc, _, err = run(capsys, "synth", str(out), "--force")
+    assert rc == 2 and "cannot write the checkpoint" in err
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+
+
+def test_a_gguf_synth_stopped_by_a_full_disk_leaves_no_partial_file(tmp_path):
+    """A real EFBIG (a file-size limit of 256 KiB) while the GGUF file is written."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "g"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+
+    r = subprocess.run([sys.executable, "-m", "planc", "synth", str(out), "--family", "gguf", "--size", "4MiB"],
+                       preexec_fn=limit, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert list(out.iterdir()) == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -126,3 +127,21 @@ def write(path, data: bytes | str, what: str, *, inputs: Iterable = (),
             pass
         raise
     return real
+
+
+@contextmanager
+def partial(final: Path):
+    """A file written under a hidden name beside `final` (`.NAME.partial`, yielded) and renamed onto
+    `final` when the block ends; an error in the block (a full disk, an interrupt) or in the rename
+    removes the partial file before it leaves, so a failed write leaves nothing of its own behind."""
+    final = Path(final)
+    tmp = final.parent / f".{final.name}.partial"
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

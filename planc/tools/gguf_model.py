@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from planc.base.outputs import partial
 from planc.manifest.gguf_names import ARCHS, permute_rows
 
 FILE_NAME = "model.gguf"
@@ -173,56 +174,55 @@ def write_from_state(out_dir: str | os.PathLike, state: dict, config: dict, arch
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     final = out / FILE_NAME
-    tmp = out / f".{FILE_NAME}.partial"
-    w = gguf.GGUFWriter(str(tmp), a.gguf)
-    w.add_name(name or ("mistral" if arch == "mistral" else arch))
-    w.add_block_count(layers)
-    w.add_context_length(int(c["max_position_embeddings"]))
-    w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(int(c["intermediate_size"]))
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_rope_freq_base(c["rope_theta"])
-    w.add_layer_norm_rms_eps(float(c["rms_norm_eps"]))
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
-    if a.permuted:
-        w.add_rope_dimension_count(c["head_dim"])
-    if arch == "qwen3moe":
-        w.add_expert_count(int(c["num_experts"]))
-        w.add_expert_used_count(int(c["num_experts_per_tok"]))
-        w.add_expert_feed_forward_length(int(c["moe_intermediate_size"]))
-    if arch == "gemma3" and c.get("sliding_window") is not None:
-        w.add_sliding_window(int(c["sliding_window"]))
-    w.add_file_type(_FILE_TYPE[quant])
-    w.add_vocab_size(c["vocab_size"])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    toks, scores, types = placeholder_tokens(c["vocab_size"])
-    if tokens is not None:
-        if len(tokens) != c["vocab_size"]:
-            raise ValueError(f"{len(tokens)} tokens for a vocab_size of {c['vocab_size']}")
-        toks = list(tokens)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    for key, setter in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
-        v = c.get(key, 1 if key == "bos_token_id" else 2)
-        if isinstance(v, int) and 0 <= v < c["vocab_size"]:
-            setter(v)
-    if c["vocab_size"] > 0:
-        w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    for g, data in _tensors(state, arch, layers):
-        qt, arr = stored(g, data, (quants or {}).get(g, quant), c, arch)
-        w.add_tensor(g, arr, raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, final)
+    with partial(final) as tmp:  # a failed write leaves no partial file
+        w = gguf.GGUFWriter(str(tmp), a.gguf)
+        w.add_name(name or ("mistral" if arch == "mistral" else arch))
+        w.add_block_count(layers)
+        w.add_context_length(int(c["max_position_embeddings"]))
+        w.add_embedding_length(c["hidden_size"])
+        w.add_feed_forward_length(int(c["intermediate_size"]))
+        w.add_head_count(c["num_attention_heads"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_rope_freq_base(c["rope_theta"])
+        w.add_layer_norm_rms_eps(float(c["rms_norm_eps"]))
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+        if a.permuted:
+            w.add_rope_dimension_count(c["head_dim"])
+        if arch == "qwen3moe":
+            w.add_expert_count(int(c["num_experts"]))
+            w.add_expert_used_count(int(c["num_experts_per_tok"]))
+            w.add_expert_feed_forward_length(int(c["moe_intermediate_size"]))
+        if arch == "gemma3" and c.get("sliding_window") is not None:
+            w.add_sliding_window(int(c["sliding_window"]))
+        w.add_file_type(_FILE_TYPE[quant])
+        w.add_vocab_size(c["vocab_size"])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        toks, scores, types = placeholder_tokens(c["vocab_size"])
+        if tokens is not None:
+            if len(tokens) != c["vocab_size"]:
+                raise ValueError(f"{len(tokens)} tokens for a vocab_size of {c['vocab_size']}")
+            toks = list(tokens)
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(toks)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        for key, setter in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
+            v = c.get(key, 1 if key == "bos_token_id" else 2)
+            if isinstance(v, int) and 0 <= v < c["vocab_size"]:
+                setter(v)
+        if c["vocab_size"] > 0:
+            w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        for g, data in _tensors(state, arch, layers):
+            qt, arr = stored(g, data, (quants or {}).get(g, quant), c, arch)
+            w.add_tensor(g, arr, raw_dtype=qt)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     return final
 
 

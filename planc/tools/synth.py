@@ -39,6 +39,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from planc.base.outputs import partial
 from planc.base.dtypes import DTYPES
 from planc.base.units import fmt_bytes, parse_bytes
 
@@ -531,18 +532,18 @@ def write_checkpoint(out_dir: str | os.PathLike, family: str, *, size_bytes: int
     for k, fname in enumerate(names):
         group = specs[starts[k]:starts[k + 1]]
         final = out / fname
-        tmp = out / f".{fname}.partial"
         data = sum(t.nbytes for t in group)
         use_stream = stream if stream is not None else data > STREAM_THRESHOLD
-        if sparse or use_stream:
-            write_safetensors(tmp, ((t.name, t.dtype, t.shape, _chunks(t, seed)) for t in group),
-                              METADATA, sparse=sparse)
-        else:
-            # The arrays built in memory, written by the same writer: its header is the same bytes on every
-            # run (safetensors writes two metadata keys in hash order).
-            write_safetensors(tmp, ((t.name, t.dtype, t.shape, tensor_data(t, seed)) for t in group), METADATA)
-        os.chmod(tmp, _file_mode())  # the safetensors writer makes 0600 files whatever the umask
-        os.replace(tmp, final)
+        with partial(final) as tmp:  # a failed write leaves no partial file
+            if sparse or use_stream:
+                write_safetensors(tmp, ((t.name, t.dtype, t.shape, _chunks(t, seed)) for t in group),
+                                  METADATA, sparse=sparse)
+            else:
+                # The arrays built in memory, written by the same writer: its header is the same bytes on
+                # every run (safetensors writes two metadata keys in hash order).
+                write_safetensors(tmp, ((t.name, t.dtype, t.shape, tensor_data(t, seed)) for t in group),
+                                  METADATA)
+            os.chmod(tmp, _file_mode())  # the safetensors writer makes 0600 files whatever the umask
         files.append(str(final))
         total += final.stat().st_size
         weight_map.update({t.name: fname for t in group})

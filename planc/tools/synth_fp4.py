@@ -20,7 +20,6 @@ a seed.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +27,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
+
+from planc.base.outputs import partial
 
 FAMILIES = ("mxfp4", "nvfp4")
 SINGLE_NAME = "model.safetensors"
@@ -132,11 +133,10 @@ def write_fp4_checkpoint(out_dir: str | os.PathLike, family: str, *, layers: int
     from .synth import refuse_other_checkpoint
 
     refuse_other_checkpoint(out, {SINGLE_NAME})
-    tmp = out / f".{SINGLE_NAME}.partial"
     data = tensors(family, d, seed)
-    save_file(data, str(tmp), metadata=METADATA)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out / SINGLE_NAME)
+    with partial(out / SINGLE_NAME) as tmp:  # a failed write leaves no partial file
+        save_file(data, str(tmp), metadata=METADATA)
+        os.chmod(tmp, 0o644)
     (out / "planc-synth.json").write_text(json.dumps({"family": family, **asdict(d)}, indent=2) + "\n")
     return str(out / SINGLE_NAME), d, len(data), (out / SINGLE_NAME).stat().st_size
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from planc.base.outputs import partial
 from planc.manifest.ggml_types import BY_NAME
 
 QUANTS = ("Q8_0", "Q4_K_M", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
@@ -211,7 +212,7 @@ def write_gguf(out_dir: str | os.PathLike, *, quant: str = "Q8_0", size_bytes: i
     """Write `model.gguf` into `out_dir` (created if missing): a Llama-shaped model of `quant` weights
     (`dims`: the model's widths, else the preset of width `hidden`, else the largest preset of
     which 8 layers fit `size_bytes`), of about `size_bytes` where given."""
-    import gguf
+    import gguf  # not installed: the error comes before the folder is made
 
     if quant not in QUANTS:
         raise ValueError(f"unknown GGUF quantization {quant!r}; expected one of {', '.join(QUANTS)}")
@@ -226,7 +227,13 @@ def write_gguf(out_dir: str | os.PathLike, *, quant: str = "Q8_0", size_bytes: i
     final = out / FILE_NAME
     if final.exists():
         raise ValueError(f"{final} already exists; use an empty folder")
-    tmp = out / f".{FILE_NAME}.partial"
+    with partial(final) as tmp:  # a failed write leaves no partial file
+        _write(gguf, tmp, specs, quant, d, n, context_length, seed)
+    return GGUFResult(str(final), len(specs), final.stat().st_size, sum(t.nbytes for t in specs), quant, n, d)
+
+
+def _write(gguf, tmp: Path, specs, quant: str, d, n: int, context_length: int, seed: int) -> None:
+    """The GGUF file of `specs` written to `tmp` through the `gguf` package (given)."""
     w = gguf.GGUFWriter(str(tmp), "llama")
     w.add_name("planc synthetic llama")
     w.add_context_length(context_length)
@@ -249,8 +256,6 @@ def write_gguf(out_dir: str | os.PathLike, *, quant: str = "Q8_0", size_bytes: i
     for t in specs:
         w.write_tensor_data(tensor_bytes(t, seed))
     w.close()
-    os.replace(tmp, final)
-    return GGUFResult(str(final), len(specs), final.stat().st_size, sum(t.nbytes for t in specs), quant, n, d)
 
 
 __all__ = ["QUANTS", "GGUFDims", "GGUFTensor", "gguf_layout", "tensor_bytes", "write_gguf", "GGUFResult"]
