@@ -33,7 +33,8 @@ if not numba.config.ENABLE_CUDASIM and not cuda.is_available():
                 allow_module_level=True)
 
 import planc.execute.pipeline.parts as parts_mod  # noqa: E402
-from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, RecordingDevice, assert_model, cast, refuse_direct_open,  # noqa: E402
+from execute_support import (CONVERSIONS, NP, QKV, SMALL_IO, STACK, TARGET, RecordingDevice, assert_model, assert_tensor, cast,  # noqa: E402
+                             refuse_direct_open,
                              cold_page_cache, convert_source, dequantized, fp8_rules, fused, gone, handmade, live_room_by_call, reader_of,
                              use_parts, watch_regions,
                              load_checked, spec_file, stacked, synth)
@@ -208,8 +209,9 @@ def test_conversion(tmp_path, load, src, target, on):
     assert paths["conv.a"] == ("host" if on == "host" else "direct")
     same_size = NP[src].itemsize == NP[TARGET[target]].itemsize
     if on == "device":
-        # one conversion per tensor; tensors end to end in the file and the arena share one launch
-        assert sum(len(k.parts) for r in plan.runs for k in r.kernels) == 4 and 1 <= plan.totals.kernels <= 4
+        # one conversion per tensor with elements (conv.empty has nothing to convert); tensors end to
+        # end in the file and the arena share one launch
+        assert sum(len(k.parts) for r in plan.runs for k in r.kernels) == 3 and 1 <= plan.totals.kernels <= 3
         assert plan.layout.landing_region_bytes == (0, 0) if same_size else sum(
             plan.layout.landing_region_bytes) > 0
     else:
@@ -218,6 +220,39 @@ def test_conversion(tmp_path, load, src, target, on):
     assert_model(model, {k: v if k == "keep.c" else cast(v, t) for k, v in want.items()})
     assert model["conv.empty"].shape == (0, 3) and model["conv.scalar"].shape == ()
     assert model["conv.a"].dtype == t and model["keep.c"].dtype == src
+
+
+@pytest.mark.parametrize("rule", [{"dtype": "bfloat16"}, {"dtype": "float16"}, {"transpose": True},
+                                  {"source_dtype": ["F8_E4M3"], "dequantize": {}, "dtype": "bfloat16"}])
+def test_tensors_of_no_elements_on_the_device_need_no_kernel(tmp_path, load, rule):
+    """An empty tensor first (its own run's start) under a size-changing conversion, a transpose or a
+    dequantization on the device: the compiled plan passes the plan's own check (a saved plan read
+    back) and loads; the empty tensors keep their shapes and target dtype, the others load right."""
+    from planc.plan.codec import decode, encode
+
+    fp8 = "dequantize" in rule
+    src = ml_dtypes.float8_e4m3fn if fp8 else np.float32
+    w = (np.arange(6 * 8, dtype=np.float32).reshape(6, 8) / 8).astype(src)
+    tensors = {"a.empty": np.zeros((0, 8), src), "b.w": w, "c.empty": np.zeros((8, 0), src)}
+    if fp8:
+        tensors |= {"a.empty_scale_inv": np.zeros((0, 1), np.float32), "b.w_scale_inv": np.ones((1, 1), np.float32),
+                    "c.empty_scale_inv": np.zeros((1, 0), np.float32)}
+    path, want = handmade(tmp_path, tensors)
+    rules = [{"match": "*", "on": "device", **rule}] if not fp8 else [
+        {"match": "*", "on": "device", **rule}, {"match": "*"}]
+    plan, model = load(spec_file(tmp_path, path, rules, io=SMALL_IO))
+    text = encode(plan)
+    assert encode(decode(text)) == text  # the plan's check accepts what compile wrote
+    assert plan.totals.kernels == 1
+    b = want["b.w"].astype(np.float32)
+    if rule.get("transpose"):
+        b = np.ascontiguousarray(b.T)
+        assert model["a.empty"].shape == (8, 0) and model["c.empty"].shape == (0, 8)
+    else:
+        assert model["a.empty"].shape == (0, 8) and model["c.empty"].shape == (8, 0)
+    target = TARGET.get(rule.get("dtype"), "F32")
+    assert model["a.empty"].dtype == model["b.w"].dtype == target
+    assert_tensor(model, "b.w", cast(b, target))
 
 
 # ------------------------------------------------------------------------------------------

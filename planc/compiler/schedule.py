@@ -176,7 +176,7 @@ def _run(k: int, parts: list[Part], offsets: dict, io: IO, costs: Costs = costmo
                 segs.append((w.file, w.start, w.nbytes, "arena", dst))
             else:
                 strided.append((w, "arena", dst))
-            if n.op == "convert":
+            if n.op == "convert" and n.out_bytes:  # a tensor of no elements has nothing to convert
                 kernels.append(_kernel(n, "arena", dst, None, dst))
             continue
         landed.append((n, dst))
