@@ -188,3 +188,36 @@ def test_a_gguf_synth_stopped_by_a_full_disk_leaves_no_partial_file(tmp_path):
                        preexec_fn=limit, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert list(out.iterdir()) == []
+
+
+@pytest.fixture
+def packaged_demo(monkeypatch):
+    """`planc demo` as from a wheel: the spec shipped inside the package, written into --workdir."""
+    from pathlib import Path
+
+    from planc.face import demo
+
+    shipped = Path(demo.__file__).resolve().parent.parent / "specs" / "demo.yaml"
+    monkeypatch.setattr(demo, "_find_spec", lambda spec: (shipped, True))
+
+
+def test_packaged_demo_never_replaces_a_demo_yaml_it_did_not_write(tmp_path, capsys, packaged_demo):
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "demo.yaml").write_text("my own notes\n")
+    rc, _, err = run(capsys, "demo", "--workdir", wd, "--no-run")
+    assert rc == 2 and "demo.yaml" in one_line_error(err) and "did not write" in err
+    assert (wd / "demo.yaml").read_text() == "my own notes\n"
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "wd2").mkdir()
+    os.symlink(tmp_path / "fifo", tmp_path / "wd2" / "demo.yaml")
+    rc, _, err = run(capsys, "demo", "--workdir", tmp_path / "wd2", "--no-run")  # never opened: no hang
+    assert rc == 2 and "not a regular file" in err
+
+
+def test_packaged_demo_runs_again_on_its_own_spec(tmp_path, capsys, packaged_demo):
+    wd = tmp_path / "wd"
+    assert run(capsys, "demo", "--workdir", wd, "--no-run")[0] == 0
+    first = (wd / "demo.yaml").stat().st_mtime_ns
+    assert run(capsys, "demo", "--workdir", wd, "--no-run")[0] == 0
+    assert (wd / "demo.yaml").stat().st_mtime_ns == first  # its own, unchanged: left as it was

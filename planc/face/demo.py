@@ -69,7 +69,10 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
         workdir.mkdir(parents=True, exist_ok=True)
         text = _CHECKPOINT_LINE.sub("checkpoint: dense/model.safetensors", spec_path.read_text(), count=1)
         spec_path = workdir / "demo.yaml"
-        spec_path.write_text(text)
+        if not (spec_path.is_file() and not spec_path.is_symlink() and spec_path.read_text() == text):
+            from ..base import outputs  # a file of that name with other text (the user's) is never replaced
+
+            outputs.write(spec_path, text, "demo spec", ours=lambda p: False)
     from ..spec.model import load_spec
 
     load_spec(spec_path)  # a spec that cannot be read is refused before any checkpoint is written
