@@ -221,3 +221,43 @@ def test_packaged_demo_runs_again_on_its_own_spec(tmp_path, capsys, packaged_dem
     first = (wd / "demo.yaml").stat().st_mtime_ns
     assert run(capsys, "demo", "--workdir", wd, "--no-run")[0] == 0
     assert (wd / "demo.yaml").stat().st_mtime_ns == first  # its own, unchanged: left as it was
+
+
+def _tp_spec(tmp_path, capsys):
+    ck = tmp_path / "ck"
+    assert run(capsys, "synth", ck)[0] == 0
+    spec = tmp_path / "tp.yaml"
+    spec.write_text(f"checkpoint: {ck}\nbudget: {{host: 64MiB}}\nio: {{slot: 64KiB, slots: 4}}\n"
+                    "tensor_parallel: {size: 2}\nrules:\n  - match: \"*\"\n")
+    return spec
+
+
+def test_compile_of_every_rank_replaces_only_its_own_rank_files(tmp_path, capsys):
+    spec, out = _tp_spec(tmp_path, capsys), tmp_path / "out"
+    assert run(capsys, "compile", spec, "--rank", "all", "-o", out)[0] == 0
+    assert run(capsys, "compile", spec, "--rank", "all", "-o", out)[0] == 0  # its own plans: replaced
+    assert load_plan(out / "rank-1.json").tensor_parallel.rank == 1
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    (out / "rank-1.json").unlink()
+    os.symlink(notes, out / "rank-1.json")
+    rc, _, err = run(capsys, "compile", spec, "--rank", "all", "-o", out)
+    assert rc == 2 and "symbolic link" in one_line_error(err) and notes.read_text() == "my notes\n"
+    (out / "rank-1.json").unlink()
+    (out / "rank-1.json").write_text("hand-written\n")
+    before = (out / "rank-0.json").read_bytes()
+    rc, _, err = run(capsys, "compile", spec, "--rank", "all", "-o", out)
+    assert rc == 2 and "rank-1.json" in err and "did not write" in err
+    assert (out / "rank-1.json").read_text() == "hand-written\n"
+    assert (out / "rank-0.json").read_bytes() == before  # refused before any rank file was written
+
+
+def test_a_yaml_spec_that_mentions_the_plan_marker_is_still_a_spec(tmp_path):
+    from planc.face.filekind import is_plan_file, is_written_plan
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text('# compile -o writes {"kind": "planc-plan", ...}\ncheckpoint: x.safetensors\n')
+    assert not is_plan_file(spec) and not is_written_plan(spec)
+    plan = tmp_path / "p.txt"
+    plan.write_text('\n {"kind":"planc-plan","format":6}')
+    assert is_plan_file(plan) and is_written_plan(plan)

@@ -205,6 +205,10 @@ def synth(out_dir: Path = typer.Argument(..., help="Folder to write the checkpoi
         size_bytes = parse_bytes(size) if size else None
     except ValueError as e:
         raise _usage(f"--size: {e}")
+    if size_bytes is not None and size_bytes <= 0:
+        raise _usage(f"--size must be positive, got {printable(size)[:40]!r}")
+    if seed < 0:
+        raise _usage(f"--seed must be 0 or more, got {seed}")
     if family not in ("dense", "moe", "fp8", "mxfp4", "nvfp4", "gguf"):
         raise _usage(f"--family must be dense, moe, fp8, mxfp4, nvfp4 or gguf, got {family!r}")
     if out_dir.exists() and not out_dir.is_dir():
@@ -416,6 +420,22 @@ def _write_output(path: Path, data, flag: str, inputs) -> None:
     outputs.write(path, data, flag, inputs=inputs)
 
 
+def _rank_files(folder: Path, plans, spec: Path) -> None:
+    """Every `rank-K.json` that `--rank all -o FOLDER` writes, checked before any is written: the user
+    named the folder, not the files in it, so each is new or a plan planc wrote there (never a link
+    out of the folder, a file of other content, a FIFO or an input)."""
+    from ..base import outputs
+    from ..base.outputs import OutputError
+    from .filekind import is_written_plan
+
+    for k, plan in enumerate(plans):
+        path = folder / f"rank-{k}.json"
+        if path.is_symlink():
+            raise OutputError(f"-o {printable(str(path))}: is a symbolic link; --rank all writes its own rank-K.json "
+                              f"files in the folder it is given, never through a link", code=Code.OUTPUT_NOT_OURS)
+        outputs.target(path, "-o", inputs=_inputs(plan, spec), ours=is_written_plan)
+
+
 def _write(path: Path, flag: str, write) -> None:
     try:
         write()
@@ -449,8 +469,10 @@ def compile_cmd(spec: Path = typer.Argument(..., help="Placement spec (YAML or J
                 raise _usage(f"-o {output} is a file; --rank all writes rank-K.json files into a folder")
             _write(output, "-o", lambda: output.mkdir(parents=True, exist_ok=True))
         plans = _all_ranks(spec)
-        for k, plan in enumerate(plans if output is not None else ()):
-            _write_output(output / f"rank-{k}.json", encode_bytes(plan), "-o", _inputs(plan, spec))
+        if output is not None:
+            _rank_files(output, plans, spec)
+            for k, plan in enumerate(plans):
+                _write_output(output / f"rank-{k}.json", encode_bytes(plan), "-o", _inputs(plan, spec))
         refused = [p for p in plans if not p.fits]
         nodes = _nodes(spec, plans)
         node_refused = _first_refused(nodes)

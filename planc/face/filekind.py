@@ -3,8 +3,8 @@
 Input: a path; output: whether the plan reader (`plan.load_plan`) or the spec reader
 (`spec.load_spec`) should have it. Only the first 64 KiB are read (a 1 GiB plan is not read twice).
 
-- A file that carries a plan's format marker there (`"kind": "planc-plan"`, the first key compile
-  writes) is a plan, whatever its name: a plan saved as `plan.txt` or `plan.yaml` is read as the
+- A JSON object that carries a plan's format marker there (`"kind": "planc-plan"`, the first key
+  compile writes) is a plan, whatever its name: a plan saved as `plan.txt` or `plan.yaml` is read as the
   plan it is, not as a spec with two dozen faults.
 - A `.json` is also a plan when it names a key only plans have (`"runs"`, `"parts"`, `"peak"`, ...:
   a plan whose marker was edited away), when it is empty or binary (no spec is; the plan reader
@@ -37,11 +37,23 @@ def is_plan_file(path: Path) -> bool:
     if got is None:
         return json_name and not os.path.lexists(path)
     size, text = got
-    if _MARKER.search(text):
+    if _written_plan(text):
         return True
     if not json_name:
         return False
     return size > SPEC_CAP or bool(_PLAN_KEYS.search(text)) or _empty_or_binary(text)
+
+
+def _written_plan(text: bytes) -> bool:
+    """A JSON object (what compile writes) whose head carries the plan's marker: the marker in a
+    YAML spec's comment does not make the spec a plan."""
+    return text.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") and bool(_MARKER.search(text))
+
+
+def is_written_plan(path: Path) -> bool:
+    """Whether `path` holds a plan as planc writes them (the outputs planc may replace)."""
+    got = head(Path(path))
+    return got is not None and _written_plan(got[1])
 
 
 def _empty_or_binary(text: bytes) -> bool:
