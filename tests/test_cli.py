@@ -241,11 +241,15 @@ def test_python_dash_m_exit_codes(ckpt):
     assert (r.returncode, r.stdout) == (0, f"planc {__version__}\n")
 
 
-@pytest.mark.parametrize("extra", [("--shards", "0"), ("--shards", "100000")], ids=["zero", "too-many"])
+@pytest.mark.parametrize("extra", [("--shards", "0"), ("--shards", "100000"), ("--seed", "-1"), ("--size", "0"),
+                                   ("--size", "0KiB")], ids=["zero", "too-many", "seed", "size", "size-unit"])
 def test_synth_bad_shards_exits_2_with_one_line(capsys, tmp_path, extra):
+    """Each bad value is named by its flag; nothing is written."""
     rc, o, e = run(capsys, "synth", tmp_path / "ck", *extra)
     assert rc == 2 and o == ""
-    assert "shards" in one_line_error(e) and e.strip().endswith("[usage]")
+    assert extra[0].lstrip("-") in one_line_error(e) and e.strip().endswith("[usage]")
+    assert extra[0] in e or extra[0] == "--shards"
+    assert not (tmp_path / "ck").exists()
 
 
 def test_synth_into_folder_with_other_checkpoint_exits_2(capsys, tmp_path):

@@ -197,6 +197,17 @@ def test_parse_bytes_refuses(text):
         parse_bytes(text)
 
 
+@pytest.mark.parametrize("value, shown", [("2024-01-01", "date '2024-01-01'"), ("[1, 2]", "list '[1, 2]'"),
+                                          ("{a: 1}", "dict \"{'a': 1}\"")])
+def test_a_byte_size_of_another_yaml_type_is_shown_as_written(tmp_path, value, shown):
+    """YAML reads `2024-01-01` as a date: the message says what it was read as, not a Python repr."""
+    p = tmp_path / "s.yaml"
+    p.write_text(f"checkpoint: x.safetensors\nbudget: {{host: {value}}}\nrules:\n  - match: \"*\"\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert "budget.host" in str(e.value) and shown in str(e.value) and "datetime" not in str(e.value)
+
+
 @pytest.mark.parametrize("glob, name, groups", [
     ("model.layers.{L}.mlp.{P}.weight", "model.layers.3.mlp.up.weight", {"L": "3", "P": "up"}),
     ("model.layers.{L}.mlp.{P}.weight", "model.layers.3.x.mlp.up.weight", None),

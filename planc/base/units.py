@@ -50,7 +50,10 @@ def _clip(value, limit: int = 60) -> str:
     """repr() for messages: short, and safe for ints past the interpreter's str-conversion limit."""
     if isinstance(value, int) and value.bit_length() > 200:
         return f"<{value.bit_length()}-bit integer>"
-    text = repr(value)
+    if isinstance(value, (int, float, str, type(None))):
+        text = repr(value)
+    else:  # a YAML date, a list, a mapping: what was written and what it was read as, not a Python repr
+        text = f"{type(value).__name__} {str(value)[:limit]!r}"
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
