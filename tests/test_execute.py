@@ -532,6 +532,10 @@ def test_live_room_refusal(tmp_path, dense, monkeypatch):
         execute(plan)
     assert ei.value.exit_code == 3 and ei.value.code == "live-room"
     assert ei.value.refusal.allowed_bytes == 0 and ei.value.refusal.needed_bytes == plan.peak.host_bytes + plan.layout.device_bytes  # simulated device memory is host memory
+    # the reserve alone holds the room back: the message names it as the knob, not the plan's ring
+    msg = ei.value.message
+    assert "lower the reserve (host_reserve, PLANC_HOST_RESERVE)" in msg and "io.slots" not in msg
+    assert "100.00 TiB" in msg and "None" not in msg
 
 
 def _host_path_plan(tmp_path, dense):

@@ -128,7 +128,8 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
             raise AdmissionError.of(Refusal(
                 Code.LIVE_ROOM, 0, ALLOC_RING, missing * slot, room.room_bytes,
                 f"refused before pinning: the plan's ring is {missing * slot:,} bytes ({gib(missing * slot)}), the "
-                f"live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}); lower io.slots/io.slot"))
+                f"live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}: {room.terms()}); "
+                f"{room.hint(missing * slot, 'lower io.slots/io.slot')}"))
         pool = KEPT_READERS.take(plan.io.workers)  # the readers' threads, kept beside the ring
         if pool is None:
             try:

@@ -34,6 +34,24 @@ class LiveRoom:
     reserve_bytes: int
     room_bytes: int
 
+    def terms(self) -> str:
+        """What the room is made of, for a refusal's message."""
+        from ...base.units import fmt_bytes
+
+        def shown(n):
+            return "unknown" if n is None else f"{n:,} bytes ({fmt_bytes(n)})"
+
+        cg = "no cgroup limit" if self.cgroup_room_bytes is None else f"cgroup room {shown(self.cgroup_room_bytes)}"
+        return (f"available {shown(self.available_bytes)}, {cg}, less the reserve {shown(self.reserve_bytes)} "
+                f"(host_reserve, PLANC_HOST_RESERVE)")
+
+    def hint(self, need: int, otherwise: str) -> str:
+        """`otherwise`, unless the reserve alone holds back room `need` would fit in: then the reserve."""
+        free = [n for n in (self.available_bytes, self.cgroup_room_bytes) if n is not None]
+        if self.reserve_bytes and free and need <= min(free):
+            return "lower the reserve (host_reserve, PLANC_HOST_RESERVE) or free memory"
+        return otherwise
+
 
 def _meminfo(key: str) -> int | None:
     try:

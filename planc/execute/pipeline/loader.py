@@ -109,9 +109,8 @@ class Pipeline:
         raise AdmissionError.of(Refusal(
             Code.LIVE_ROOM, r.index, dominant_step(self.plan, r.index)[0], need, room.room_bytes,
             f"refused at run {r.index}: it needs {need:,} bytes ({gib(need)}) of host memory for host-path "
-            f"buffers, the live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}: available "
-            f"{room.available_bytes}, cgroup room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}) "
-            f"with nothing else in flight; free memory, or move the rule to on: device"))
+            f"buffers, the live room is {room.room_bytes:,} bytes ({gib(room.room_bytes)}: {room.terms()}) "
+            f"with nothing else in flight; {room.hint(need, 'free memory, or move the rule to on: device')}"))
 
     def _read(self, r, qi: int, req, slot: int) -> int:
         """On a reader's thread: request `qi` of run `r` into its ring slot."""

@@ -154,8 +154,8 @@ def admit_live(plan, room, dev, reused_bytes: int = 0, verify: bool = False, kep
         raise AdmissionError.of(Refusal(
             Code.LIVE_ROOM, 0, ALLOC_RING, need, room.room_bytes,
             f"refused before allocating: {what} is {need:,} bytes ({gib(need)}), the live room is "
-            f"{room.room_bytes:,} bytes ({gib(room.room_bytes)}) (available {room.available_bytes}, cgroup "
-            f"room {room.cgroup_room_bytes}, reserve {room.reserve_bytes}); lower io.slots/io.slot or io.run"))
+            f"{room.room_bytes:,} bytes ({gib(room.room_bytes)}: {room.terms()}); "
+            f"{room.hint(need, 'lower io.slots/io.slot or io.run')}"))
     info = dev.memory_info()
     dev_need = plan.peak.device_bytes - reused_bytes
     if info is not None and dev_need > info[0]:
