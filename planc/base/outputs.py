@@ -121,10 +121,7 @@ def write(path, data: bytes | str, what: str, *, inputs: Iterable = (),
             raise OutputError(f"{what} {printable(str(path))}: cannot write ({e.strerror or e}); the old file, "
                               f"if any, is unchanged", code=Code.OUTPUT_UNWRITABLE) from None
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _remove(tmp)
         raise
     return real
 
@@ -140,8 +137,13 @@ def partial(final: Path):
         yield tmp
         os.replace(tmp, final)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _remove(tmp)
         raise
+
+
+def _remove(path) -> None:
+    """Remove a partial file of planc's own, if it is there (an error is on its way out already)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
