@@ -941,3 +941,26 @@ def test_a_checkpoint_file_that_cannot_be_stat_ed_is_a_typed_fingerprint_error(t
             shutil.rmtree(path)
 
 
+
+
+def test_a_saved_plan_whose_empty_tensor_has_an_in_place_kernel_still_loads(tmp_path, load):
+    """Plans compiled before empty tensors went without a kernel gave a same-size conversion of one an
+    in-place kernel merged with its neighbour's: a kernel over nothing, still a valid plan."""
+    import json as _json
+
+    from planc.plan.codec import decode, encode
+
+    path, _ = handmade(tmp_path, {"a.empty": np.zeros((0, 8), np.float16),
+                                  "b.w": np.arange(48, dtype=np.float16).reshape(6, 8)})
+    plan, _ = load(spec_file(tmp_path, path, [{"match": "*", "on": "device", "dtype": "bfloat16"}], io=SMALL_IO))
+    doc = _json.loads(encode(plan))
+    (kernel,), = [r[2] for r in doc["runs"]]
+    assert kernel[0] == 1 and kernel[12] == []  # b.w's alone
+    kernel[0], kernel[12] = 0, [1]  # as such a plan had it: a.empty's kernel, b.w's merged into it
+    old = decode(_json.dumps(doc))
+    model = execute(old, verify=True)
+    try:
+        assert model.report["verify"]["ok"] and model.report["kernels"]["issued"] == 1
+        assert_tensor(model, "b.w", cast(np.arange(48, dtype=np.float16).reshape(6, 8), "BF16"))
+    finally:
+        model.free()
