@@ -50,10 +50,7 @@ def _clip(value, limit: int = 60) -> str:
     """repr() for messages: short, and safe for ints past the interpreter's str-conversion limit."""
     if isinstance(value, int) and value.bit_length() > 200:
         return f"<{value.bit_length()}-bit integer>"
-    if isinstance(value, (int, float, str, type(None))):
-        text = repr(value)
-    else:  # a YAML date, a list, a mapping: what was written and what it was read as, not a Python repr
-        text = f"{type(value).__name__} {str(value)[:limit]!r}"
+    text = repr(value) if isinstance(value, (int, float, str, type(None))) else _as_written(value, limit)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -83,3 +80,32 @@ def ascii_int(text: str) -> int | None:
     if not body or not body.isascii() or not body.isdigit() or len(body) > 18:  # 18 digits: past any rank
         return None
     return int(t)
+
+
+def _as_written(value, limit: int) -> str:
+    """A YAML date, a list, a mapping, bytes, a numpy number: its type and its value in the spec's own
+    notation (JSON flow style, ISO dates), not a Python repr."""
+    import datetime
+    import json
+    import numbers
+
+    kind = type(value).__name__
+    if isinstance(value, numbers.Integral):
+        return repr(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))
+    if isinstance(value, (datetime.date, datetime.time)):
+        return f"{kind} {value.isoformat()}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"binary data of {len(value)} bytes"
+
+    def plain(v):
+        if isinstance(v, (set, frozenset)):
+            return sorted((plain(x) for x in v), key=str)
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+
+    return f"{kind} {json.dumps(plain(value), ensure_ascii=False)[:limit]}"
