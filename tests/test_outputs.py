@@ -221,6 +221,19 @@ def test_packaged_demo_runs_again_on_its_own_spec(tmp_path, capsys, packaged_dem
     first = (wd / "demo.yaml").stat().st_mtime_ns
     assert run(capsys, "demo", "--workdir", wd, "--no-run")[0] == 0
     assert (wd / "demo.yaml").stat().st_mtime_ns == first  # its own, unchanged: left as it was
+    own = (wd / "demo.yaml").read_bytes()
+    (wd / "demo.yaml").write_bytes(own.replace(b"rules:", b"# an older version's spec\nrules:", 1))
+    assert run(capsys, "demo", "--workdir", wd, "--no-run")[0] == 0  # its own copy of another version
+    assert (wd / "demo.yaml").read_bytes() == own
+
+
+def test_packaged_demo_names_a_demo_yaml_that_is_not_text(tmp_path, capsys, packaged_demo):
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "demo.yaml").write_bytes(b"\xff\xfe caf\xe9\n")
+    rc, _, err = run(capsys, "demo", "--workdir", wd, "--no-run")
+    assert rc == 2 and "demo.yaml" in err and "did not write" in err
+    assert (wd / "demo.yaml").read_bytes() == b"\xff\xfe caf\xe9\n"
 
 
 def _tp_spec(tmp_path, capsys):

@@ -17,6 +17,16 @@ from .prestart import gpu_present
 
 DEFAULT_SPEC = "specs/demo.yaml"
 _CHECKPOINT_LINE = re.compile(r"^checkpoint: .*$", re.M)
+# The first line of the demo.yaml `planc demo` writes into --workdir from the package's own spec: what
+# tells its copy (of any version, which a later run rewrites) from a file of the user's (never replaced).
+DEMO_MARK = b"# planc demo: written from the package's specs/demo.yaml; planc demo rewrites this file\n"
+
+
+def _demo_copy(path: Path) -> bool:
+    from .prestart import head
+
+    got = head(path)
+    return got is not None and got[1].startswith(DEMO_MARK)
 
 
 def _find_spec(spec: Path | None) -> tuple[Path, bool]:
@@ -67,12 +77,13 @@ def run_demo(workdir: Path, spec: Path | None, execute_plan: bool, console: Cons
         console.print(f"(the default spec reads {ckpt_dir}; --workdir is ignored with it)")
     if packaged:  # the package's own copy: checkpoints and the spec go into --workdir, not site-packages
         workdir.mkdir(parents=True, exist_ok=True)
-        text = _CHECKPOINT_LINE.sub("checkpoint: dense/model.safetensors", spec_path.read_text(), count=1)
+        text = DEMO_MARK + _CHECKPOINT_LINE.sub("checkpoint: dense/model.safetensors", spec_path.read_text(),
+                                                count=1).encode()
         spec_path = workdir / "demo.yaml"
-        if not (spec_path.is_file() and not spec_path.is_symlink() and spec_path.read_text() == text):
-            from ..base import outputs  # a file of that name with other text (the user's) is never replaced
+        if not (spec_path.is_file() and not spec_path.is_symlink() and spec_path.read_bytes() == text):
+            from ..base import outputs  # its own copy is rewritten; a file of the user's is never replaced
 
-            outputs.write(spec_path, text, "demo spec", ours=lambda p: False)
+            outputs.write(spec_path, text, "demo spec", ours=_demo_copy)
     from ..spec.model import load_spec
 
     load_spec(spec_path)  # a spec that cannot be read is refused before any checkpoint is written
