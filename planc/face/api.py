@@ -146,18 +146,14 @@ def warm_up(spec_or_plan, *, rank: int | None = None, device: str | None = None,
             pinned, pairs = pairs[len(taken):], None
             seam.release_later(KEPT.give(dev, slot, taken) + pinned)
             del pinned, taken
-            out = KEPT_READERS.give(pool, lambda: KEPT.keeping)  # kept again only if it was
-            if out is not None:
-                out.shutdown(wait=out is pool)
+            readers.hand_back(pool, lambda: KEPT.keeping)  # kept again only if it was
             if isinstance(e, (PlancError, KeyboardInterrupt)):
                 raise
             raise ExecuteError(f"pinning the plan's ring failed: {type(e).__name__}: {e}; nothing was kept "
                                f"that was not kept before", code=Code.HOST_MEMORY) from None
         KEPT.keep(True)
         seam.release_later(KEPT.give(dev, slot, pairs))
-        out = KEPT_READERS.give(pool, lambda: KEPT.keeping)  # a release_ring since: not kept
-        if out is not None:
-            out.shutdown(wait=out is pool)
+        readers.hand_back(pool, lambda: KEPT.keeping)  # a release_ring since: not kept
     return plan
 
 

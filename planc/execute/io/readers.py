@@ -109,3 +109,13 @@ def retire(pool: Readers | None) -> None:
     """Shut `pool` down off the caller's path: its idle threads end on their own."""
     if pool is not None:
         pool.shutdown(wait=False)
+
+
+def hand_back(pool: Readers, keep) -> None:
+    """`pool` (idle) kept for the next load if `keep()` (`KEPT_READERS.give`), else ended here and
+    joined; a pool it replaces is ended off the caller's path."""
+    out = KEPT_READERS.give(pool, keep)
+    if out is pool:
+        pool.shutdown(wait=True)
+    else:
+        retire(out)

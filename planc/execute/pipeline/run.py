@@ -376,7 +376,7 @@ def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool 
     a failed load (`full`) drops its arena too. A finished load keeps its arena (`take_arena` has
     handed it over); while its ring is kept, its readers' threads are kept too (idle, for the next
     load: `io.readers.KEPT_READERS`)."""
-    from ..io.readers import KEPT_READERS, Readers, retire
+    from ..io.readers import Readers, hand_back
     from ..io.ring import KEPT
 
     if regions is not None:
@@ -408,11 +408,7 @@ def _close(regions, warmer, kernels, pool, reader, stream, pipeline, full: bool 
         release()
     if keep:  # last: idle now, kept beside the ring for the next load while rings are kept
         ring_kept = regions.keep_ring
-        out = KEPT_READERS.give(pool, lambda: ring_kept or KEPT.keeping)
-        if out is pool:  # not kept: ended as any load's
-            pool.shutdown(wait=True)
-        else:
-            retire(out)  # the one it replaced, off the caller's path
+        hand_back(pool, lambda: ring_kept or KEPT.keeping)  # not kept: ended as any load's
 
 
 def _drop_frames(e: BaseException) -> None:
